@@ -1,0 +1,25 @@
+"""Flower ClientApp: builds the client of the registered strategy's family for this node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.client import Client
+from flwr.clientapp import ClientApp
+from flwr.common import Context
+
+from fedapp.config import resolve_config
+from fedapp.registry import get_spec
+
+
+def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
+    """A ClientApp whose run-config is Flower's merged with ``overrides`` (used by tests)."""
+
+    def client_fn(context: Context) -> Client:
+        cfg = resolve_config(context.run_config, overrides)
+        return get_spec(cfg["strategy"]).client_factory()(context, overrides)
+
+    return ClientApp(client_fn=client_fn)
+
+
+app = build_client_app()

@@ -1,0 +1,1 @@
+"""Flower ``NumPyClient`` implementations, one module per algorithm family."""

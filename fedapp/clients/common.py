@@ -1,0 +1,64 @@
+"""Shared client glue: resolving config/profile/data from a Flower ``Context``, seeds, state records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.common import ConfigRecord, Context
+
+from fedapp.client_data import load_client_data
+from fedapp.config import RunConfig, resolve_config
+from fedapp.data import ArrayDataset
+from fedapp.models import DEFAULT_MODEL, build_model
+from fedapp.privacy_profiles import ClientProfile, client_profile
+from fedapp.training import resolve_device
+
+
+@dataclass
+class ClientSetup:
+    """Everything a client needs, resolved from run-config and node-config."""
+
+    cfg: RunConfig
+    profile: ClientProfile
+    train: ArrayDataset
+    test: ArrayDataset
+    device: torch.device
+
+    def new_model(self) -> torch.nn.Module:
+        return make_model(self.cfg, self.train)
+
+
+def make_model(cfg: RunConfig, data: ArrayDataset) -> torch.nn.Module:
+    """The run's model, initialized from ``seed`` (identical on server and every client)."""
+    name = cfg["model"] if cfg["model"] != "auto" else DEFAULT_MODEL[cfg["dataset"]]
+    torch.manual_seed(int(cfg["seed"]))
+    return build_model(name, data.input_shape, data.num_classes,
+                       nonconvex_lambda=float(cfg.get("nonconvex-lambda", 0.0)))
+
+
+def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> ClientSetup:
+    cfg = resolve_config(context.run_config, overrides)
+    profile = client_profile(cfg, context.node_config)
+    train, test = load_client_data(cfg, profile.client_id, profile.num_clients)
+    return ClientSetup(cfg, profile, train, test, resolve_device(cfg["device"]))
+
+
+def round_seed(cfg: RunConfig, client_id: int, server_round: int, stream: int = 401) -> int:
+    """Independent, reproducible seed per (run seed, client, round)."""
+    return int(np.random.SeedSequence([int(cfg["seed"]), stream, client_id, server_round]).generate_state(1)[0])
+
+
+def round_lr(cfg: RunConfig, server_round: int, key: str = "lr") -> float:
+    """η_r = η · decay^(r−1) (per-round decay, e.g. Fed-SMP Sec. 6.2, DP2-FedSAM Sec. 5.1)."""
+    return float(cfg[key]) * float(cfg["lr-decay"]) ** (server_round - 1)
+
+
+def read_record(context: Context, name: str) -> dict[str, Any]:
+    return dict(context.state[name]) if name in context.state else {}
+
+
+def write_record(context: Context, name: str, values: dict[str, Any]) -> None:
+    context.state[name] = ConfigRecord(values)

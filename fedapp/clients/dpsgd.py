@@ -1,0 +1,143 @@
+"""Heterogeneous record-level DP-SGD client (Robust-HDP Sec. 3; Noble et al. DPFedAvg).
+
+Protects every *record* of the client's local dataset against anyone who sees its updates
+(the server included): local, record-level (ε_i, δ_i)-DP over all rounds.
+
+Before its first round a client calibrates its noise multiplier z_i with the Opacus
+accountant so that ``dp-rounds`` rounds of K_i·⌈N_i/b_i⌉ DP-SGD steps spend exactly ε_i
+(to 0.1 %). The accountant history lives in Flower ``Context.state`` so each reported ε is
+cumulative and exact. A round that would push ε above ε_i is refused: the client does not
+train and replies ``status = "refused"`` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from flwr.client import Client, NumPyClient
+from flwr.common import Context
+
+from fedapp.clients.common import ClientSetup, read_record, round_lr, round_seed, setup_client, write_record
+from fedapp.training import (
+    dpsgd_sample_rate,
+    evaluate_model,
+    get_weights,
+    set_weights,
+    steps_per_epoch,
+    train_dp_sgd,
+    train_plain,
+)
+from strategies.accounting import calibrate_noise_multiplier, compact_history, epsilon_of
+
+STATE_KEY = "dpsgd-accountant"
+EPS_SLACK = 1e-9  # relative tolerance when comparing spent ε with the budget
+
+
+class DPSGDClient(NumPyClient):
+    """Runs DP-SGD (``private=True``) or plain SGD (``private=False``) and returns Δ = θ_local − θ."""
+
+    def __init__(self, setup: ClientSetup, context: Context, private: bool = True) -> None:
+        self.s = setup
+        self.context = context
+        self.private = private
+
+    # ---- privacy state -------------------------------------------------------------
+    @property
+    def num_train(self) -> int:
+        return len(self.s.train)
+
+    def sample_rate(self) -> float:
+        return dpsgd_sample_rate(self.num_train, self.s.profile.batch_size)
+
+    def steps_per_round(self) -> int:
+        return self.s.profile.local_epochs * steps_per_epoch(self.num_train, self.s.profile.batch_size)
+
+    def load_history(self) -> tuple[float | None, list[tuple[float, float, int]]]:
+        rec = read_record(self.context, STATE_KEY)
+        z = rec.get("noise_multiplier")
+        hist = list(zip(rec.get("hist_z", []), rec.get("hist_q", []), rec.get("hist_steps", [])))
+        return (float(z) if z is not None else None), compact_history(hist)
+
+    def save_history(self, z: float, history: list[tuple[float, float, int]], rounds: int) -> None:
+        hist = compact_history(history)
+        write_record(self.context, STATE_KEY, {
+            "noise_multiplier": float(z), "rounds": int(rounds),
+            "hist_z": [h[0] for h in hist], "hist_q": [h[1] for h in hist], "hist_steps": [int(h[2]) for h in hist],
+        })
+
+    def noise_multiplier(self) -> float:
+        z, hist = self.load_history()
+        if z is None:
+            p = self.s.profile
+            z = calibrate_noise_multiplier(p.epsilon, p.delta, self.sample_rate(),
+                                           self.s.cfg.dp_rounds * self.steps_per_round(), kind=self.s.cfg["accountant"])
+            self.save_history(z, hist, 0)
+        return z
+
+    # ---- Flower API ------------------------------------------------------------------
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        return get_weights(self.s.new_model())
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        p, cfg = self.s.profile, self.s.cfg
+        server_round = int(config["server-round"])
+        metrics: dict[str, Any] = {
+            "client_id": p.client_id, "batch_size": p.batch_size, "local_epochs": p.local_epochs,
+            "num_train": self.num_train,
+        }
+        if p.batch_size > self.num_train:
+            return [], 0, {**metrics, "status": "refused",
+                           "reason": f"batch-size {p.batch_size} > local dataset size {self.num_train}"}
+        model = self.s.new_model()
+        set_weights(model, parameters)
+        lr = round_lr(cfg, server_round)
+        seed = round_seed(cfg, p.client_id, server_round)
+        if self.private:
+            z = self.noise_multiplier()
+            _, hist = self.load_history()
+            rounds_done = int(read_record(self.context, STATE_KEY).get("rounds", 0))
+            q, steps = self.sample_rate(), self.steps_per_round()
+            eps_now = epsilon_of(hist, p.delta, cfg["accountant"])
+            eps_next = epsilon_of(hist + [(z, q, steps)], p.delta, cfg["accountant"])
+            metrics.update({"noise_multiplier": z, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
+                            "reported_epsilon": p.reported_epsilon, "steps": sum(h[2] for h in hist)})
+            if eps_next > p.epsilon * (1 + EPS_SLACK):
+                metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": (
+                    f"budget: training round {server_round} would spend epsilon={eps_next:.4f} > "
+                    f"budget {p.epsilon:.4f} (spent {eps_now:.4f} in {rounds_done} rounds)")})
+                return [], 0, metrics
+            result = train_dp_sgd(model, self.s.train, batch_size=p.batch_size, epochs=p.local_epochs, lr=lr,
+                                  noise_multiplier=z, clip=float(cfg["clip-norm"]), momentum=float(cfg["momentum"]),
+                                  device=self.s.device, seed=seed, grad_sample_mode=cfg["grad-sample-mode"])
+            if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:
+                raise RuntimeError(f"DP-SGD ran q={result.extra['sample_rate']}, {result.steps} steps; "
+                                   f"accountant expected q={q}, {steps} steps")
+            hist = hist + [(z, q, steps)]
+            self.save_history(z, hist, rounds_done + 1)
+            metrics.update({"epsilon_spent": epsilon_of(hist, p.delta, cfg["accountant"]),
+                            "steps": sum(h[2] for h in hist)})
+        else:
+            result = train_plain(model, self.s.train, batch_size=p.batch_size, epochs=p.local_epochs, lr=lr,
+                                 momentum=float(cfg["momentum"]), device=self.s.device, seed=seed)
+            metrics["steps"] = result.steps
+        update = [new - old for new, old in zip(get_weights(model), parameters)]
+        metrics.update({"status": "ok", "train_seconds": result.seconds, "train_loss": result.loss, "lr": lr,
+                        "steps_round": result.steps})
+        return update, self.num_train, metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        model = self.s.new_model()
+        set_weights(model, parameters)
+        loss, acc = evaluate_model(model, self.s.test, batch_size=int(self.s.cfg["eval-batch-size"]),
+                                   device=self.s.device)
+        return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": self.s.profile.client_id}
+
+
+def make_dpsgd_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    return DPSGDClient(setup_client(context, overrides), context, private=True).to_client()
+
+
+def make_plain_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    return DPSGDClient(setup_client(context, overrides), context, private=False).to_client()

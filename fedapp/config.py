@@ -1,0 +1,236 @@
+"""Run configuration: one schema (type, default, meaning) for every run-config key.
+
+Flower passes ``[tool.flwr.app.config]`` (overridable with ``flwr run --run-config``) as a
+flat mapping. :func:`resolve_config` merges it over the schema defaults, coerces types and
+validates every value *before* any training starts or any results folder is created.
+``tests/test_config.py`` checks that ``pyproject.toml`` and this schema agree key by key,
+and the README's config table is generated from :data:`SCHEMA` (``python -m fedapp.config``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PRIVACY_DISTS = tuple(f"dist{i}" for i in range(1, 10)) + ("fixed",)
+DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100", "a9a")
+PARTITIONERS = ("iid", "shards", "pathological", "dirichlet")
+
+
+class ConfigError(ValueError):
+    """A run-config or node-config value is invalid; the message names key and value."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One run-config key: its type, default, meaning and an optional check."""
+
+    name: str
+    type: type
+    default: Any
+    doc: str
+    check: Callable[[Any], bool] | None = None
+    expect: str = ""  # human-readable constraint used in error messages
+    choices: tuple[str, ...] | None = None
+    section: str = "general"
+
+
+def _positive(v: Any) -> bool:
+    return v > 0
+
+
+def _nonneg(v: Any) -> bool:
+    return v >= 0
+
+
+def _unit_open(v: Any) -> bool:
+    return 0 < v < 1
+
+
+def _fraction(v: Any) -> bool:
+    return 0 <= v < 1
+
+
+def _prob(v: Any) -> bool:
+    return 0 < v <= 1
+
+
+_KEYS: list[Key] = [
+    # --- general -------------------------------------------------------------------
+    Key("strategy", str, "dpsgd-fedavg", "Strategy from the registry (`fedapp.registry`)."),
+    Key("dataset", str, "digits", "Dataset: digits (embedded), mnist, fmnist, cifar10, cifar100, a9a.", choices=DATASETS),
+    Key("data-dir", str, "", "Folder holding torchvision/LIBSVM data (e.g. ../shared/data). Required except for digits."),
+    Key("model", str, "auto", "Model name (`fedapp.models.MODELS`); auto = the dataset's default."),
+    Key("num-server-rounds", int, 3, "Number of federated rounds E.", _positive, "> 0"),
+    Key("seed", int, 42, "Seed for partitions, privacy profiles, model init, sampling and noise."),
+    Key("output-dir", str, "results", "Results root; each run writes a new subfolder."),
+    Key("run-name", str, "", "Optional prefix of the run's results subfolder."),
+    Key("device", str, "auto", "Training device: auto (CUDA when available), cpu or cuda.", choices=("auto", "cpu", "cuda")),
+    Key("num-clients", int, 0, "Expected number of clients (0 = all that connect); simulation uses num-supernodes.", _nonneg, ">= 0"),
+    Key("min-available-clients", int, 2, "Server waits for this many clients; a federation needs at least 2.", lambda v: v >= 2, ">= 2"),
+    Key("clients-per-round", int, 0, "Clients sampled per round r (0 = full participation).", _nonneg, ">= 0"),
+    Key("fraction-evaluate", float, 1.0, "Fraction of clients doing federated evaluation each round.", lambda v: 0 <= v <= 1, "in [0, 1]"),
+    Key("eval-batch-size", int, 512, "Batch size for evaluation.", _positive, "> 0"),
+    Key("server-lr", float, 1.0, "Server step on the aggregated update: θ ← θ + server-lr · Σ w_i Δ_i.", _positive, "> 0"),
+    # --- data ----------------------------------------------------------------------
+    Key("partitioner", str, "iid", "Data split: iid, shards (McMahan), pathological (S classes each), dirichlet.", choices=PARTITIONERS, section="data"),
+    Key("shards-per-client", int, 8, "shards: shards per client (n·s shards cut from label-sorted data).", _positive, "> 0", section="data"),
+    Key("classes-per-client", int, 2, "pathological: classes S per client.", _positive, "> 0", section="data"),
+    Key("dirichlet-alpha", float, 0.5, "dirichlet: concentration α.", _positive, "> 0", section="data"),
+    Key("local-test-fraction", float, 0.2, "Fraction of each client's partition kept as its local test split.", _fraction, "in [0, 1)", section="data"),
+    Key("max-samples", int, 0, "Use at most this many training samples before partitioning (0 = all).", _nonneg, ">= 0", section="data"),
+    # --- client training / privacy -------------------------------------------------
+    Key("privacy-dist", str, "dist2", "ε_i distribution (Robust-HDP Table 7) or fixed (use `epsilon`).", choices=PRIVACY_DISTS, section="privacy"),
+    Key("epsilon", float, 1.0, "ε for every client when privacy-dist = fixed (and client-level budgets).", _positive, "> 0", section="privacy"),
+    Key("epsilon-floor", float, 0.05, "Draws of ε below this are redrawn (Table 7 normals can go ≤ 0).", _positive, "> 0", section="privacy"),
+    Key("delta", float, 1e-4, "δ_i of every client (record-level DP-SGD).", _unit_open, "in (0, 1)", section="privacy"),
+    Key("batch-size", int, 0, "Fixed batch size b_i (0 = draw uniformly from batch-size-choices).", _nonneg, ">= 0", section="privacy"),
+    Key("batch-size-choices", str, "8,16,24,32", "Comma-separated batch sizes drawn uniformly per client (Robust-HDP: 16,32,64,128).", section="privacy"),
+    Key("local-epochs", int, 1, "Local epochs K_i per round.", _positive, "> 0", section="privacy"),
+    Key("clip-norm", float, 3.0, "Clipping bound: per-sample c for DP-SGD; per-update C for client-level DP.", _positive, "> 0", section="privacy"),
+    Key("dp-rounds", int, 0, "Rounds the budget is planned for (0 = num-server-rounds); beyond it clients refuse.", _nonneg, ">= 0", section="privacy"),
+    Key("accountant", str, "rdp", "Opacus accountant for DP-SGD: rdp or prv.", choices=("rdp", "prv"), section="privacy"),
+    Key("grad-sample-mode", str, "hooks", "Opacus per-sample gradient mode: hooks, ew, functorch.", choices=("hooks", "ew", "functorch"), section="privacy"),
+    Key("lr", float, 0.05, "Client learning rate η.", _positive, "> 0", section="privacy"),
+    Key("momentum", float, 0.0, "Client SGD momentum (reset every round).", lambda v: 0 <= v < 1, "in [0, 1)", section="privacy"),
+    Key("lr-decay", float, 1.0, "Client learning rate multiplied by this every round.", _prob, "in (0, 1]", section="privacy"),
+    Key("falsify-client", int, -1, "Partition id of a client that reports a falsified ε (-1 = none).", lambda v: v >= -1, ">= -1", section="privacy"),
+    Key("falsify-epsilon", float, 0.0, "The falsified ε that client reports (it still trains with its true ε).", _nonneg, ">= 0", section="privacy"),
+]
+
+SCHEMA: dict[str, Key] = {k.name: k for k in _KEYS}
+
+
+def register_keys(*keys: Key) -> None:
+    """Add keys of an algorithm family (each family module calls this once)."""
+    for key in keys:
+        if key.name in SCHEMA and SCHEMA[key.name] != key:
+            raise RuntimeError(f"run-config key {key.name!r} registered twice with different definitions")
+        SCHEMA[key.name] = key
+
+
+def _coerce(key: Key, value: Any) -> Any:
+    if key.type is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        raise ConfigError(f"run-config {key.name!r} expects true/false, got {value!r}")
+    if key.type is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"run-config {key.name!r} expects an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"run-config {key.name!r} expects an integer, got {value!r}")
+    if key.type is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"run-config {key.name!r} expects a number, got {value!r}")
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"run-config {key.name!r} expects a number, got {value!r}") from None
+        if not math.isfinite(out):
+            raise ConfigError(f"run-config {key.name!r} must be finite, got {value!r}")
+        return out
+    if not isinstance(value, str):
+        raise ConfigError(f"run-config {key.name!r} expects a string, got {value!r}")
+    return value
+
+
+def check_value(key: Key, value: Any) -> Any:
+    value = _coerce(key, value)
+    if key.choices is not None and value not in key.choices:
+        raise ConfigError(f"run-config {key.name!r} = {value!r} is not one of {list(key.choices)}")
+    if key.check is not None and not key.check(value):
+        raise ConfigError(f"run-config {key.name!r} = {value!r} is invalid: must be {key.expect}")
+    return value
+
+
+def parse_int_list(name: str, text: str) -> list[int]:
+    try:
+        values = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise ConfigError(f"run-config {name!r} = {text!r} must be comma-separated integers") from None
+    if not values or any(v <= 0 for v in values):
+        raise ConfigError(f"run-config {name!r} = {text!r} must list positive integers")
+    return values
+
+
+class RunConfig(dict):
+    """A validated run configuration (a plain dict of key → typed value)."""
+
+    @property
+    def rounds(self) -> int:
+        return int(self["num-server-rounds"])
+
+    @property
+    def dp_rounds(self) -> int:
+        return int(self["dp-rounds"]) or int(self["num-server-rounds"])
+
+
+def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Merge ``run_config`` and ``overrides`` over the schema defaults and validate all values."""
+    _load_family_keys()
+    merged: dict[str, Any] = {name: key.default for name, key in SCHEMA.items()}
+    for source in (run_config or {}, overrides or {}):
+        for name, value in source.items():
+            if name not in SCHEMA:
+                raise ConfigError(f"unknown run-config key {name!r}; see the README's config reference")
+            merged[name] = value
+    cfg = RunConfig({name: check_value(SCHEMA[name], value) for name, value in merged.items()})
+    validate_cross_fields(cfg)
+    return cfg
+
+
+def validate_cross_fields(cfg: RunConfig) -> None:
+    """Checks that involve several keys or the filesystem (no training, no writes)."""
+    from fedapp.registry import get_spec
+
+    get_spec(cfg["strategy"])  # raises ConfigError listing valid names
+    parse_int_list("batch-size-choices", cfg["batch-size-choices"])
+    if cfg["dataset"] != "digits":
+        data_dir = cfg["data-dir"]
+        if not data_dir:
+            raise ConfigError(f"dataset {cfg['dataset']!r} needs run-config 'data-dir' (a readable folder), got ''")
+        if not os.path.isdir(data_dir) or not os.access(data_dir, os.R_OK):
+            raise ConfigError(f"run-config 'data-dir' = {data_dir!r} is not a readable folder (dataset {cfg['dataset']!r})")
+    if cfg["model"] != "auto":
+        from fedapp.models import MODELS
+
+        if cfg["model"] not in MODELS:
+            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODELS)}")
+    if 0 < cfg["num-clients"] < 2:
+        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} is too small: a federation needs at least 2 clients")
+    if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
+        raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
+
+
+def _load_family_keys() -> None:
+    """Import the registry so every family module has registered its keys."""
+    import fedapp.registry  # noqa: F401
+
+
+def markdown_table() -> str:
+    """The README's config reference, generated from the schema."""
+    _load_family_keys()
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for section in dict.fromkeys(k.section for k in SCHEMA.values()):
+        for key in SCHEMA.values():
+            if key.section == section:
+                doc = key.doc + (f" One of: {', '.join(key.choices)}." if key.choices and len(key.choices) > 3 else "")
+                lines.append(f"| `{key.name}` | `{key.default!r}` | {doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,171 @@
+"""Model zoo: the papers' architectures plus small variants for 8x8 digits.
+
+Every model is Opacus-compatible (no BatchNorm; ResNet-18 uses GroupNorm).
+Parameter counts are checked in ``tests/test_models.py`` against the papers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+
+class MnistCNN(nn.Module):
+    """Robust-HDP Table 5 CNN for MNIST/FMNIST: 28,938 parameters."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.fc = nn.Linear(32 * 7 * 7, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.features(x), 1))
+
+
+class FmnistCNN(nn.Module):
+    """Fed-SMP Sec. 6.1 FMNIST CNN (McMahan et al. 2017): conv5x5(32)-pool-conv5x5(64)-pool-fc512-fc10, ~1.66M params."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.body = nn.Sequential(nn.Linear(64 * 7 * 7, 512), nn.ReLU())
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(torch.flatten(self.features(x), 1)))
+
+
+class CifarCNN(nn.Module):
+    """DP2-FedSAM Sec. 5.1 CIFAR-10 CNN: three valid 3x3 convs (64,128,256) each + pool, fc256-fc128-fc10; 667,402 params."""
+
+    def __init__(self, in_channels: int = 3, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 64, 3), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Conv2d(64, 128, 3), nn.MaxPool2d(2), nn.ReLU(),
+            nn.Conv2d(128, 256, 3), nn.MaxPool2d(2), nn.ReLU(),
+        )
+        self.body = nn.Sequential(nn.Linear(256 * 2 * 2, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU())
+        self.fc = nn.Linear(128, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(torch.flatten(self.features(x), 1)))
+
+
+class SigmoidMLP(nn.Module):
+    """SoteriaFL Sec. 6 MLP: in-hidden-out with sigmoid hidden activation (784-64-10 on MNIST)."""
+
+    def __init__(self, in_features: int = 784, hidden: int = 64, num_classes: int = 10) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(in_features, hidden), nn.Sigmoid())
+        self.fc = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(x))
+
+
+class LogisticRegression(nn.Module):
+    """Logistic regression; binary (one logit) when ``num_classes == 2``.
+
+    ``nonconvex_lambda > 0`` adds SoteriaFL's nonconvex regularizer
+    λ Σ_j x_j² / (1 + x_j²) (SoteriaFL Sec. 6) through :meth:`regularization`.
+    """
+
+    def __init__(self, in_features: int, num_classes: int = 2, nonconvex_lambda: float = 0.0) -> None:
+        super().__init__()
+        self.binary = num_classes == 2
+        self.fc = nn.Linear(in_features, 1 if self.binary else num_classes)
+        self.nonconvex_lambda = float(nonconvex_lambda)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.fc(torch.flatten(x, 1))
+        if self.binary:  # two logits [0, z] so cross-entropy equals the logistic loss
+            out = torch.cat([torch.zeros_like(out), out], dim=1)
+        return out
+
+    def regularization(self) -> torch.Tensor:
+        if self.nonconvex_lambda == 0.0:
+            return torch.zeros((), device=self.fc.weight.device)
+        w = torch.cat([p.reshape(-1) for p in self.parameters()])
+        return self.nonconvex_lambda * torch.sum(w**2 / (1.0 + w**2))
+
+
+class DigitsCNN(nn.Module):
+    """Small CNN for 8x8 digits (same shape family as Table 5, scaled down): 6,058 params."""
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.body = nn.Sequential(nn.Linear(16 * 2 * 2, 64), nn.ReLU())
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.body(torch.flatten(self.features(x), 1)))
+
+
+def resnet18_groupnorm(in_channels: int = 3, num_classes: int = 10, groups: int = 32) -> nn.Module:
+    """torchvision ResNet-18 with GroupNorm (Opacus-compatible): 11,181,642 params for 10 classes."""
+    from fedapp.tv_compat import import_torchvision
+
+    tv = import_torchvision()
+    model = tv.models.resnet18(num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(min(groups, c), c))
+    if in_channels != 3:
+        model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    return model
+
+
+ModelFactory = Callable[..., nn.Module]
+
+MODELS: dict[str, ModelFactory] = {
+    "cnn-mnist": MnistCNN,
+    "cnn-fmnist": FmnistCNN,
+    "cnn-cifar": CifarCNN,
+    "mlp-sigmoid": SigmoidMLP,
+    "logreg": LogisticRegression,
+    "resnet18-gn": resnet18_groupnorm,
+    "cnn-digits": DigitsCNN,
+    "mlp-digits": SigmoidMLP,
+}
+
+DEFAULT_MODEL: dict[str, str] = {
+    "digits": "cnn-digits",
+    "mnist": "cnn-mnist",
+    "fmnist": "cnn-mnist",
+    "cifar10": "cnn-cifar",
+    "cifar100": "resnet18-gn",
+    "a9a": "logreg",
+}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *, nonconvex_lambda: float = 0.0) -> nn.Module:
+    """Instantiate model ``name`` for inputs of ``input_shape`` (without batch) and ``num_classes``."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; valid: {sorted(MODELS)}")
+    if name in ("mlp-sigmoid", "mlp-digits"):
+        features = 1
+        for d in input_shape:
+            features *= d
+        return SigmoidMLP(features, 64 if name == "mlp-sigmoid" else 32, num_classes)
+    if name == "logreg":
+        features = 1
+        for d in input_shape:
+            features *= d
+        return LogisticRegression(features, num_classes, nonconvex_lambda)
+    if len(input_shape) != 3:
+        raise ValueError(f"model {name!r} needs image inputs (C, H, W), got shape {input_shape}")
+    return MODELS[name](input_shape[0], num_classes)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

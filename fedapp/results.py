@@ -1,0 +1,179 @@
+"""Results folder and privacy ledger of one run.
+
+Layout (one new subfolder of ``output-dir`` per run)::
+
+    config.json    resolved run-config, seed, strategy threat model, package versions
+    rounds.jsonl   one JSON object per round: round, wall_seconds, elapsed_seconds,
+                   metrics{accuracy, loss, client_accuracy, ...}, clients[{client_id, ...}]
+    summary.json   final/best accuracy, max ε per client, total uplink bytes, wall time
+    accuracy.png   global test accuracy and mean client accuracy vs round
+    privacy.png    ε spent by each client vs round
+
+Nothing is created until :meth:`ResultsWriter.open` (called once the run has been fully
+validated); ``summary.json`` is rewritten atomically after every round.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+PACKAGES = ("flwr", "torch", "torchvision", "opacus", "numpy", "scipy", "scikit-learn", "dp-accounting", "ray")
+
+
+def package_versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    from fedapp import __version__
+
+    out["dpfl-flower"] = __version__
+    return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(_clean(payload), fh, indent=2, sort_keys=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class ResultsWriter:
+    """Implements ``strategies.base.RoundRecorder`` for the Flower app."""
+
+    def __init__(self, root: str | os.PathLike, config: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
+        self.root = Path(root)
+        self.config = dict(config)
+        self.meta = dict(meta or {})
+        self.run_dir: Path | None = None
+        self.rounds: list[dict[str, Any]] = []
+        self.started = time.time()
+
+    def _new_run_dir(self) -> Path:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        prefix = f"{self.config.get('run-name')}_" if self.config.get("run-name") else ""
+        base = f"{prefix}{stamp}_{self.config.get('strategy')}_{self.config.get('dataset')}_s{self.config.get('seed')}"
+        self.root.mkdir(parents=True, exist_ok=True)
+        for i in range(1000):
+            candidate = self.root / (base if i == 0 else f"{base}-{i}")
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                continue
+        raise RuntimeError(f"could not create a unique run folder under {self.root}")
+
+    def open(self) -> None:
+        if self.run_dir is not None:
+            return
+        self.run_dir = self._new_run_dir()
+        write_json_atomic(self.run_dir / "config.json", {
+            "config": self.config, "seed": self.config.get("seed"),
+            "started": datetime.now(timezone.utc).isoformat(), "versions": package_versions(), **self.meta,
+        })
+        (self.run_dir / "rounds.jsonl").touch()
+
+    def write_round(self, record: dict[str, Any]) -> None:
+        if self.run_dir is None:
+            self.open()
+        assert self.run_dir is not None
+        self.rounds.append(record)
+        with open(self.run_dir / "rounds.jsonl", "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(_clean(record)) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        write_json_atomic(self.run_dir / "summary.json", summarize(self.rounds, time.time() - self.started))
+
+    def finish(self) -> None:
+        if self.run_dir is None:
+            return
+        write_json_atomic(self.run_dir / "summary.json", summarize(self.rounds, time.time() - self.started, done=True))
+        plot_run(self.run_dir, self.rounds)
+
+
+def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = False) -> dict[str, Any]:
+    accs = [(r["round"], r["metrics"].get("accuracy")) for r in rounds if r["metrics"].get("accuracy") is not None]
+    max_eps: dict[str, float] = {}
+    statuses: dict[str, int] = {}
+    for r in rounds:
+        for c in r["clients"]:
+            statuses[c["status"]] = statuses.get(c["status"], 0) + 1
+            cid, eps = c.get("client_id"), c.get("epsilon_spent")
+            if cid is not None and eps is not None:
+                max_eps[str(cid)] = max(eps, max_eps.get(str(cid), 0.0))
+    best = max(accs, key=lambda t: t[1]) if accs else (None, None)
+    last = rounds[-1]["metrics"] if rounds else {}
+    return {
+        "rounds_completed": len(rounds), "finished": done,
+        "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
+        "final_client_accuracy": last.get("client_accuracy"),
+        "best_accuracy": best[1], "best_round": best[0],
+        "max_epsilon_per_client": dict(sorted(max_eps.items(), key=lambda kv: int(kv[0]))),
+        "max_epsilon": max(max_eps.values()) if max_eps else None,
+        "total_uplink_bytes": int(sum(c.get("uplink_bytes") or 0 for r in rounds for c in r["clients"])),
+        "client_status_counts": statuses,
+        "wall_seconds": wall_seconds,
+    }
+
+
+def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
+    """accuracy.png and privacy.png from the round records."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = [r["round"] for r in rounds]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("accuracy", "global model, held-out test"), ("client_accuracy", "mean client local test")):
+        ys = [r["metrics"].get(key) for r in rounds]
+        if any(y is not None for y in ys):
+            ax.plot(xs, [math.nan if y is None else y for y in ys], marker="o", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy.png", dpi=120)
+    plt.close(fig)
+
+    per_client: dict[int, list[tuple[int, float]]] = {}
+    for r in rounds:
+        for c in r["clients"]:
+            if c.get("client_id") is not None and c.get("epsilon_spent") is not None:
+                per_client.setdefault(int(c["client_id"]), []).append((r["round"], c["epsilon_spent"]))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for cid, pts in sorted(per_client.items()):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"client {cid}")
+    ax.set_xlabel("round")
+    ax.set_ylabel("ε spent (cumulative)")
+    if not per_client:
+        ax.text(0.5, 0.5, "no privacy accounting (non-private run)", ha="center", va="center", transform=ax.transAxes)
+    elif len(per_client) <= 20:
+        ax.legend(fontsize=6, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "privacy.png", dpi=120)
+    plt.close(fig)

@@ -1,0 +1,56 @@
+"""Framework-free aggregation helpers shared by every strategy (cf. ``flwr/server/strategy/aggregate.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate arrays into one float64 vector."""
+    if not arrays:
+        return np.zeros(0)
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+
+
+def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]], dtype=np.float32) -> list[np.ndarray]:
+    """Inverse of :func:`flatten` for the given shapes."""
+    out, offset = [], 0
+    for shape in shapes:
+        size = int(np.prod(shape)) if len(shape) else 1
+        out.append(np.asarray(vector[offset:offset + size], dtype=dtype).reshape(shape))
+        offset += size
+    if offset != len(vector):
+        raise ValueError(f"vector has {len(vector)} entries, shapes need {offset}")
+    return out
+
+
+def normalize_weights(raw: Sequence[float]) -> np.ndarray:
+    """Non-negative weights summing to 1; raises on an all-zero or invalid input."""
+    w = np.asarray(raw, dtype=np.float64)
+    if w.ndim != 1 or len(w) == 0:
+        raise ValueError("need a non-empty 1-d weight vector")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError(f"weights must be finite and >= 0, got {w}")
+    total = w.sum()
+    if total <= 0:
+        raise ValueError("weights sum to zero")
+    return w / total
+
+
+def weighted_sum(updates: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+    """Σ_i w_i u_i over flat update vectors."""
+    if len(updates) != len(weights):
+        raise ValueError(f"{len(updates)} updates but {len(weights)} weights")
+    out = np.zeros_like(np.asarray(updates[0], dtype=np.float64))
+    for u, w in zip(updates, weights):
+        out += float(w) * np.asarray(u, dtype=np.float64)
+    return out
+
+
+def aggregate_noise_variance(weights: Sequence[float], sigma2: Sequence[float], num_params: int, lr: float) -> float:
+    """Normalized aggregate noise variance Σ_i w_i² σ_i² / (p η²) (Robust-HDP Eq. 8, Table 3)."""
+    w = np.asarray(weights, dtype=np.float64)
+    s = np.asarray(sigma2, dtype=np.float64)
+    return float(np.sum(w**2 * s) / (num_params * lr**2))

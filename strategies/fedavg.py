@@ -1,0 +1,37 @@
+"""FedAvg (McMahan et al. 2017) and DPFedAvg of Noble et al. (2022): w_i ∝ N_i.
+
+``fedavg``: non-private clients (plain SGD) — no formal privacy.
+``dpsgd-fedavg``: every client runs record-level DP-SGD with its own (ε_i, δ_i) (local DP
+against an untrusted server, Robust-HDP Sec. 2); the server averages updates with weights
+proportional to dataset sizes N_i. The server adds no noise, so its output is post-processing
+of already-private updates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from strategies.base import DPFLStrategy, StrategyContext, common_kwargs
+
+
+class FedAvg(DPFLStrategy):
+    """w_i ∝ N_i over non-private updates."""
+
+    name = "fedavg"
+    privacy = "none: non-private baseline"
+
+
+class DPSGDFedAvg(DPFLStrategy):
+    """w_i ∝ N_i over DP-SGD updates (DPFedAvg, Noble et al. 2022; Robust-HDP baseline)."""
+
+    name = "dpsgd-fedavg"
+    privacy = "record-level local DP: DP-SGD on each client with its own (ε_i, δ_i); untrusted server"
+
+
+def build_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> FedAvg:
+    return FedAvg(**common_kwargs(cfg, ctx))
+
+
+def build_dpsgd_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> DPSGDFedAvg:
+    return DPSGDFedAvg(**common_kwargs(cfg, ctx))
