@@ -11,8 +11,7 @@ from fedapp.data import ArrayDataset, load_dataset
 from fedapp.partition import partition, train_test_split_local
 
 
-def training_pool(cfg: RunConfig) -> ArrayDataset:
-    """The training split, optionally capped to ``max-samples`` (deterministic subsample)."""
+def _capped_pool(cfg: RunConfig) -> ArrayDataset:
     train, _ = load_dataset(cfg["dataset"], cfg["data-dir"])
     cap = int(cfg["max-samples"])
     if 0 < cap < len(train):
@@ -21,10 +20,37 @@ def training_pool(cfg: RunConfig) -> ArrayDataset:
     return train
 
 
+def _public_split(size: int, public: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(public indices, remaining indices) of a pool of ``size``: ``public`` drawn uniformly by seed."""
+    if not 0 <= public < size:
+        raise ValueError(f"run-config 'public-samples' = {public} must be in [0, {size}) for a pool of {size}")
+    perm = np.random.default_rng([seed, 107]).permutation(size)
+    return np.sort(perm[:public]), np.sort(perm[public:])
+
+
+def training_pool(cfg: RunConfig) -> ArrayDataset:
+    """The training split, optionally capped to ``max-samples`` (deterministic subsample),
+    minus the server's public set when ``public-samples`` > 0 (Fed-SMP Sec. 6.1: D_p is held
+    out of every client's data)."""
+    train = _capped_pool(cfg)
+    public = int(cfg.get("public-samples", 0))
+    if public > 0:
+        train = train.subset(_public_split(len(train), public, int(cfg["seed"]))[1])
+    return train
+
+
+def public_dataset(cfg: RunConfig) -> ArrayDataset:
+    """The server's public set D_p (``public-samples`` examples, disjoint from every client's data)."""
+    pool = _capped_pool(cfg)
+    return pool.subset(_public_split(len(pool), int(cfg.get("public-samples", 0)), int(cfg["seed"]))[0])
+
+
 @functools.lru_cache(maxsize=8)
 def _partitions(dataset: str, data_dir: str, max_samples: int, method: str, num_clients: int, seed: int,
-                shards_per_client: int, classes_per_client: int, alpha: float) -> tuple[np.ndarray, ...]:
-    cfg = {"dataset": dataset, "data-dir": data_dir, "max-samples": max_samples, "seed": seed}
+                shards_per_client: int, classes_per_client: int, alpha: float,
+                public_samples: int = 0) -> tuple[np.ndarray, ...]:
+    cfg = {"dataset": dataset, "data-dir": data_dir, "max-samples": max_samples, "seed": seed,
+           "public-samples": public_samples}
     pool = training_pool(cfg)  # type: ignore[arg-type]
     return tuple(partition(pool.y, num_clients, method, seed, shards_per_client=shards_per_client,
                            classes_per_client=classes_per_client, alpha=alpha))
@@ -33,7 +59,7 @@ def _partitions(dataset: str, data_dir: str, max_samples: int, method: str, num_
 def client_partition_indices(cfg: RunConfig, num_clients: int) -> tuple[np.ndarray, ...]:
     return _partitions(cfg["dataset"], cfg["data-dir"], int(cfg["max-samples"]), cfg["partitioner"], num_clients,
                        int(cfg["seed"]), int(cfg["shards-per-client"]), int(cfg["classes-per-client"]),
-                       float(cfg["dirichlet-alpha"]))
+                       float(cfg["dirichlet-alpha"]), int(cfg.get("public-samples", 0)))
 
 
 def load_client_data(cfg: RunConfig, client_id: int, num_clients: int) -> tuple[ArrayDataset, ArrayDataset]:

@@ -99,6 +99,14 @@ _KEYS: list[Key] = [
     Key("lr-decay", float, 1.0, "Client learning rate multiplied by this every round.", _prob, "in (0, 1]", section="privacy"),
     Key("falsify-client", int, -1, "Partition id of a client that reports a falsified ε (-1 = none).", lambda v: v >= -1, ">= -1", section="privacy"),
     Key("falsify-epsilon", float, 0.0, "The falsified ε that client reports (it still trains with its true ε).", _nonneg, ">= 0", section="privacy"),
+    # --- fed-smp: client-level DP (DP-FedAvg, Fed-SMP; shared with DP2-FedSAM) -----
+    Key("noise-multiplier", float, 0.0, "Client-level DP σ: the sum of the r clipped updates carries N(0, C²σ²); 0 = calibrate to target-epsilon.", _nonneg, ">= 0", section="fed-smp"),
+    Key("target-epsilon", float, 1.0, "Client-level ε over dp-rounds rounds (q = r/n, δ = client-delta) used when noise-multiplier = 0.", _positive, "> 0", section="fed-smp"),
+    Key("client-delta", float, 0.0, "Client-level δ; 0 = n^-1.1 (Fed-SMP Sec. 6.2).", _fraction, "in [0, 1)", section="fed-smp"),
+    Key("compression-ratio", float, 0.01, "Fed-SMP / FedAvg-randk/topk p = k/d: fraction of coordinates kept by the round's mask.", _prob, "in (0, 1]", section="fed-smp"),
+    Key("local-steps", int, 0, "Local SGD steps τ per round of client-level DP clients (0 = local-epochs · ⌈N/b⌉).", _nonneg, ">= 0", section="fed-smp"),
+    Key("public-samples", int, 0, "Training examples held out of every client's data as the server's public set D_p (top-k needs > 0).", _nonneg, ">= 0", section="fed-smp"),
+    Key("public-steps", int, 0, "τ_p: server SGD steps on D_p to pick the top-k mask (0 = same as local-steps).", _nonneg, ">= 0", section="fed-smp"),
 ]
 
 SCHEMA: dict[str, Key] = {k.name: k for k in _KEYS}
