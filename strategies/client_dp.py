@@ -15,6 +15,7 @@ weaker guarantee too, so nobody mistakes one for the other.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -98,3 +99,47 @@ class ClientLevelDP:
         """σ such that T rounds at q = r/n spend ``target_epsilon`` (to 0.1 %)."""
         sigma = calibrate_noise_multiplier(target_epsilon, delta, clients_per_round / num_clients, rounds, accountant)
         return cls(sigma, clip, clients_per_round, num_clients, rounds, delta, accountant)
+
+
+def default_client_delta(num_clients: int) -> float:
+    """δ = n^-1.1 (McMahan et al. 2018; Fed-SMP Sec. 6.2), below 1/n."""
+    if num_clients < 2:
+        raise ValueError(f"client-level δ needs n >= 2 clients, got {num_clients}")
+    return float(num_clients) ** -1.1
+
+
+def theorem1_noise_multiplier(epsilon: float, delta: float, sample_rate: float, rounds: int) -> float:
+    """Fed-SMP Theorem 1 (Eq. 10): σ = sqrt(7 q² T (ε + 2 log(1/δ)) / ε²) suffices for (ε, δ) after T rounds.
+
+    A closed-form *upper* bound (valid for ε < 2 log(1/δ) and σ² ≥ 0.7); used only to check
+    that the accountant is at least as tight (it must need no more noise for the same ε).
+    """
+    if not 0 < epsilon < 2 * math.log(1 / delta):
+        raise ValueError(f"Theorem 1 needs 0 < ε < 2 log(1/δ) = {2 * math.log(1 / delta):.3f}, got {epsilon}")
+    return math.sqrt(7 * sample_rate**2 * rounds * (epsilon + 2 * math.log(1 / delta)) / epsilon**2)
+
+
+def mechanism_from_config(cfg, num_clients: int) -> ClientLevelDP:
+    """The run's client-level mechanism from run-config keys (``noise-multiplier`` or ``target-epsilon``,
+    ``clip-norm``, ``clients-per-round`` (0 = all n), ``dp-rounds``/``num-server-rounds``, ``client-delta``
+    (0 = n^-1.1), ``accountant``). Server and clients call this with the same inputs, so they agree on σ."""
+    r = int(cfg["clients-per-round"]) or num_clients
+    rounds = int(cfg.get("dp-rounds", 0)) or int(cfg["num-server-rounds"])
+    delta = float(cfg.get("client-delta", 0.0)) or default_client_delta(num_clients)
+    return _mechanism(float(cfg["noise-multiplier"]), float(cfg["target-epsilon"]), float(cfg["clip-norm"]),
+                      min(r, num_clients), num_clients, rounds, delta, str(cfg.get("accountant", "rdp")))
+
+
+@functools.lru_cache(maxsize=64)
+def _mechanism(sigma: float, target: float, clip: float, r: int, n: int, rounds: int, delta: float,
+               accountant: str) -> ClientLevelDP:
+    if sigma > 0:
+        return ClientLevelDP(sigma, clip, r, n, rounds, delta, accountant)
+    return ClientLevelDP.calibrated(target, clip=clip, clients_per_round=r, num_clients=n, rounds=rounds,
+                                    delta=delta, accountant=accountant)
+
+
+@functools.lru_cache(maxsize=4096)
+def cached_epsilon(dp: ClientLevelDP, rounds_done: int) -> float:
+    """:meth:`ClientLevelDP.epsilon` memoized (the mechanism is frozen/hashable)."""
+    return dp.epsilon(rounds_done)
