@@ -107,6 +107,18 @@ _KEYS: list[Key] = [
     Key("local-steps", int, 0, "Local SGD steps τ per round of client-level DP clients (0 = local-epochs · ⌈N/b⌉).", _nonneg, ">= 0", section="fed-smp"),
     Key("public-samples", int, 0, "Training examples held out of every client's data as the server's public set D_p (top-k needs > 0).", _nonneg, ">= 0", section="fed-smp"),
     Key("public-steps", int, 0, "τ_p: server SGD steps on D_p to pick the top-k mask (0 = same as local-steps).", _nonneg, ">= 0", section="fed-smp"),
+    # --- dp2-fedsam: personalized partial sharing + SAM (DP2-FedSAM, CENTAUR, DP-FedSAM, FT baselines) ---
+    Key("dp2-head", str, "auto", "Personal head h: comma-separated parameter-name prefixes; auto = last nn.Linear (DP2-FedSAM Sec. 5.1).", section="dp2-fedsam"),
+    Key("dp2-tau-h", int, 2, "τ_h: local epochs of SGD on the head h_i (φ fixed) per round.", _positive, "> 0", section="dp2-fedsam"),
+    Key("dp2-tau-phi", int, 2, "τ_φ: local epochs of SAM/SGD on the shared φ (h_i fixed) per round; full-model variants use local-epochs.", _positive, "> 0", section="dp2-fedsam"),
+    Key("dp2-lr-head", float, 0.1, "η_h: head learning rate (decayed by lr-decay per round); φ and full models use lr.", _positive, "> 0", section="dp2-fedsam"),
+    Key("sam-rho", float, 0.1, "SAM perturbation radius q (Eq. 11).", _nonneg, ">= 0", section="dp2-fedsam"),
+    Key("sam-adaptive", bool, False, "Use ASAM (Kwon et al. 2021): perturbation scaled by |w| + sam-eta.", section="dp2-fedsam"),
+    Key("sam-eta", float, 0.01, "ASAM η in T_w = |w| + η.", _positive, "> 0", section="dp2-fedsam"),
+    Key("ft-epochs", int, 1, "FT baselines: local fine-tuning epochs of the global model before evaluation.", _nonneg, ">= 0", section="dp2-fedsam"),
+    Key("dp2-eval-every", int, 1, "Federated evaluation every this many rounds (and the last round).", _positive, "> 0", section="dp2-fedsam"),
+    Key("dp2-report-norms", bool, False, "Clients report their pre-clip ‖Δ_i‖ (Fig. 5 diagnostic; NOT privatized, leaks it to the server).", section="dp2-fedsam"),
+    Key("dp2-seeded-noise", bool, False, "Derive DP noise from the run seed (reproducible, but a server knowing the seed can remove it).", section="dp2-fedsam"),
 ]
 
 SCHEMA: dict[str, Key] = {k.name: k for k in _KEYS}

@@ -1,0 +1,166 @@
+"""NumPyClient of the DP2-FedSAM family (DP2-FedSAM Algorithm 2 and its Sec. 5 baselines).
+
+Client-level DP (see ``strategies/dp2_fedsam.py``): each sampled client clips its update of the
+*shared* parameters to C and adds N(0, C²σ²/r) (r clients per round) before sending it; σ is
+calibrated by the Opacus accountant so that T = ``dp-rounds`` rounds at q = r/N spend ``target-epsilon``
+(or given as ``noise-multiplier``; δ = ``client-delta``, 0 → N^-1.1; the paper's 1/N is passed explicitly). The accountant composes every round, sampled or not (that is where
+amplification by sampling comes from), so after server round t every client has spent ε(t); a
+client whose budget (its node-config ``epsilon``, else the planned ε(T)) the round would exceed refuses.
+
+Personalized variants keep the head h_i in ``Context.state`` across rounds (initialized once from
+the seeded model): τ_h epochs of SGD on h with φ fixed, then τ_φ epochs of SAM (or SGD for CENTAUR)
+on φ with h fixed; only Δφ is sent. Evaluation uses (φ, h_i) on the local test split. FT variants
+fine-tune a local copy of the global model for ``ft-epochs`` before evaluating; it never leaves.
+
+The Gaussian noise draws from OS entropy unless ``dp2-seeded-noise`` is set: a server that knows the
+run seed could otherwise regenerate and subtract it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.client import Client, NumPyClient
+from flwr.common import ArrayRecord, Context
+
+from fedapp.clients.common import ClientSetup, make_model, round_lr, round_seed, setup_client
+from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.data import load_dataset
+from fedapp.training import evaluate_model, get_weights, set_weights
+from strategies.aggregate import flatten, unflatten
+from strategies.dp2_fedsam import Variant, client_level_mechanism, epsilon_after, get_variant, shared_mask, train_local
+
+HEAD_KEY = "dp2-head"
+EPS_SLACK = 1e-9
+
+
+def run_model(cfg: RunConfig) -> torch.nn.Module:
+    """The run's (seeded) model, built from the dataset's shapes."""
+    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    return make_model(cfg, test)
+
+
+def shared_weights(cfg: RunConfig, weights: list[np.ndarray], personalized: bool) -> list[np.ndarray]:
+    """The arrays of ``weights`` the server holds: φ only (personalized variants) or all."""
+    try:
+        mask = shared_mask(run_model(cfg), cfg["dp2-head"], personalized)
+    except ValueError as exc:
+        raise ConfigError(f"run-config 'dp2-head' = {cfg['dp2-head']!r}: {exc}") from None
+    if len(mask) != len(weights):
+        raise ValueError(f"model has {len(mask)} arrays, got {len(weights)} initial weights")
+    return [w for w, m in zip(weights, mask) if m]
+
+
+class DP2FedSAMClient(NumPyClient):
+    """Local update + clip + noise of one client; for personalized variants also the keeper of h_i."""
+
+    def __init__(self, setup: ClientSetup, context: Context, variant: Variant) -> None:
+        self.s = setup
+        self.context = context
+        self.variant = variant
+        model = setup.new_model()
+        self.names = list(model.state_dict().keys())
+        try:
+            self.mask = shared_mask(model, setup.cfg["dp2-head"], variant.personalized)
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'dp2-head' = {setup.cfg['dp2-head']!r}: {exc}") from None
+        self.initial = get_weights(model)
+        self.shared_names = [n for n, m in zip(self.names, self.mask) if m]
+        self.head_names = [n for n, m in zip(self.names, self.mask) if not m]
+        self.shared_shapes = [w.shape for w, m in zip(self.initial, self.mask) if m]
+
+    # ---- state -----------------------------------------------------------------------
+    def head(self) -> list[np.ndarray]:
+        """h_i: from ``Context.state`` once trained, else the seeded initial head (Alg. 2 input h_i⁰)."""
+        if HEAD_KEY in self.context.state:
+            return self.context.state[HEAD_KEY].to_numpy_ndarrays()
+        return [w for w, m in zip(self.initial, self.mask) if not m]
+
+    def save_head(self, head: list[np.ndarray]) -> None:
+        self.context.state[HEAD_KEY] = ArrayRecord(numpy_ndarrays=[np.asarray(h, dtype=np.float32) for h in head])
+
+    def budget(self, planned: float) -> float:
+        """Node-config ``epsilon`` when given, else the mechanism's planned ε after T = dp-rounds rounds."""
+        node = self.context.node_config
+        return float(node["epsilon"]) if "epsilon" in node else planned
+
+    def full_weights(self, shared: list[np.ndarray]) -> list[np.ndarray]:
+        if len(shared) != len(self.shared_shapes):
+            raise ValueError(f"server sent {len(shared)} arrays, the shared model has {len(self.shared_shapes)}")
+        it_s, it_h = iter(shared), iter(self.head())
+        return [next(it_s) if m else next(it_h) for m in self.mask]
+
+    def tensors(self, data) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(data.x).to(self.s.device), torch.from_numpy(data.y).to(self.s.device)
+
+    # ---- Flower API ----------------------------------------------------------------------
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        return [w for w, m in zip(self.initial, self.mask) if m]
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        p, cfg = self.s.profile, self.s.cfg
+        rnd = int(config["server-round"])
+        n_train = len(self.s.train)
+        metrics: dict[str, Any] = {"client_id": p.client_id, "batch_size": p.batch_size, "num_train": n_train}
+        if n_train == 0:
+            return [], 0, {**metrics, "status": "refused", "reason": "empty local training set"}
+        dp = client_level_mechanism(cfg, p.num_clients)
+        budget = self.budget(epsilon_after(dp, dp.rounds))
+        eps_now, eps_next = epsilon_after(dp, rnd - 1), epsilon_after(dp, rnd)
+        metrics.update({"noise_multiplier": dp.noise_multiplier, "sample_rate": dp.sample_rate, "delta": dp.delta,
+                        "epsilon_budget": budget, "reported_epsilon": budget, "steps": rnd - 1})
+        if eps_next > budget * (1 + EPS_SLACK):
+            return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": (
+                f"budget: round {rnd} would spend client-level epsilon={eps_next:.4f} > budget {budget:.4f} "
+                f"(sigma={dp.noise_multiplier:.4f}, q={dp.sample_rate:.4f}, planned T={dp.rounds})")}
+        start = time.perf_counter()
+        model = self.s.new_model()
+        set_weights(model, self.full_weights(parameters))
+        x, y = self.tensors(self.s.train)
+        lr, lr_h = round_lr(cfg, rnd), round_lr(cfg, rnd, "dp2-lr-head")
+        seed, mom = round_seed(cfg, p.client_id, rnd), float(cfg["momentum"])
+        sam = float(cfg["sam-rho"]) if self.variant.sam else None
+        sam_kw = {"adaptive": bool(cfg["sam-adaptive"]), "sam_eta": float(cfg["sam-eta"])}
+        if self.variant.personalized:  # Alg. 2 lines 5–16
+            train_local(model, x, y, train_names=self.head_names, epochs=int(cfg["dp2-tau-h"]), batch_size=p.batch_size,
+                        lr=lr_h, momentum=mom, seed=seed)
+            res = train_local(model, x, y, train_names=self.shared_names, epochs=int(cfg["dp2-tau-phi"]),
+                              batch_size=p.batch_size, lr=lr, momentum=mom, sam_rho=sam, seed=seed + 1, **sam_kw)
+        else:  # DP-FedSAM / DP-FedAvg local training on the full model
+            res = train_local(model, x, y, train_names=self.shared_names, epochs=p.local_epochs,
+                              batch_size=p.batch_size, lr=lr, momentum=mom, sam_rho=sam, seed=seed, **sam_kw)
+        new = get_weights(model)
+        delta = flatten([w for w, m in zip(new, self.mask) if m]) - flatten(parameters)
+        rng = np.random.default_rng(round_seed(cfg, p.client_id, rnd, stream=611) if cfg["dp2-seeded-noise"] else None)
+        noisy, norm = dp.privatize(delta, rng)  # Alg. 2 lines 18–19
+        if self.variant.personalized:
+            self.save_head([w for w, m in zip(new, self.mask) if not m])  # Alg. 2 line 10: h_i^{t+1} stays here
+        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rnd, "train_loss": res.loss, "lr": lr,
+                        "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
+        if cfg["dp2-report-norms"]:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
+            metrics["local_update_norm"] = norm
+        return unflatten(noisy, self.shared_shapes), n_train, metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        cfg, cid = self.s.cfg, self.s.profile.client_id
+        if len(self.s.test) == 0:
+            return 0.0, 0, {"client_id": cid}
+        model = self.s.new_model()
+        set_weights(model, self.full_weights(parameters))
+        if self.variant.finetune and int(cfg["ft-epochs"]) > 0 and len(self.s.train) > 0:
+            rnd = int(config.get("server-round", 1))
+            x, y = self.tensors(self.s.train)
+            train_local(model, x, y, train_names=self.names, epochs=int(cfg["ft-epochs"]),
+                        batch_size=self.s.profile.batch_size, lr=round_lr(cfg, rnd), momentum=float(cfg["momentum"]),
+                        seed=round_seed(cfg, cid, rnd, stream=612))
+        loss, acc = evaluate_model(model, self.s.test, batch_size=int(cfg["eval-batch-size"]), device=self.s.device)
+        return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": cid}
+
+
+def make_dp2_fedsam_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    """Client factory of every strategy of the family; the variant comes from run-config ``strategy``."""
+    cfg = resolve_config(context.run_config, overrides)
+    return DP2FedSAMClient(setup_client(context, overrides), context, get_variant(cfg["strategy"])).to_client()
