@@ -119,6 +119,14 @@ _KEYS: list[Key] = [
     Key("dp2-eval-every", int, 1, "Federated evaluation every this many rounds (and the last round).", _positive, "> 0", section="dp2-fedsam"),
     Key("dp2-report-norms", bool, False, "Clients report their pre-clip ‖Δ_i‖ (Fig. 5 diagnostic; NOT privatized, leaks it to the server).", section="dp2-fedsam"),
     Key("dp2-seeded-noise", bool, False, "Derive DP noise from the run seed (reproducible, but a server knowing the seed can remove it).", section="dp2-fedsam"),
+    # --- soteriafl: local DP with shifted compression (SoteriaFL, CDP-SGD, LDP-SGD, LDP-SVRG) ---
+    Key("nonconvex-lambda", float, 0.0, "λ of the nonconvex regularizer λ Σ x_j²/(1 + x_j²) of the logreg model (SoteriaFL Sec. 6.1: 0.2).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-eta", float, 0.3, "SoteriaFL family: server step size η in x ← x − η v (Sec. 6 grid {0.01, ..., 1}).", _positive, "> 0", section="soteriafl"),
+    Key("soteriafl-k", int, 0, "Random-k sparsification: coordinates sent per round (0 = ⌊d/20⌋, Sec. 6).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-gamma", float, 0.0, "Shift step γ (0 = theory sqrt((1+2ω)/(2(1+ω)³))).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-batch-size", int, 0, "Minibatch b (expected Poisson size; 0 = Corollary 1/2/3 rule: SGD formula, SVRG m^(2/3)/4, SAGA 3m^(2/3)).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-snapshot-prob", float, 0.0, "SVRG snapshot refresh probability p (0 = b/m, Corollary 2).", lambda v: 0 <= v <= 1, "in [0, 1]", section="soteriafl"),
+    Key("soteriafl-utility", bool, True, "Server computes ‖∇f(x_t)‖² and the training loss on the full training data each round (diagnostic).", section="soteriafl"),
 ]
 
 SCHEMA: dict[str, Key] = {k.name: k for k in _KEYS}

@@ -1,0 +1,171 @@
+"""SoteriaFL-family client (``strategies/soteriafl.py``): one round = one step of Algorithm 2/3.
+
+Protects every record of the client's local data against the (untrusted) server and anyone
+who sees its messages: record-level local (ε_i, δ_i)-DP over ``dp-rounds`` rounds. Per-sample
+gradients are clipped to G = ``clip-norm``, Gaussian noise N(0, σ_p² I) is added on the client,
+and only the noisy estimator is (shift-)compressed. σ_p is calibrated once with the Opacus
+accountant (:func:`strategies.soteriafl.calibrate_sigma`); a round that would exceed ε_i is
+refused (``status = "refused"``).
+
+Persistent client state lives in Flower ``Context.state``: the shift s_i, the SVRG snapshot w
+and its full clipped gradient, the SAGA table (``ArrayRecord`` "soteriafl-arrays") and the
+privacy ledger (``ConfigRecord`` "soteriafl-privacy"). The reply is one float32 array — the k
+random-k values (or d dense values for the uncompressed baselines) — plus the mask seed in the
+metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from flwr.client import Client, NumPyClient
+from flwr.common import Array, ArrayRecord, Context
+
+from fedapp.clients.common import ClientSetup, make_model, read_record, round_seed, setup_client, write_record
+from fedapp.training import evaluate_model, get_weights, set_weights
+from strategies.accounting import epsilon_of
+from strategies.soteriafl import (
+    ClientState,
+    GradientOracle,
+    calibrate_sigma,
+    client_step,
+    default_batch_size,
+    family_params,
+    get_method,
+    mask_seed,
+    noise_history,
+    payload_bits,
+    snapshot_coin,
+    theorem2_sigma,
+)
+
+PRIVACY_KEY = "soteriafl-privacy"
+ARRAYS_KEY = "soteriafl-arrays"
+EPS_SLACK = 1e-9
+
+
+def load_state(context: Context) -> ClientState:
+    st = ClientState()
+    if ARRAYS_KEY in context.state:
+        rec = context.state[ARRAYS_KEY]
+        for key in rec.keys():
+            setattr(st, key, np.array(rec[key].numpy()))
+    st.rounds = int(read_record(context, PRIVACY_KEY).get("rounds", 0))
+    return st
+
+
+def save_state(context: Context, st: ClientState) -> None:
+    context.state[ARRAYS_KEY] = ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in st.arrays().items()})
+
+
+class SoteriaFLClient(NumPyClient):
+    """Gradient estimator + local DP noise + (shifted) random-k compression of one client."""
+
+    def __init__(self, setup: ClientSetup, context: Context) -> None:
+        self.s = setup
+        self.context = context
+        self.method = get_method(setup.cfg["strategy"])
+
+    # ---- parameters of this client -------------------------------------------------------
+    @property
+    def m(self) -> int:
+        return len(self.s.train)
+
+    def dims(self) -> tuple[int, int, float, float]:
+        d = int(sum(w.size for w in get_weights(self.s.new_model())))
+        k, omega, gamma = family_params(self.s.cfg, d)
+        return d, k, omega, gamma
+
+    def batch_size(self, d: int, omega: float) -> int:
+        b = int(self.s.cfg["soteriafl-batch-size"])
+        if b:
+            return b
+        p = self.s.profile
+        return default_batch_size(self.method.estimator, self.m, epsilon=p.epsilon, delta=p.delta,
+                                  clip=float(self.s.cfg["clip-norm"]), d=d, omega=omega, n=p.num_clients)
+
+    def privacy(self, b: int) -> dict[str, Any]:
+        """The privacy ledger; σ_p is calibrated on first use for ``dp-rounds`` rounds."""
+        rec = read_record(self.context, PRIVACY_KEY)
+        if "sigma_p" not in rec:
+            cfg, p = self.s.cfg, self.s.profile
+            sigma, split = calibrate_sigma(self.method.estimator, p.epsilon, p.delta, float(cfg["clip-norm"]), b,
+                                           self.m, cfg.dp_rounds, cfg["accountant"])
+            rec = {"sigma_p": sigma, "split": split, "batch_size": b, "rounds": 0,
+                   "sigma_theorem2": theorem2_sigma(self.method.estimator, p.epsilon, p.delta,
+                                                    float(cfg["clip-norm"]), self.m, cfg.dp_rounds)}
+            write_record(self.context, PRIVACY_KEY, rec)
+        return rec
+
+    def epsilon_after(self, rec: dict[str, Any], rounds: int) -> float:
+        if rounds <= 0:
+            return 0.0
+        hist = noise_history(self.method.estimator, float(rec["sigma_p"]), float(self.s.cfg["clip-norm"]),
+                             int(rec["batch_size"]), self.m, rounds, float(rec["split"]))
+        return epsilon_of(hist, self.s.profile.delta, self.s.cfg["accountant"])
+
+    # ---- Flower API ----------------------------------------------------------------------
+    def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
+        return get_weights(self.s.new_model())
+
+    def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        t0 = time.perf_counter()
+        cfg, p = self.s.cfg, self.s.profile
+        server_round = int(config["server-round"])
+        metrics: dict[str, Any] = {"client_id": p.client_id, "num_train": self.m}
+        if str(config.get("soteriafl-method", self.method.name)) != self.method.name:
+            return [], 0, {**metrics, "status": "refused",
+                           "reason": f"server runs {config.get('soteriafl-method')!r}, client {self.method.name!r}"}
+        d, k, omega, gamma = self.dims()
+        b = self.batch_size(d, omega)
+        if not 1 <= b <= self.m:
+            return [], 0, {**metrics, "status": "refused",
+                           "reason": f"soteriafl batch size {b} not in 1..m={self.m}"}
+        rec = self.privacy(b)
+        done = int(rec["rounds"])
+        q = 1.0 if self.method.estimator == "gd" else b / self.m
+        metrics.update({"batch_size": b, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
+                        "reported_epsilon": p.reported_epsilon, "steps": done, "sigma_p": float(rec["sigma_p"]),
+                        "sigma_theorem2": float(rec["sigma_theorem2"]), "noise_split": float(rec["split"]),
+                        "noise_multiplier": float(rec["sigma_p"]) * (b if q < 1 else self.m)
+                        / (float(cfg["clip-norm"]) * (2 if self.method.estimator in ("svrg", "saga") else 1))})
+        eps_now, eps_next = self.epsilon_after(rec, done), self.epsilon_after(rec, done + 1)
+        if eps_next > p.epsilon * (1 + EPS_SLACK):
+            return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": (
+                f"budget: round {server_round} would spend epsilon={eps_next:.4f} > budget {p.epsilon:.4f} "
+                f"(spent {eps_now:.4f} in {done} rounds)")}
+        x = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in parameters])
+        model = make_model(cfg, self.s.train)
+        set_weights(model, parameters)
+        oracle = GradientOracle(model, self.s.train.x, self.s.train.y, self.s.device)
+        state = load_state(self.context)
+        rseed = int(config["round-seed"])
+        p_snap = float(cfg["soteriafl-snapshot-prob"]) or b / self.m
+        seed = mask_seed(rseed, p.client_id)
+        res = client_step(self.method, oracle, x, state, clip=float(cfg["clip-norm"]), batch_size=b,
+                          sigma_p=float(rec["sigma_p"]), k=k, gamma=gamma,
+                          rng=np.random.default_rng(round_seed(cfg, p.client_id, server_round, stream=405)),
+                          seed=seed, refresh_snapshot=snapshot_coin(rseed, p.client_id, p_snap))
+        save_state(self.context, state)
+        write_record(self.context, PRIVACY_KEY, {**rec, "rounds": done + 1})
+        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": done + 1,
+                        "payload_bits": payload_bits(self.method, len(res.values)), "realized_batch": res.batch,
+                        "grads_computed": res.grads_computed, "train_seconds": time.perf_counter() - t0})
+        if self.method.compression != "none":
+            metrics["mask_seed"] = seed
+        return [res.values], self.m, metrics
+
+    def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        if len(self.s.test) == 0:
+            return 0.0, 0, {"client_id": self.s.profile.client_id}
+        model = self.s.new_model()
+        set_weights(model, parameters)
+        loss, acc = evaluate_model(model, self.s.test, batch_size=int(self.s.cfg["eval-batch-size"]),
+                                   device=self.s.device)
+        return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": self.s.profile.client_id}
+
+
+def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    return SoteriaFLClient(setup_client(context, overrides), context).to_client()
