@@ -127,6 +127,17 @@ _KEYS: list[Key] = [
     Key("soteriafl-batch-size", int, 0, "Minibatch b (expected Poisson size; 0 = Corollary 1/2/3 rule: SGD formula, SVRG m^(2/3)/4, SAGA 3m^(2/3)).", _nonneg, ">= 0", section="soteriafl"),
     Key("soteriafl-snapshot-prob", float, 0.0, "SVRG snapshot refresh probability p (0 = b/m, Corollary 2).", lambda v: 0 <= v <= 1, "in [0, 1]", section="soteriafl"),
     Key("soteriafl-utility", bool, True, "Server computes ‖∇f(x_t)‖² and the training loss on the full training data each round (diagnostic).", section="soteriafl"),
+    # --- robust-hdp: noise-aware aggregation (Robust-HDP, WeiAvg, PFA, min-eps) --------
+    Key("rpca-tol", float, 1e-7, "Robust PCA stops when ‖M − L − S‖_F ≤ rpca-tol · ‖M‖_F (Lin et al. 2010).", _positive, "> 0", section="robust-hdp"),
+    Key("rpca-max-iter", int, 500, "Robust PCA iteration cap (inexact ALM).", _positive, "> 0", section="robust-hdp"),
+    Key("rpca-svd", str, "gram", "Thin SVD of the p × n iterate: gram (n × n XᵀX, fastest) or qr (R factor, more accurate).", choices=("gram", "qr"), section="robust-hdp"),
+    Key("rpca-backend", str, "numpy", "Robust PCA backend: numpy or torch.", choices=("numpy", "torch"), section="robust-hdp"),
+    Key("rpca-device", str, "cpu", "Device of the torch RPCA backend: cpu or cuda.", choices=("cpu", "cuda"), section="robust-hdp"),
+    Key("rpca-float32", bool, False, "Run Robust PCA in float32 (half the memory traffic; use rpca-tol >= 1e-6).", section="robust-hdp"),
+    Key("rpca-chunk-rows", int, 0, "Robust-HDP Sec. 3.6: RPCA on blocks of p' rows (0 = the whole p × n matrix).", _nonneg, ">= 0", section="robust-hdp"),
+    Key("rpca-chunks", int, 0, "Sec. 3.6: number Q of row blocks used, from the top (0 = all ⌊p/p'⌋; 1 = first block only).", _nonneg, ">= 0", section="robust-hdp"),
+    Key("robust-hdp-freeze-weights", bool, False, "Robust-HDP weights from the first round, then frozen (published code); false = recomputed every round (Algorithm 1).", section="robust-hdp"),
+    Key("pfa-components", int, 1, "PFA: dimension k of the public principal subspace private updates are projected on.", _positive, "> 0", section="robust-hdp"),
 ]
 
 SCHEMA: dict[str, Key] = {k.name: k for k in _KEYS}

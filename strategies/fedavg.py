@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from strategies.base import DPFLStrategy, StrategyContext, common_kwargs
+from strategies.robust_hdp import OracleDiagnostics
 
 
 class FedAvg(DPFLStrategy):
@@ -22,8 +23,11 @@ class FedAvg(DPFLStrategy):
     privacy = "none: non-private baseline"
 
 
-class DPSGDFedAvg(DPFLStrategy):
-    """w_i ∝ N_i over DP-SGD updates (DPFedAvg, Noble et al. 2022; Robust-HDP baseline)."""
+class DPSGDFedAvg(OracleDiagnostics, DPFLStrategy):
+    """w_i ∝ N_i over DP-SGD updates (DPFedAvg, Noble et al. 2022; Robust-HDP baseline).
+
+    Logs Robust-HDP's oracle diagnostics (σ_i² of Eq. 7, w*, Table-3 noise variance).
+    """
 
     name = "dpsgd-fedavg"
     privacy = "record-level local DP: DP-SGD on each client with its own (ε_i, δ_i); untrusted server"
@@ -34,4 +38,6 @@ def build_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> FedAvg:
 
 
 def build_dpsgd_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> DPSGDFedAvg:
-    return DPSGDFedAvg(**common_kwargs(cfg, ctx))
+    strategy = DPSGDFedAvg(**common_kwargs(cfg, ctx))
+    strategy.clip_norm = float(cfg["clip-norm"])
+    return strategy

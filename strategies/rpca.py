@@ -299,3 +299,10 @@ def inverse_variance_weights(sigma2: np.ndarray, floor: float = 1e-12) -> np.nda
         return np.full(len(s), 1.0 / len(s))
     inv = 1.0 / np.maximum(s, floor * top)
     return inv / inv.sum()
+
+
+def thin_right_svd(x: np.ndarray, method: str = "gram") -> tuple[np.ndarray, np.ndarray]:
+    """Singular values (descending) and right singular vectors of a tall p × n matrix, via n × n work."""
+    if method not in SVD_METHODS:
+        raise ValueError(f"unknown svd method {method!r}; valid: {list(SVD_METHODS)}")
+    return _Ops("numpy", None, np.float64).right_svd(np.asarray(x, dtype=np.float64), method)

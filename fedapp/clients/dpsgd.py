@@ -12,6 +12,7 @@ train and replies ``status = "refused"`` with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -141,3 +142,24 @@ def make_dpsgd_client(context: Context, overrides: dict[str, Any] | None = None)
 
 def make_plain_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     return DPSGDClient(setup_client(context, overrides), context, private=False).to_client()
+
+
+def min_epsilon_profile(setup: ClientSetup) -> ClientSetup:
+    """The same client training at the federation's minimum ε (Robust-HDP's "minimum ε" baseline).
+
+    In simulation every profile is a function of the run-config, so the minimum is
+    min_j ε_j over ``federation_profiles`` (and this node's own ε, which a node-config may
+    lower). In deployment every node must be given the agreed minimum as node-config
+    ``epsilon``. The client reports the ε it trains with, unless its report is falsified.
+    """
+    from fedapp.privacy_profiles import federation_profiles
+
+    p = setup.profile
+    eps_min = min([q.epsilon for q in federation_profiles(setup.cfg, p.num_clients)] + [p.epsilon])
+    reported = eps_min if p.reported_epsilon == p.epsilon else p.reported_epsilon
+    return dataclasses.replace(setup, profile=dataclasses.replace(p, epsilon=eps_min, reported_epsilon=reported))
+
+
+def make_min_eps_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    """Record-level DP-SGD client that trains with the federation's minimum ε (``min-eps``)."""
+    return DPSGDClient(min_epsilon_profile(setup_client(context, overrides)), context, private=True).to_client()

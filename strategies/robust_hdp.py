@@ -1,0 +1,316 @@
+"""Robust-HDP (Malekmohammadi et al., ICML 2024) and its baselines WeiAvg, PFA, minimum-ε.
+
+Privacy (all five strategies of this family, DPFedAvg included): every client runs
+record-level DP-SGD with its own (ε_i, δ_i) *before* anything leaves it (local DP against
+an untrusted server, Robust-HDP Sec. 2, Theorem 3.1). The server only post-processes noisy
+updates, so no aggregation rule here changes any client's guarantee; they change *utility*.
+
+* ``robust-hdp`` (Algorithm 1): stack the round's updates as M (p × n), Robust PCA
+  M = L + S (:mod:`strategies.rpca`), σ̂_i² = ‖S[:, i]‖², w_i ∝ 1/σ̂_i² (Eq. 8 with estimated
+  variances). Never reads the reported ε. ``freeze_weights`` reproduces the published code
+  (weights from the first round, reused in every later round).
+* ``weiavg`` (Liu et al. 2021, Robust-HDP Alg. 2): w_i ∝ reported ε_i.
+* ``pfa`` (Liu et al. 2021, "Projected federated averaging with heterogeneous DP"): clients
+  are split by *reported* ε into public (larger ε) and private (:func:`split_public_private`);
+  private updates are projected on the top-k principal subspace of the public updates
+  (:func:`project_onto_public_subspace`); the aggregate uses w_i ∝ reported ε_i.
+* ``min-eps``: every client trains with the federation's minimum ε
+  (``fedapp.clients.dpsgd.make_min_eps_client``); w_i ∝ N_i.
+
+Oracle diagnostics (:class:`OracleDiagnostics`, also used by ``dpsgd-fedavg``): from each
+client's reported training parameters (z_i, q_i, N_i, steps, η) and the run's c and p the
+server computes σ_i² of Eq. 7, the optimum weights w*_i ∝ 1/σ_i² and the normalized
+aggregate noise variance Σ w_i² σ_i² / (p η²) of Table 3 for the strategy's weights and for
+w*. They are logged only; no strategy except an explicit oracle would use them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from strategies.aggregate import aggregate_noise_variance, normalize_weights, weighted_sum
+from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, StrategyContext, common_kwargs
+from strategies.rpca import column_noise_variances, inverse_variance_weights, thin_right_svd
+
+
+# ----------------------------------------------------------------------------- math
+def oracle_sigma2(*, noise_multiplier: float, clip: float, num_train: int, sample_rate: float, steps: int,
+                  lr: float, num_params: int) -> float:
+    """σ_i² = Var(Δθ_i | θ) of Eq. 7 with the clipping-effective approximation of Eq. 3.
+
+    Each of the ``steps`` DP-SGD steps adds N(0, (z c / b̄)²) per coordinate times η, where
+    b̄ = ⌊q N⌋ is the batch size Opacus divides by (Poisson sampling, mean loss), so
+    σ_i² = steps · η² · p · c² z² / b̄²  (= K_i ⌈N_i/b_i⌉ η² p c² z² / b_i² when b̄ = b_i).
+    """
+    expected_batch = int(num_train * sample_rate)
+    if expected_batch <= 0:
+        raise ValueError(f"expected batch size ⌊qN⌋ = {expected_batch} must be > 0 (q={sample_rate}, N={num_train})")
+    return float(steps * lr**2 * num_params * (clip * noise_multiplier / expected_batch) ** 2)
+
+
+def split_public_private(epsilons: Sequence[float]) -> np.ndarray:
+    """PFA's public/private split of clients by reported ε: a boolean mask of *public* clients.
+
+    Exact one-dimensional 2-means: sort the ε, try every threshold between two distinct
+    consecutive values, keep the one minimizing the within-cluster sum of squares; the
+    cluster with the larger mean ε is public. Ties (all ε equal) make everyone public. The
+    published Robust-HDP code clusters with a 2-component GMM on min-max scaled ε (k-means
+    and hierarchical as options); for well separated ε all three agree with this rule.
+    """
+    eps = np.asarray(epsilons, dtype=np.float64)
+    if eps.ndim != 1 or len(eps) == 0 or not np.all(np.isfinite(eps)):
+        raise ValueError(f"need a non-empty vector of finite epsilons, got {eps}")
+    values = np.sort(eps)
+    best, threshold = math.inf, None
+    for k in range(1, len(values)):
+        if values[k] == values[k - 1]:
+            continue
+        lo, hi = values[:k], values[k:]
+        sse = float(np.sum((lo - lo.mean()) ** 2) + np.sum((hi - hi.mean()) ** 2))
+        if sse < best:
+            best, threshold = sse, values[k]
+    if threshold is None:
+        return np.ones(len(eps), dtype=bool)
+    return eps >= threshold
+
+
+def project_onto_public_subspace(public: Sequence[np.ndarray], private: Sequence[np.ndarray],
+                                 k: int = 1) -> list[np.ndarray]:
+    """PFA projection: each private update Δ ↦ μ + U_k U_kᵀ (Δ − μ).
+
+    μ is the mean public update and U_k the top-k left singular vectors of the centered
+    public updates [Δ_j − μ] (PCA of the public updates, as ``sklearn.PCA`` in the published
+    code, without its per-coordinate standardization). Computed through the n_pub × n_pub
+    Gram matrix, never a p × p object. With a single public client the subspace is the line
+    spanned by its update (μ = 0).
+    """
+    if k < 1:
+        raise ValueError(f"PFA needs k >= 1 components, got {k}")
+    if not public:
+        raise ValueError("PFA needs at least one public client")
+    pub = np.stack([np.asarray(u, dtype=np.float64) for u in public], axis=1)
+    if len(public) >= 2:
+        mean = pub.mean(axis=1)
+        centered = pub - mean[:, None]
+    else:
+        mean = np.zeros(pub.shape[0])
+        centered = pub
+    s, v = thin_right_svd(centered)
+    keep = s > s.max() * 1e-10 if len(s) and s.max() > 0 else np.zeros(len(s), dtype=bool)
+    keep[min(k, len(s)):] = False
+    if not np.any(keep):
+        return [mean.copy() for _ in private]
+    basis = centered @ (v[:, keep] / s[keep])  # p × k, orthonormal columns
+    out = []
+    for u in private:
+        d = np.asarray(u, dtype=np.float64) - mean
+        out.append(mean + basis @ (basis.T @ d))
+    return out
+
+
+# ----------------------------------------------------------------------------- Flower strategies
+def _metric(metrics: Mapping[str, Any], key: str) -> float | None:
+    value = metrics.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(float(value)) else None
+
+
+class OracleDiagnostics:
+    """Mixin: logs σ_i² (Eq. 7), w*_i ∝ 1/σ_i² and the Table-3 noise variance of w and w*.
+
+    Subclasses compute their raw weights in :meth:`raw_weights` (default: the next class in
+    the MRO, i.e. w_i ∝ N_i). ``clip_norm`` is the run's per-sample clipping bound c.
+    """
+
+    clip_norm: float = 0.0
+    #: False where the aggregate is not Σ w_i Δ_i of the raw updates (PFA projects), so
+    #: Σ w_i² σ_i² is not its noise variance; it is then logged as ``noise_variance_unprojected``.
+    noise_variance_is_exact: bool = True
+
+    def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        return super().aggregation_weights(server_round, updates)  # type: ignore[misc]
+
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        raw, extra = self.raw_weights(server_round, updates)
+        extra = dict(extra)
+        extra.update(self.oracle_diagnostics(updates, normalize_weights(raw)))
+        return raw, extra
+
+    def oracle_diagnostics(self, updates: list[ClientUpdate], weights: np.ndarray) -> dict[str, Any]:
+        p = int(getattr(self, "num_params", 0))
+        sigma2: list[float | None] = []
+        lrs = []
+        for cu in updates:
+            m = cu.metrics
+            fields = {k: _metric(m, k) for k in ("noise_multiplier", "num_train", "sample_rate", "steps_round", "lr")}
+            value = None
+            if self.clip_norm > 0 and all(v is not None and v > 0 for v in fields.values()):
+                try:
+                    value = oracle_sigma2(noise_multiplier=fields["noise_multiplier"], clip=self.clip_norm,
+                                          num_train=int(fields["num_train"]), sample_rate=fields["sample_rate"],
+                                          steps=int(fields["steps_round"]), lr=fields["lr"], num_params=p)
+                except ValueError:
+                    value = None
+            sigma2.append(value)
+            lrs.append(fields["lr"])
+            cu.record["sigma2_oracle"] = value
+            cu.record.setdefault("sigma2_estimated", None)
+            cu.record["oracle_weight"] = None
+        out: dict[str, Any] = {"noise_variance": None, "noise_variance_oracle": None}
+        if any(s is None for s in sigma2) or any(lr is None for lr in lrs):
+            return out
+        s2 = np.asarray(sigma2, dtype=np.float64)
+        w_star = inverse_variance_weights(s2)
+        for cu, w in zip(updates, w_star):
+            cu.record["oracle_weight"] = float(w)
+        lr = float(np.mean(lrs))
+        nv = aggregate_noise_variance(weights, s2, p, lr)
+        out["noise_variance" if self.noise_variance_is_exact else "noise_variance_unprojected"] = nv
+        out["noise_variance_oracle"] = aggregate_noise_variance(w_star, s2, p, lr)
+        return out
+
+
+class _ReportedEpsilonMixin:
+    """Rejects an update whose reported ε is missing, non-finite or ≤ 0 (before aggregation)."""
+
+    def validate_update(self, update: np.ndarray, metrics: Mapping[str, Any]) -> None:
+        super().validate_update(update, metrics)  # type: ignore[misc]
+        eps = metrics.get("reported_epsilon")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+            raise RejectedUpdate(f"reported_epsilon = {eps!r} must be a finite number > 0 for ε-weighted aggregation")
+
+
+class RobustHDP(OracleDiagnostics, DPFLStrategy):
+    """Robust-HDP (Algorithm 1): w_i ∝ 1/‖S[:, i]‖² from Robust PCA of the round's updates.
+
+    Record-level local DP (DP-SGD on each client); untrusted server. The weights never use
+    the reported ε, so a client that lies about ε cannot change them.
+    """
+
+    name = "robust-hdp"
+    privacy = "record-level local DP: DP-SGD on each client with its own (ε_i, δ_i); untrusted server"
+
+    def __init__(self, *, rpca_options: Mapping[str, Any] | None = None, chunk_rows: int = 0, num_chunks: int = 0,
+                 freeze_weights: bool = False, clip_norm: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rpca_options = dict(rpca_options or {})
+        self.chunk_rows = int(chunk_rows)
+        self.num_chunks = int(num_chunks)
+        self.freeze_weights = bool(freeze_weights)
+        self.clip_norm = float(clip_norm)
+        self.frozen_sigma2: dict[int, float] = {}
+
+    def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        extra: dict[str, Any] = {"rpca_seconds": 0.0, "rpca_iterations": 0, "rpca_converged": None,
+                                 "rpca_blocks": 0, "weights_frozen": False}
+        ids = [u.client_id for u in updates]
+        if self.freeze_weights and all(i in self.frozen_sigma2 for i in ids):
+            sigma2 = np.asarray([self.frozen_sigma2[i] for i in ids])
+            extra["weights_frozen"] = True
+        else:
+            est = column_noise_variances([u.update for u in updates], chunk_rows=self.chunk_rows,
+                                         num_chunks=self.num_chunks, **self.rpca_options)
+            sigma2 = est.sigma2
+            extra.update(rpca_seconds=est.seconds, rpca_iterations=est.iterations, rpca_converged=est.converged,
+                         rpca_blocks=est.blocks)
+            if self.freeze_weights:
+                for i, s in zip(ids, sigma2):
+                    self.frozen_sigma2.setdefault(i, float(s))
+                sigma2 = np.asarray([self.frozen_sigma2[i] for i in ids])
+        for cu, s in zip(updates, sigma2):
+            cu.record["sigma2_estimated"] = float(s)
+        return inverse_variance_weights(sigma2), extra
+
+
+class WeiAvg(_ReportedEpsilonMixin, OracleDiagnostics, DPFLStrategy):
+    """WeiAvg (Liu et al. 2021; Robust-HDP Alg. 2): w_i ∝ reported ε_i. Record-level local DP; untrusted server."""
+
+    name = "weiavg"
+    privacy = "record-level local DP: DP-SGD on each client with its own (ε_i, δ_i); untrusted server"
+
+    def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.clip_norm = float(clip_norm)
+
+    def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        return np.asarray([float(u.metrics["reported_epsilon"]) for u in updates]), {}
+
+
+class PFA(WeiAvg):
+    """PFA (Liu et al. 2021): project private updates on the public top-k subspace, w_i ∝ reported ε_i.
+
+    Record-level local DP (DP-SGD on each client); untrusted server. The split is by reported
+    ε (:func:`split_public_private`), recomputed each round among the participants.
+    """
+
+    name = "pfa"
+    noise_variance_is_exact = False
+
+    def __init__(self, *, components: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if components < 1:
+            raise ValueError(f"pfa-components must be >= 1, got {components}")
+        self.components = int(components)
+
+    def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        raw, extra = super().raw_weights(server_round, updates)
+        public = split_public_private(raw)
+        for cu, is_pub in zip(updates, public):
+            cu.record["pfa_public"] = bool(is_pub)
+        threshold = float(raw[public].min())
+        return raw, {**extra, "pfa_public_clients": int(public.sum()), "pfa_epsilon_threshold": threshold}
+
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
+        public = [u.update for u in updates if u.record.get("pfa_public")]
+        private_idx = [i for i, u in enumerate(updates) if not u.record.get("pfa_public")]
+        vectors = [u.update for u in updates]
+        if private_idx:
+            projected = project_onto_public_subspace(public, [vectors[i] for i in private_idx], self.components)
+            for i, v in zip(private_idx, projected):
+                vectors[i] = v
+        return weighted_sum(vectors, weights)
+
+
+class MinEpsilon(OracleDiagnostics, DPFLStrategy):
+    """Minimum-ε baseline: clients train with min_j ε_j (client side), w_i ∝ N_i.
+
+    Record-level local DP at the federation's smallest ε for everyone; untrusted server.
+    """
+
+    name = "min-eps"
+    privacy = "record-level local DP: DP-SGD on every client at the federation's minimum ε; untrusted server"
+
+    def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.clip_norm = float(clip_norm)
+
+
+# ----------------------------------------------------------------------------- factories
+def rpca_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Solver options of :func:`strategies.rpca.rpca` from the run-config."""
+    return {"tol": float(cfg["rpca-tol"]), "max_iter": int(cfg["rpca-max-iter"]), "svd": str(cfg["rpca-svd"]),
+            "backend": str(cfg["rpca-backend"]), "device": str(cfg["rpca-device"]),
+            "dtype": np.float32 if cfg["rpca-float32"] else np.float64}
+
+
+def build_robust_hdp(cfg: Mapping[str, Any], ctx: StrategyContext) -> RobustHDP:
+    return RobustHDP(rpca_options=rpca_options(cfg), chunk_rows=int(cfg["rpca-chunk-rows"]),
+                     num_chunks=int(cfg["rpca-chunks"]), freeze_weights=bool(cfg["robust-hdp-freeze-weights"]),
+                     clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))
+
+
+def build_weiavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> WeiAvg:
+    return WeiAvg(clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))
+
+
+def build_pfa(cfg: Mapping[str, Any], ctx: StrategyContext) -> PFA:
+    return PFA(components=int(cfg["pfa-components"]), clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))
+
+
+def build_min_eps(cfg: Mapping[str, Any], ctx: StrategyContext) -> MinEpsilon:
+    return MinEpsilon(clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))

@@ -1,0 +1,198 @@
+"""Robust-HDP, WeiAvg, PFA, min-ε and the oracle diagnostics (strategies.robust_hdp)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from fedapp.clients.common import ClientSetup
+from fedapp.clients.dpsgd import min_epsilon_profile
+from fedapp.config import resolve_config
+from fedapp.data import ArrayDataset
+from fedapp.privacy_profiles import federation_profiles
+from fedapp.training import dpsgd_sample_rate, train_dp_sgd
+from strategies.base import ClientUpdate, RejectedUpdate
+from strategies.fedavg import DPSGDFedAvg
+from strategies.robust_hdp import (
+    PFA,
+    MinEpsilon,
+    RobustHDP,
+    WeiAvg,
+    oracle_sigma2,
+    project_onto_public_subspace,
+    split_public_private,
+)
+
+P = 6000
+
+
+def make_strategy(cls, **kw):
+    return cls(initial_weights=[np.zeros(P, dtype=np.float32)], num_rounds=3, **kw)
+
+
+def synthetic_round(sigmas, eps=None, seed=0, p=P):
+    """Shared low-rank signal + N(0, s_i²) per coordinate; metrics make σ_i² = p·s_i² under Eq. 7."""
+    rng = np.random.default_rng(seed)
+    signal = rng.normal(scale=0.02, size=p)
+    updates = []
+    for i, s in enumerate(sigmas):
+        # Eq. 7 with steps=1, lr=1, c=1, b̄=1: σ² = p z² → z = s
+        metrics = {"client_id": i, "noise_multiplier": float(s), "num_train": 10, "sample_rate": 0.1,
+                   "steps_round": 1, "lr": 1.0, "reported_epsilon": float(eps[i] if eps is not None else 1.0)}
+        u = signal * (1 + 0.1 * rng.normal()) + rng.normal(scale=s, size=p)
+        updates.append(ClientUpdate(i, i, 10, u, metrics, 0, {}))
+    return updates
+
+
+SIGMAS = np.exp(np.random.default_rng(7).uniform(np.log(0.02), np.log(1.0), 20))
+
+
+def test_robust_hdp_weights_track_inverse_noise_variance():
+    strat = make_strategy(RobustHDP, clip_norm=1.0)
+    updates = synthetic_round(SIGMAS)
+    raw, extra = strat.aggregation_weights(1, updates)
+    w = raw / raw.sum()
+    oracle = 1 / SIGMAS**2 / np.sum(1 / SIGMAS**2)
+    assert spearmanr(w, oracle).correlation >= 0.9
+    assert extra["noise_variance"] == pytest.approx(extra["noise_variance_oracle"], rel=0.1)
+    assert extra["noise_variance"] >= extra["noise_variance_oracle"] * (1 - 1e-9)  # w* is the minimum
+    assert extra["rpca_iterations"] > 0 and extra["rpca_converged"]
+    rec = updates[0].record
+    assert rec["sigma2_oracle"] == pytest.approx(P * SIGMAS[0] ** 2)
+    assert rec["oracle_weight"] == pytest.approx(oracle[0])
+    assert rec["sigma2_estimated"] > 0
+    # WeiAvg/DPFedAvg with uninformative ε / N are far from the oracle on the same round
+    _, ext_fedavg = make_strategy(DPSGDFedAvg).aggregation_weights(1, synthetic_round(SIGMAS))
+    assert ext_fedavg["noise_variance"] is None  # clip_norm unknown -> no oracle
+    fedavg = make_strategy(DPSGDFedAvg)
+    fedavg.clip_norm = 1.0
+    _, ext_fedavg = fedavg.aggregation_weights(1, synthetic_round(SIGMAS))
+    assert ext_fedavg["noise_variance"] > 3 * extra["noise_variance"]
+
+
+def test_falsified_epsilon_moves_weiavg_not_robust_hdp():
+    eps = np.linspace(0.5, 2.0, len(SIGMAS))
+    lying = eps.copy()
+    lying[3] = 50.0
+    weights = {}
+    for name, cls in (("rhdp", RobustHDP), ("wei", WeiAvg), ("pfa", PFA)):
+        for tag, e in (("true", eps), ("lie", lying)):
+            raw, _ = make_strategy(cls, clip_norm=1.0).aggregation_weights(1, synthetic_round(SIGMAS, e))
+            weights[name, tag] = raw / raw.sum()
+    assert np.array_equal(weights["rhdp", "true"], weights["rhdp", "lie"])
+    assert weights["wei", "lie"][3] > 5 * weights["wei", "true"][3]
+    assert weights["pfa", "lie"][3] > 5 * weights["pfa", "true"][3]
+
+
+def test_frozen_weights_reuse_first_round():
+    strat = make_strategy(RobustHDP, freeze_weights=True)
+    w1, e1 = strat.aggregation_weights(1, synthetic_round(SIGMAS, seed=1))
+    w2, e2 = strat.aggregation_weights(2, synthetic_round(SIGMAS[::-1], seed=2))
+    assert np.array_equal(w1, w2) and e2["weights_frozen"] and e2["rpca_iterations"] == 0
+    live = make_strategy(RobustHDP)
+    live.aggregation_weights(1, synthetic_round(SIGMAS, seed=1))
+    w3, _ = live.aggregation_weights(2, synthetic_round(SIGMAS[::-1], seed=2))
+    assert not np.allclose(w1, w3)
+
+
+def test_weiavg_rejects_bad_reported_epsilon():
+    strat = make_strategy(WeiAvg)
+    for bad in (0.0, -1.0, float("nan"), "high", None):
+        with pytest.raises(RejectedUpdate, match="reported_epsilon"):
+            strat.validate_update(np.zeros(P), {"reported_epsilon": bad})
+    strat.validate_update(np.zeros(P), {"reported_epsilon": 0.5})
+
+
+def test_pfa_split_and_projection():
+    assert split_public_private([0.2, 0.21, 0.19, 5.0, 4.5, 1.0]).tolist() == [False, False, False, True, True, False]
+    assert split_public_private([1.0, 1.0]).all()
+    rng = np.random.default_rng(0)
+    direction = rng.normal(size=200)
+    public = [direction * a + 0.3 for a in (1.0, 2.0, -1.0)]  # affine line 0.3 + a·direction
+    inside = direction * 5.0 + 0.3
+    outside = inside + rng.normal(size=200)
+    proj_in, proj_out = project_onto_public_subspace(public, [inside, outside], k=1)
+    assert np.allclose(proj_in, inside)
+    resid = proj_out - (0.3 + direction * ((outside - 0.3) @ direction) / (direction @ direction))
+    assert np.allclose(resid, 0, atol=1e-9)
+    single = project_onto_public_subspace([direction], [outside])[0]
+    assert np.allclose(single, direction * (outside @ direction) / (direction @ direction))
+    # PFA aggregate: private update replaced by its projection
+    strat = make_strategy(PFA, clip_norm=1.0)
+    ups = synthetic_round(SIGMAS[:6], eps=[0.2, 0.2, 0.21, 5.0, 4.8, 5.2])
+    raw, extra = strat.aggregation_weights(1, ups)
+    assert extra["pfa_public_clients"] == 3 and extra["noise_variance"] is None
+    assert extra["noise_variance_unprojected"] > 0
+    agg = strat.aggregate_updates(1, ups, raw / raw.sum())
+    assert not np.allclose(agg, sum(w * u.update for w, u in zip(raw / raw.sum(), ups)))
+
+
+def test_oracle_sigma2_matches_opacus_dpsgd():
+    """Eq. 7 cross-checked against the variance of real Opacus DP-SGD updates (noise-dominated regime)."""
+    torch.manual_seed(0)
+    n, d = 64, 60
+    data = ArrayDataset(np.random.default_rng(0).normal(size=(n, d)).astype(np.float32), np.zeros(n, dtype=np.int64), 2)
+    lr, z, clip, b = 0.1, 2.0, 0.01, 16
+    model = torch.nn.Linear(d, 100)
+    p = sum(t.numel() for t in model.parameters())
+    before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
+    res = train_dp_sgd(model, data, batch_size=b, epochs=2, lr=lr, noise_multiplier=z, clip=clip, seed=3)
+    delta = torch.nn.utils.parameters_to_vector(model.parameters()).detach() - before
+    expected = oracle_sigma2(noise_multiplier=z, clip=clip, num_train=n, sample_rate=dpsgd_sample_rate(n, b),
+                             steps=res.steps, lr=lr, num_params=p)
+    assert float(delta.pow(2).sum()) == pytest.approx(expected, rel=0.1)
+
+
+def test_min_epsilon_profile_uses_federation_minimum():
+    cfg = resolve_config(overrides={"privacy-dist": "dist2", "strategy": "min-eps"})
+    profiles = federation_profiles(cfg, 6)
+    empty = ArrayDataset(np.zeros((0, 1), np.float32), np.zeros(0, np.int64), 2)
+    setup = ClientSetup(cfg, profiles[2], empty, empty, torch.device("cpu"))
+    out = min_epsilon_profile(setup)
+    low = min(q.epsilon for q in profiles)
+    assert out.profile.epsilon == low == out.profile.reported_epsilon
+    assert out.profile.batch_size == profiles[2].batch_size and setup.profile.epsilon == profiles[2].epsilon
+    lie = resolve_config(overrides={"privacy-dist": "dist2", "falsify-client": 2, "falsify-epsilon": 9.0})
+    setup_lie = ClientSetup(lie, federation_profiles(lie, 6)[2], empty, empty, torch.device("cpu"))
+    assert min_epsilon_profile(setup_lie).profile.reported_epsilon == 9.0
+
+
+def test_min_eps_strategy_weights_by_dataset_size():
+    ups = synthetic_round(SIGMAS[:3])
+    for i, u in enumerate(ups):
+        u.num_examples = 10 * (i + 1)
+    raw, extra = make_strategy(MinEpsilon, clip_norm=1.0).aggregation_weights(1, ups)
+    assert np.allclose(raw / raw.sum(), np.array([1, 2, 3]) / 6) and extra["noise_variance_oracle"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["robust-hdp", "weiavg", "pfa", "dpsgd-fedavg", "min-eps"])
+def test_simulation_logs_oracle_fields(strategy, tmp_path):
+    from flwr.simulation import run_simulation
+
+    from fedapp.client_app import build_client_app
+    from fedapp.server_app import build_server_app
+
+    ov = {"strategy": strategy, "num-server-rounds": 1, "output-dir": str(tmp_path), "max-samples": 400,
+          "batch-size-choices": "16,32", "privacy-dist": "dist2", "fraction-evaluate": 0.0}
+    run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=3,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": 2, "logging_level": "ERROR"}})
+    (run_dir,) = glob.glob(str(tmp_path / "*"))
+    rounds = [json.loads(line) for line in open(f"{run_dir}/rounds.jsonl")]
+    assert len(rounds) == 1
+    m, clients = rounds[0]["metrics"], rounds[0]["clients"]
+    assert m["clients_ok"] == 3 and m["noise_variance_oracle"] > 0
+    assert (m["noise_variance"] is None) == (strategy == "pfa")
+    assert all(c["sigma2_oracle"] > 0 and 0 < c["oracle_weight"] < 1 for c in clients)
+    assert math.isclose(sum(c["aggregation_weight"] for c in clients), 1.0)
+    if strategy == "robust-hdp":
+        assert m["rpca_iterations"] > 0 and all(c["sigma2_estimated"] > 0 for c in clients)
+    if strategy == "min-eps":
+        assert len({c["epsilon_budget"] for c in clients}) == 1
