@@ -16,6 +16,8 @@ Families override the hooks; the round record (``rounds.jsonl``) schema stays on
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +50,51 @@ CLIENT_FIELDS = (
 )
 _METRIC_FIELDS = ("batch_size", "noise_multiplier", "sample_rate", "steps", "epsilon_budget", "epsilon_spent",
                   "delta", "reported_epsilon", "train_seconds")
+_FLOAT_DTYPES = ("float32", "float64")  # accepted dtypes of dense update arrays
+LEDGER_CONFIG_KEY = "dp-ledger"  # fit-config key: JSON {client_id: ε spent so far} from the server's ledger
+
+
+def metric_problem(metrics: Mapping[str, Any]) -> str | None:
+    """Why a client's metrics are malformed (``None`` when they are usable).
+
+    Checks ``client_id`` (a non-negative integer), ``status`` (a string), the numeric privacy
+    fields (finite numbers, ε and δ non-negative) and that ε spent does not exceed the budget.
+    """
+    if "client_id" not in metrics:
+        return "metrics lack 'client_id'"
+    cid = metrics["client_id"]
+    if isinstance(cid, bool) or not isinstance(cid, (int, np.integer)) or int(cid) < 0:
+        if not (isinstance(cid, float) and cid.is_integer() and cid >= 0):
+            return f"malformed metric 'client_id' = {cid!r} (expected an integer >= 0)"
+    if "status" in metrics and not isinstance(metrics["status"], str):
+        return f"malformed metric 'status' = {metrics['status']!r} (expected a string)"
+    for key in _METRIC_FIELDS:
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return f"malformed metric {key!r} = {_short(value)} (expected a number)"
+        if not np.isfinite(float(value)):
+            return f"malformed metric {key!r} = {value!r} (not finite)"
+        if float(value) < 0:
+            return f"malformed metric {key!r} = {value!r} (negative)"
+    spent, budget = metrics.get("epsilon_spent"), metrics.get("epsilon_budget")
+    if spent is not None and budget is not None and float(spent) > float(budget) * (1 + 1e-6):
+        return f"epsilon_spent {float(spent):.6g} exceeds the client's epsilon_budget {float(budget):.6g}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _client_sort_key(pair: tuple[ClientProxy, FitRes]) -> tuple[int, str]:
+    cid = pair[1].metrics.get("client_id", -1)
+    try:
+        return (int(cid), str(pair[0].node_id))
+    except (TypeError, ValueError, OverflowError):
+        return (-1, str(pair[0].node_id))
 
 
 class RoundRecorder(Protocol):
@@ -120,6 +167,11 @@ class DPFLStrategy(Strategy):
     name = "base"
     #: threat model in one line (README/docs and ``config.json``)
     privacy = "no formal privacy"
+    #: declared ℓ2 bound of a legitimate update (client-level modes: clip C plus a noise allowance);
+    #: ``None`` = no bound. An update above it is rejected by :meth:`validate_update`.
+    max_update_norm: float | None = None
+    #: fewest acceptable updates a round needs; fewer aborts the run with a clear message (0 = none)
+    min_fit_clients: int = 0
 
     def __init__(self, *, initial_weights: Sequence[np.ndarray], num_rounds: int, seed: int = 0,
                  clients_per_round: int = 0, min_available_clients: int = 2, fraction_evaluate: float = 1.0,
@@ -143,6 +195,10 @@ class DPFLStrategy(Strategy):
         self._round_start = 0.0
         self._run_start = time.perf_counter()
         self._opened = False
+        self.round_offset = 0  # rounds already done before this process (resume from a checkpoint)
+        self.last_round = 0  # last round whose record was flushed
+        self.ledger_epsilon: dict[int, float] = {}  # client_id -> largest ε a client reported spending
+        self.run_fit_config: dict[str, Scalar] = {}  # run-wide fit-config keys (e.g. run-lineage for resume)
 
     # ------------------------------------------------------------------ Flower API
     def __repr__(self) -> str:
@@ -153,6 +209,7 @@ class DPFLStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+        server_round = self._actual_round(server_round)
         self._flush_pending()
         self.current_weights = [np.asarray(a, dtype=np.float32) for a in parameters_to_ndarrays(parameters)]
         client_manager.wait_for(self.min_available_clients)
@@ -169,21 +226,36 @@ class DPFLStrategy(Strategy):
         self._pending = {"round": server_round, "metrics": {}, "clients": []}
         clients = self.sample_clients(server_round, client_manager)
         config: dict[str, Scalar] = {"server-round": server_round}
+        config.update(self.run_fit_config)
+        if self.ledger_epsilon:
+            config[LEDGER_CONFIG_KEY] = json.dumps({str(k): v for k, v in sorted(self.ledger_epsilon.items())})
         config.update(self.fit_config(server_round))
         return [(c, FitIns(parameters, dict(config))) for c in clients]
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        server_round = self._actual_round(server_round)
         accepted: list[ClientUpdate] = []
         records: list[dict[str, Any]] = []
-        for proxy, res in sorted(results, key=lambda pr: int(pr[1].metrics.get("client_id", -1))):
+        seen: set[int] = set()
+        for proxy, res in sorted(results, key=_client_sort_key):
             metrics = dict(res.metrics)
             record = self._base_record(proxy, res, metrics)
             records.append(record)
+            if record["status"] in ("ok", "refused"):  # the client's own accountant, not a server estimate
+                self._ledger_update({"client_id": record["client_id"], "epsilon_spent": metrics.get("epsilon_spent")})
             if record["status"] != "ok":
                 continue
             try:
-                update = self.decode_update(server_round, res, metrics)
+                if record["client_id"] in seen:
+                    raise RejectedUpdate(f"duplicate client_id {record['client_id']} in round {server_round}")
+                seen.add(record["client_id"])
+                try:
+                    update = self.decode_update(server_round, res, metrics)
+                except RejectedUpdate:
+                    raise
+                except Exception as exc:  # undecodable bytes, bad encodings: the payload is hostile or broken
+                    raise RejectedUpdate(f"undecodable payload: {type(exc).__name__}: {exc}") from None
                 self.validate_update(update, metrics)
             except RejectedUpdate as exc:
                 record["status"], record["reason"] = "rejected", str(exc)
@@ -196,6 +268,9 @@ class DPFLStrategy(Strategy):
             reason = repr(failure) if isinstance(failure, BaseException) else f"status {failure[1].status.code}"
             rec = {k: None for k in CLIENT_FIELDS}
             rec.update(node_id=int(proxy.node_id) if proxy is not None else None, status="failed", reason=reason)
+            cid = _failed_client_id(reason)
+            if cid is not None:
+                rec["client_id"] = cid
             records.append(rec)
 
         round_metrics: dict[str, Any] = {
@@ -205,6 +280,16 @@ class DPFLStrategy(Strategy):
             "clients_failed": sum(r["status"] == "failed" for r in records),
             "uplink_bytes": int(sum(r["uplink_bytes"] or 0 for r in records)),
         }
+        if len(accepted) < self.min_fit_clients:
+            if self._pending is not None:
+                self._pending["clients"] = records
+                self._pending["metrics"].update(round_metrics, aborted=True)
+                self._flush_pending()
+            raise RuntimeError(
+                f"round {server_round}: only {len(accepted)} acceptable client update(s) "
+                f"({round_metrics['clients_failed']} failed, {round_metrics['clients_rejected']} rejected, "
+                f"{round_metrics['clients_refused']} refused) < min-fit-clients = {self.min_fit_clients}; "
+                "aborting the run (the global model of the previous round is the last checkpoint)")
         if accepted:
             weights, round_extra = self.aggregation_weights(server_round, accepted)
             weights = normalize_weights(weights)
@@ -227,6 +312,7 @@ class DPFLStrategy(Strategy):
                                                               if isinstance(v, (int, float, str, bool))}
 
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
+        server_round = self._actual_round(server_round)
         if self.evaluate_fn is None:
             return None
         loss, metrics = self.evaluate_fn(parameters_to_ndarrays(parameters))
@@ -239,6 +325,7 @@ class DPFLStrategy(Strategy):
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
+        server_round = self._actual_round(server_round)
         if self.fraction_evaluate <= 0:
             self._flush_pending()
             return []
@@ -253,6 +340,7 @@ class DPFLStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]) -> tuple[float | None, dict[str, Scalar]]:
+        server_round = self._actual_round(server_round)
         accs = [float(r.metrics["accuracy"]) for _, r in results if "accuracy" in r.metrics]
         losses = [float(r.loss) for _, r in results]
         metrics: dict[str, Scalar] = {}
@@ -283,8 +371,8 @@ class DPFLStrategy(Strategy):
         for i, (a, shape) in enumerate(zip(arrays, self.shapes)):
             if tuple(a.shape) != shape:
                 raise RejectedUpdate(f"array {i} has shape {tuple(a.shape)}, expected {shape}")
-            if a.dtype.kind != "f":
-                raise RejectedUpdate(f"array {i} has dtype {a.dtype}, expected a float dtype")
+            if a.dtype.name not in _FLOAT_DTYPES:
+                raise RejectedUpdate(f"array {i} has dtype {a.dtype}, expected one of {list(_FLOAT_DTYPES)}")
         return flatten(arrays)
 
     def validate_update(self, update: np.ndarray, metrics: Mapping[str, Scalar]) -> None:
@@ -293,6 +381,11 @@ class DPFLStrategy(Strategy):
             raise RejectedUpdate(f"update has {update.size} entries, the model has {self.num_params}")
         if not np.all(np.isfinite(update)):
             raise RejectedUpdate("update contains NaN or Inf")
+        bound = self.max_update_norm
+        if bound is not None:
+            norm = float(np.linalg.norm(update))
+            if norm > bound * (1 + 1e-6):
+                raise RejectedUpdate(f"update norm {norm:.6g} exceeds the declared bound {bound:.6g}")
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         """*hook*: raw weights (normalized by the caller) and extra round metrics. Default w_i ∝ N_i."""
@@ -326,21 +419,81 @@ class DPFLStrategy(Strategy):
 
     def _base_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
         rec: dict[str, Any] = {k: None for k in CLIENT_FIELDS}
-        rec["client_id"] = int(metrics["client_id"]) if "client_id" in metrics else None
+        problem = metric_problem(metrics)
+        cid = metrics.get("client_id")
+        try:
+            rec["client_id"] = int(cid) if cid is not None and not isinstance(cid, (str, bytes)) else None
+        except (TypeError, ValueError, OverflowError):
+            rec["client_id"] = None
         rec["node_id"] = int(proxy.node_id)
         rec["num_examples"] = int(res.num_examples)
         rec["uplink_bytes"] = int(sum(len(t) for t in res.parameters.tensors))
         for key in _METRIC_FIELDS:
-            if key in metrics:
+            if key in metrics and isinstance(metrics[key], (int, float, np.integer, np.floating)):
                 rec[key] = _jsonable(metrics[key])
         status = metrics.get("status", "ok")
         rec["status"] = status if status in ("ok", "refused") else "rejected"
         rec["reason"] = str(metrics.get("reason", "")) or None
-        if "client_id" not in metrics and rec["status"] == "ok":
-            rec["status"], rec["reason"] = "rejected", "metrics lack 'client_id'"
         if status not in ("ok", "refused"):
-            rec["reason"] = f"unknown status {status!r}"
+            rec["reason"] = f"unknown status {_short(status)}"
+        elif problem is not None and status == "ok":
+            rec["status"], rec["reason"] = "rejected", problem
+        elif status == "ok" and int(res.num_examples) <= 0:
+            rec["status"], rec["reason"] = "rejected", f"num_examples = {int(res.num_examples)} (expected > 0)"
         return rec
+
+    # ------------------------------------------------------------------ checkpoint / resume
+    def checkpoint_state(self) -> dict[str, Any]:
+        """*hook*: family server state to checkpoint (numpy arrays and JSON values, nested freely),
+        e.g. SoteriaFL's shift s or Robust-HDP's frozen weights. Default: nothing."""
+        return {}
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        """*hook*: restore what :meth:`checkpoint_state` returned."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue after :attr:`last_round`: global weights, ledger of ε per
+        client, every ``numpy.random.Generator`` attribute's state, and the family's state."""
+        rngs = {name: value.bit_generator.state for name, value in vars(self).items()
+                if isinstance(value, np.random.Generator)}
+        return {"round": int(self.last_round), "weights": [w.copy() for w in self.current_weights],
+                "ledger_epsilon": {str(k): v for k, v in self.ledger_epsilon.items()},
+                "initial_metrics": dict(getattr(self, "initial_metrics", {}) or {}),
+                "num_available": int(self.num_available), "rngs": rngs, "family": self.checkpoint_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`; Flower's rounds 1, 2, … then continue at ``state['round'] + 1``."""
+        weights = [np.asarray(w, dtype=np.float32) for w in state["weights"]]
+        shapes = [tuple(w.shape) for w in weights]
+        if shapes != self.shapes:
+            raise ValueError(f"checkpoint weights have shapes {shapes}, the model has {self.shapes}")
+        self.current_weights = weights
+        self.round_offset = self.last_round = int(state["round"])
+        self.ledger_epsilon = {int(k): float(v) for k, v in dict(state.get("ledger_epsilon", {})).items()}
+        if state.get("initial_metrics"):
+            self.initial_metrics = dict(state["initial_metrics"])
+        for name, rng_state in dict(state.get("rngs", {})).items():
+            gen = getattr(self, name, None)
+            if isinstance(gen, np.random.Generator):
+                gen.bit_generator.state = rng_state
+        family = state.get("family") or {}
+        if family:
+            self.load_checkpoint_state(family)
+
+    def _actual_round(self, flower_round: int) -> int:
+        """Flower counts rounds from 1 in every process; a resumed run continues after ``round_offset``."""
+        return flower_round + self.round_offset if flower_round > 0 else flower_round
+
+    def _ledger_update(self, rec: Mapping[str, Any]) -> None:
+        cid, eps = rec.get("client_id"), rec.get("epsilon_spent")
+        if cid is None or eps is None or isinstance(eps, (str, bytes, bool)):
+            return
+        try:
+            value = float(eps)
+        except (TypeError, ValueError):
+            return
+        if np.isfinite(value):
+            self.ledger_epsilon[int(cid)] = max(value, self.ledger_epsilon.get(int(cid), 0.0))
 
     def _flush_pending(self) -> None:
         pending, self._pending = self._pending, None
@@ -356,10 +509,17 @@ class DPFLStrategy(Strategy):
             pending["round"], self.num_rounds, _fmt(m.get("accuracy")), _fmt(m.get("loss")),
             _fmt(m.get("client_accuracy")), _fmt(max(eps) if eps else None), m.get("clients_ok"),
             pending["wall_seconds"])
+        self.last_round = max(self.last_round, int(pending["round"]))
         if self.recorder is not None:
             self.recorder.write_round(pending)
             if pending["round"] >= self.num_rounds:
                 self.recorder.finish()
+
+
+def _failed_client_id(reason: str) -> int | None:
+    """Client id named in a failure message (``client_id=<n>``, as :mod:`fedapp.faults` raises)."""
+    match = re.search(r"client_id=(\d+)", reason)
+    return int(match.group(1)) if match else None
 
 
 def _fmt(value: Any) -> str:
