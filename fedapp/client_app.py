@@ -9,6 +9,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import Context
 
 from fedapp.config import resolve_config
+from fedapp.faults import guard_client
 from fedapp.registry import get_spec
 
 
@@ -17,7 +18,8 @@ def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
 
     def client_fn(context: Context) -> Client:
         cfg = resolve_config(context.run_config, overrides)
-        return get_spec(cfg["strategy"]).client_factory()(context, overrides)
+        client = get_spec(cfg["strategy"]).client_factory()(context, overrides)
+        return guard_client(client, context, cfg)  # faults, state persistence, lost-accountant guard (issue 7)
 
     return ClientApp(client_fn=client_fn)
 

@@ -138,6 +138,15 @@ _KEYS: list[Key] = [
     Key("rpca-chunks", int, 0, "Sec. 3.6: number Q of row blocks used, from the top (0 = all ⌊p/p'⌋; 1 = first block only).", _nonneg, ">= 0", section="robust-hdp"),
     Key("robust-hdp-freeze-weights", bool, False, "Robust-HDP weights from the first round, then frozen (published code); false = recomputed every round (Algorithm 1).", section="robust-hdp"),
     Key("pfa-components", int, 1, "PFA: dimension k of the public principal subspace private updates are projected on.", _positive, "> 0", section="robust-hdp"),
+    # --- deployment: checkpoint/resume, faults, minimum clients (issue 7) ---------------
+    Key("resume-from", str, "", "Checkpoint (checkpoint.npz or its run folder) to continue; the resumed run writes a new folder with the full ledger.", section="deployment"),
+    Key("checkpoint-every", int, 1, "Write checkpoint.npz (atomic) every this many rounds and after the last (0 = never).", _nonneg, ">= 0", section="deployment"),
+    Key("client-state-dir", str, "", "Folder where clients persist their Context.state (accountants, shifts, heads) per run lineage, so a resumed run continues them ('' = off).", section="deployment"),
+    Key("fault-fraction", float, 0.0, "Fraction of clients that fail each round (chosen by seed and round; fault injection for tests).", _fraction, "in [0, 1)", section="deployment"),
+    Key("fault-mode", str, "raise", "How an injected fault fails: raise (exception before training) or timeout (sleep fault-delay, then train).", choices=("raise", "timeout"), section="deployment"),
+    Key("fault-delay", float, 30.0, "Seconds a timing-out client sleeps (set above round-timeout).", _positive, "> 0", section="deployment"),
+    Key("round-timeout", float, 0.0, "Seconds the server waits for client replies each round (0 = no timeout).", _nonneg, ">= 0", section="deployment"),
+    Key("min-fit-clients", int, 0, "Fewest acceptable updates a round needs; fewer aborts the run with a clear message (0 = no minimum).", _nonneg, ">= 0", section="deployment"),
 ]
 
 SCHEMA: dict[str, Key] = {k.name: k for k in _KEYS}

@@ -9,6 +9,7 @@ from flwr.common import Context
 from flwr.server import ServerAppComponents, ServerConfig
 from flwr.serverapp import ServerApp
 
+from fedapp.checkpoint import attach as attach_checkpointing
 from fedapp.client_data import client_train_sizes
 from fedapp.clients.common import make_model
 from fedapp.config import ConfigError, RunConfig, resolve_config
@@ -64,7 +65,9 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
                           prevalidate=make_prevalidate(cfg))
     strategy = spec.strategy_factory()(cfg, ctx)
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(num_rounds=cfg.rounds))
+    remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults (issue 7)
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(
+        num_rounds=remaining, round_timeout=float(cfg["round-timeout"]) or None))
 
 
 def build_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:

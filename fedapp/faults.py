@@ -1,0 +1,148 @@
+"""Client wrapper: fault injection, client-state persistence and the lost-accountant guard.
+
+:class:`GuardedClient` wraps every family's Flower ``Client`` (``fedapp/client_app.py``). On
+``fit`` it, in order:
+
+1. restores ``Context.state`` from ``client-state-dir`` when this process starts a resumed run
+   with an empty state (:class:`fedapp.checkpoint.ClientStateStore`);
+2. refuses if this client already detected lost privacy state in this run;
+3. injects a fault when this client is among the ``fault-fraction`` failing this round:
+   ``raise`` raises *before* training (no ε spent, the server records ``status="failed"``);
+   ``timeout`` sleeps ``fault-delay`` seconds, then trains (ε is spent and counted by the
+   client's accountant; the server, past ``round-timeout``, records ``failed``);
+4. runs the wrapped client's ``fit``;
+5. withholds the update and refuses when the reported cumulative ε is not above the server
+   ledger's value for this client (the accountant was lost and restarted; see
+   :func:`fedapp.checkpoint.lost_accountant_reason`) — nothing computed on un-accounted state
+   leaves the client, and every later round of this run is refused too;
+6. saves ``Context.state`` to ``client-state-dir``.
+
+Privacy: the wrapper adds no mechanism; it guarantees that a failure or a restart never
+makes a client's reported (and enforced) ε smaller than what it actually spent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.client import Client
+from flwr.common import (
+    Code,
+    ConfigRecord,
+    Context,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetParametersIns,
+    GetParametersRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    Parameters,
+    Status,
+)
+
+from fedapp.checkpoint import LINEAGE_CONFIG_KEY, ClientStateStore, ledger_epsilon, lost_accountant_reason
+from fedapp.config import ConfigError, RunConfig
+
+TAINT_KEY = "dpfl-privacy-state-lost"
+
+
+class InjectedFault(RuntimeError):
+    """A failure injected by ``fault-fraction`` (the message names ``client_id=<n>``)."""
+
+
+def check_fault_config(cfg: Mapping[str, Any]) -> None:
+    """Cross-field checks of the fault/timeout keys (``ConfigError`` naming the values)."""
+    if cfg["fault-fraction"] > 0 and cfg["fault-mode"] == "timeout":
+        if cfg["round-timeout"] <= 0:
+            raise ConfigError("run-config 'fault-mode' = 'timeout' needs 'round-timeout' > 0 (got "
+                              f"{cfg['round-timeout']!r}); otherwise the server waits for the late clients")
+        if cfg["fault-delay"] <= cfg["round-timeout"]:
+            raise ConfigError(f"run-config 'fault-delay' = {cfg['fault-delay']!r} must exceed 'round-timeout' = "
+                              f"{cfg['round-timeout']!r} for an injected timeout to be one")
+
+
+def failing_clients(seed: int, server_round: int, num_clients: int, fraction: float) -> set[int]:
+    """Client ids that fail in ``server_round``: round(fraction·n) of them, a seeded permutation prefix."""
+    if not 0 <= fraction < 1:
+        raise ValueError(f"fault fraction must be in [0, 1), got {fraction}")
+    k = int(round(fraction * num_clients))
+    if k == 0:
+        return set()
+    perm = np.random.default_rng([int(seed), 701, int(server_round)]).permutation(num_clients)
+    return {int(i) for i in perm[:k]}
+
+
+def _refusal(metrics: dict[str, Any]) -> FitRes:
+    return FitRes(status=Status(Code.OK, "refused"), parameters=Parameters(tensors=[], tensor_type="numpy.ndarray"),
+                  num_examples=0, metrics=metrics)
+
+
+class GuardedClient(Client):
+    """Wraps a family's ``Client``; see the module docstring for what ``fit`` adds."""
+
+    def __init__(self, inner: Client, context: Context, cfg: RunConfig, client_id: int, num_clients: int,
+                 state_dir: str = "") -> None:
+        self.inner = inner
+        self.ctx = context
+        self.cfg = cfg
+        self.client_id = client_id
+        self.num_clients = num_clients
+        self.store = ClientStateStore(Path(state_dir), client_id) if state_dir else None
+
+    # ---- delegation ----------------------------------------------------------------
+    def get_properties(self, ins: GetPropertiesIns) -> GetPropertiesRes:
+        return self.inner.get_properties(ins)
+
+    def get_parameters(self, ins: GetParametersIns) -> GetParametersRes:
+        return self.inner.get_parameters(ins)
+
+    def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
+        return self.inner.evaluate(ins)
+
+    # ---- fit -------------------------------------------------------------------------
+    def fit(self, ins: FitIns) -> FitRes:
+        config = dict(ins.config)
+        rnd = int(config.get("server-round", 0))
+        lineage = str(config.get(LINEAGE_CONFIG_KEY, ""))
+        if self.store is not None and lineage:
+            self.store.restore(self.ctx.state, lineage)
+        ledger = ledger_epsilon(config, self.client_id)
+        if TAINT_KEY in self.ctx.state:
+            reason = str(self.ctx.state[TAINT_KEY].get("reason", "privacy state lost earlier in this run"))
+            return _refusal({"client_id": self.client_id, "status": "refused", "reason": reason,
+                             **({"epsilon_spent": ledger} if ledger is not None else {})})
+        fraction = float(self.cfg["fault-fraction"])
+        if fraction > 0 and self.client_id in failing_clients(self.cfg["seed"], rnd, self.num_clients, fraction):
+            if self.cfg["fault-mode"] == "raise":
+                raise InjectedFault(f"injected fault: client_id={self.client_id} round={rnd} (fault-fraction="
+                                    f"{fraction})")
+            time.sleep(float(self.cfg["fault-delay"]))
+        res = self.inner.fit(ins)
+        metrics = dict(res.metrics)
+        if metrics.get("status", "ok") == "ok":
+            reason = lost_accountant_reason(metrics.get("epsilon_spent"), ledger)
+            if reason is not None:
+                self.ctx.state[TAINT_KEY] = ConfigRecord({"reason": reason, "round": rnd})
+                res = _refusal({"client_id": self.client_id, "status": "refused", "reason": reason,
+                                "epsilon_spent": float(ledger or 0.0)})
+        if self.store is not None and lineage:
+            self.store.save(self.ctx.state, lineage)
+        return res
+
+
+def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
+    """Wrap ``inner`` (a family's client) with :class:`GuardedClient` for this node."""
+    node = context.node_config
+    try:
+        cid = int(node["partition-id"])
+        n = int(node["num-partitions"])
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"node-config needs integer 'partition-id' and 'num-partitions', got {dict(node)}") from None
+    state_dir = str(node.get("state-dir", "")) or cfg["client-state-dir"]
+    return GuardedClient(inner, context, cfg, cid, n, state_dir)
