@@ -283,7 +283,7 @@ class DP2FedSAMStrategy(DPFLStrategy):
         return super().configure_evaluate(server_round, parameters, client_manager)
 
 
-def _build(name: str, cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
+def build_variant(name: str, cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
     from fedapp.clients.dp2_fedsam import shared_weights
 
     variant = get_variant(name)
@@ -295,21 +295,21 @@ def _build(name: str, cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAM
 
 
 def build_dp2_fedsam(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return _build("dp2-fedsam", cfg, ctx)
+    return build_variant("dp2-fedsam", cfg, ctx)
 
 
 def build_centaur(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return _build("centaur", cfg, ctx)
+    return build_variant("centaur", cfg, ctx)
 
 
 def build_dp_fedsam(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return _build("dp-fedsam", cfg, ctx)
+    return build_variant("dp-fedsam", cfg, ctx)
 
 
 def build_dp_fedsam_ft(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return _build("dp-fedsam-ft", cfg, ctx)
+    return build_variant("dp-fedsam-ft", cfg, ctx)
 
 
 def build_dp_fedavg_ft(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return _build("dp-fedavg-ft", cfg, ctx)
+    return build_variant("dp-fedavg-ft", cfg, ctx)
 
