@@ -1,0 +1,165 @@
+"""Hostile or broken client results are rejected, recorded in rounds.jsonl and never averaged (issue 7)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
+
+from fedapp.results import ResultsWriter
+from strategies.base import DPFLStrategy
+
+SHAPES = [(3, 2), (2,)]
+HONEST = [np.full((3, 2), 0.5, np.float32), np.full((2,), -1.0, np.float32)]
+
+
+def fit_res(arrays=None, metrics=None, num_examples: int = 10, params: Parameters | None = None) -> FitRes:
+    if params is None:
+        params = ndarrays_to_parameters(HONEST if arrays is None else arrays)
+    base = {"client_id": 0, "status": "ok", "epsilon_spent": 0.5, "epsilon_budget": 1.0}
+    return FitRes(Status(Code.OK, ""), params, num_examples, base if metrics is None else metrics)
+
+
+def garbage_params() -> Parameters:
+    return Parameters(tensors=[b"\x93NUMPY garbage" * 3, b"\x00\x01"], tensor_type="numpy.ndarray")
+
+
+CASES = {
+    "nan": (lambda: fit_res([np.full((3, 2), np.nan, np.float32), HONEST[1]]), "NaN or Inf"),
+    "inf": (lambda: fit_res([HONEST[0], np.array([np.inf, 0], np.float32)]), "NaN or Inf"),
+    "too-few-arrays": (lambda: fit_res(HONEST[:1]), "expected 2 arrays, got 1"),
+    "too-many-arrays": (lambda: fit_res(HONEST + [np.zeros(1, np.float32)]), "expected 2 arrays, got 3"),
+    "wrong-shape": (lambda: fit_res([np.zeros((2, 3), np.float32), HONEST[1]]), "has shape (2, 3), expected (3, 2)"),
+    "int-dtype": (lambda: fit_res([np.zeros((3, 2), np.int32), HONEST[1]]), "dtype int32"),
+    "float16-dtype": (lambda: fit_res([np.zeros((3, 2), np.float16), HONEST[1]]), "dtype float16"),
+    "complex-dtype": (lambda: fit_res([np.zeros((3, 2), np.complex64), HONEST[1]]), "dtype complex64"),
+    "undecodable": (lambda: fit_res(params=garbage_params()), "undecodable payload"),
+    "norm-above-bound": (lambda: fit_res([np.full((3, 2), 100.0, np.float32), HONEST[1]]), "exceeds the declared bound"),
+    "missing-client-id": (lambda: fit_res(metrics={"status": "ok"}), "lack 'client_id'"),
+    "string-client-id": (lambda: fit_res(metrics={"client_id": "zero", "status": "ok"}), "malformed metric 'client_id'"),
+    "negative-client-id": (lambda: fit_res(metrics={"client_id": -3, "status": "ok"}), "malformed metric 'client_id'"),
+    "string-epsilon": (lambda: fit_res(metrics={"client_id": 0, "epsilon_spent": "tiny"}), "malformed metric 'epsilon_spent'"),
+    "nan-epsilon": (lambda: fit_res(metrics={"client_id": 0, "epsilon_spent": float("nan")}), "not finite"),
+    "negative-noise": (lambda: fit_res(metrics={"client_id": 0, "noise_multiplier": -1.0}), "negative"),
+    "bytes-status": (lambda: fit_res(metrics={"client_id": 0, "status": b"ok"}), "unknown status b'ok'"),
+    "unknown-status": (lambda: fit_res(metrics={"client_id": 0, "status": "great"}), "unknown status 'great'"),
+    "over-budget": (lambda: fit_res(metrics={"client_id": 0, "epsilon_spent": 3.0, "epsilon_budget": 1.0}),
+                    "exceeds the client's epsilon_budget"),
+    "zero-examples": (lambda: fit_res(num_examples=0), "num_examples = 0"),
+}
+
+
+def make_strategy(tmp_path=None) -> DPFLStrategy:
+    recorder = ResultsWriter(tmp_path, {"strategy": "base", "dataset": "none", "seed": 0}) if tmp_path else None
+    s = DPFLStrategy(initial_weights=[np.zeros(sh, np.float32) for sh in SHAPES], num_rounds=5, recorder=recorder)
+    s.max_update_norm = 10.0  # declared clip bound of a client-level mode
+    s._pending = {"round": 1, "metrics": {}, "clients": []}
+    return s
+
+
+def proxy(i: int) -> SimpleNamespace:
+    return SimpleNamespace(node_id=1000 + i)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_each_hostile_payload_is_rejected_and_not_averaged(case: str) -> None:
+    build, expected = CASES[case]
+    s = make_strategy()
+    bad = build()
+    if isinstance(bad.metrics.get("client_id"), int) and bad.metrics["client_id"] == 0:
+        bad.metrics["client_id"] = 7
+    honest = fit_res(metrics={"client_id": 1, "status": "ok", "epsilon_spent": 0.5, "epsilon_budget": 1.0})
+    s.aggregate_fit(1, [(proxy(0), bad), (proxy(1), honest)], [])
+    recs = {r["node_id"]: r for r in s._pending["clients"]}
+    assert recs[1000]["status"] == "rejected", recs[1000]
+    assert expected in recs[1000]["reason"], recs[1000]["reason"]
+    assert recs[1001]["status"] == "ok"
+    # only the honest update moved the model: θ = 0 + 1.0 · Δ_honest
+    for w, h in zip(s.current_weights, HONEST):
+        np.testing.assert_allclose(w, h)
+    assert s._pending["metrics"]["clients_rejected"] == 1
+
+
+def test_duplicate_client_id_second_is_rejected() -> None:
+    s = make_strategy()
+    a = fit_res(metrics={"client_id": 4, "status": "ok"})
+    b = fit_res([np.full((3, 2), 9.0, np.float32), HONEST[1]], metrics={"client_id": 4, "status": "ok"})
+    s.aggregate_fit(1, [(proxy(0), a), (proxy(1), b)], [])
+    statuses = sorted(r["status"] for r in s._pending["clients"])
+    assert statuses == ["ok", "rejected"]
+    assert any("duplicate client_id 4" in (r["reason"] or "") for r in s._pending["clients"])
+
+
+def test_all_rejected_leaves_model_unchanged_and_rejections_reach_rounds_jsonl(tmp_path) -> None:
+    s = make_strategy(tmp_path)
+    s.recorder.open()
+    results = [(proxy(i), CASES[name][0]()) for i, name in enumerate(["nan", "wrong-shape", "int-dtype", "undecodable"])]
+    for i, (_, res) in enumerate(results):
+        res.metrics["client_id"] = i
+    s.aggregate_fit(1, results, [])
+    for w in s.current_weights:
+        assert not np.any(w)
+    s._flush_pending()
+    run_dir = next(p for p in tmp_path.iterdir() if p.is_dir())
+    record = json.loads((run_dir / "rounds.jsonl").read_text().splitlines()[0])
+    assert [c["status"] for c in record["clients"]] == ["rejected"] * 4
+    assert all(c["reason"] for c in record["clients"])
+    assert record["metrics"]["clients_rejected"] == 4 and record["metrics"]["clients_ok"] == 0
+
+
+def test_failures_are_recorded_with_their_client_id() -> None:
+    s = make_strategy()
+    err = ValueError("Message contains an Error (reason: fedapp.faults.InjectedFault:<injected fault: client_id=3 "
+                     "round=1 (fault-fraction=0.2)>)")
+    s.aggregate_fit(1, [(proxy(0), fit_res())], [err])
+    failed = [r for r in s._pending["clients"] if r["status"] == "failed"]
+    assert len(failed) == 1 and failed[0]["client_id"] == 3 and "injected fault" in failed[0]["reason"]
+    assert s._pending["metrics"]["clients_failed"] == 1
+
+
+def test_min_fit_clients_aborts_with_clear_message() -> None:
+    s = make_strategy()
+    s.min_fit_clients = 2
+    with pytest.raises(RuntimeError, match=r"only 1 acceptable client update.*1 rejected.*min-fit-clients = 2"):
+        s.aggregate_fit(1, [(proxy(0), fit_res()), (proxy(1), CASES["nan"][0]())], [])
+
+
+@pytest.mark.slow
+def test_every_registered_strategy_rejects_nan_and_wrong_arrays() -> None:
+    """Family strategies (custom decoders included) never average a NaN or mis-shaped payload."""
+    from fedapp.clients.common import make_model
+    from fedapp.config import resolve_config
+    from fedapp.data import load_dataset
+    from fedapp.registry import REGISTRY
+    from fedapp.training import get_weights
+    from strategies.base import StrategyContext
+
+    _, test = load_dataset("digits", "")
+    checked = []
+    families = {}
+    for spec in REGISTRY.values():  # one strategy per family keeps this under a few seconds
+        families.setdefault(spec.family, spec)
+    for name, spec in ((s.name, s) for s in families.values()):
+        cfg = resolve_config(overrides={"strategy": name, "dataset": "digits"})
+        weights = get_weights(make_model(cfg, test))
+        strat = spec.strategy_factory()(cfg, StrategyContext(initial_weights=weights))
+        if not isinstance(strat, DPFLStrategy):
+            continue
+        before = [w.copy() for w in strat.current_weights]
+        strat._pending = {"round": 1, "metrics": {}, "clients": []}
+        nan = [np.full(w.shape, np.nan, np.float32) for w in before]
+        extra = [np.zeros(w.shape, np.float32) for w in before] + [np.zeros(3, np.float32)]
+        results = [(proxy(0), fit_res(nan, {"client_id": 0, "status": "ok"})),
+                   (proxy(1), fit_res(extra, {"client_id": 1, "status": "ok"}))]
+        try:
+            strat.aggregate_fit(1, results, [])
+        except RuntimeError as exc:  # a family that needs min clients may abort: still nothing averaged
+            assert "acceptable" in str(exc) or "update" in str(exc), (name, exc)
+        assert [r["status"] for r in strat._pending["clients"]] == ["rejected", "rejected"], name
+        for a, b in zip(before, strat.current_weights):
+            np.testing.assert_array_equal(a, b, err_msg=name)
+        checked.append(name)
+    assert len(checked) == len(families), (checked, sorted(families))
