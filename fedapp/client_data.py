@@ -32,11 +32,17 @@ def training_pool(cfg: RunConfig) -> ArrayDataset:
     """The training split, optionally capped to ``max-samples`` (deterministic subsample),
     minus the server's public set when ``public-samples`` > 0 (Fed-SMP Sec. 6.1: D_p is held
     out of every client's data)."""
-    train = _capped_pool(cfg)
     public = int(cfg.get("public-samples", 0))
-    if public > 0:
-        train = train.subset(_public_split(len(train), public, int(cfg["seed"]))[1])
-    return train
+    if public <= 0:
+        return _capped_pool(cfg)
+    return _held_out_pool(cfg["dataset"], cfg["data-dir"], int(cfg["max-samples"]), public, int(cfg["seed"]))
+
+
+@functools.lru_cache(maxsize=4)
+def _held_out_pool(dataset: str, data_dir: str, max_samples: int, public: int, seed: int) -> ArrayDataset:
+    cfg = {"dataset": dataset, "data-dir": data_dir, "max-samples": max_samples, "seed": seed}
+    train = _capped_pool(cfg)  # type: ignore[arg-type]
+    return train.subset(_public_split(len(train), public, seed)[1])
 
 
 def public_dataset(cfg: RunConfig) -> ArrayDataset:

@@ -1,0 +1,238 @@
+"""Fed-SMP: masks, DP-spar, compact payload, server aggregation and ledger, one real Flower simulation."""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+
+import numpy as np
+import pytest
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.server.client_manager import SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from fedapp.config import ConfigError, resolve_config
+from fedapp.models import FmnistCNN
+from strategies.base import StrategyContext
+from strategies.client_dp import ClientLevelDP
+from strategies.fed_smp import (
+    CFG_MASK,
+    ClientLevelStrategy,
+    build_fed_smp_topk,
+    check_indices,
+    decode_sparse,
+    dp_spar,
+    encode_sparse,
+    mask_from_config,
+    num_kept,
+    rand_k_indices,
+    top_k_indices,
+)
+
+SHAPES = [(4, 5), (5,), (3, 5), (3,)]  # d = 43
+D = sum(int(np.prod(s)) for s in SHAPES)
+
+
+class Proxy(ClientProxy):
+    def get_properties(self, *a):  # pragma: no cover
+        raise NotImplementedError
+
+    get_parameters = fit = evaluate = reconnect = get_properties
+
+
+def manager(n: int) -> SimpleClientManager:
+    cm = SimpleClientManager()
+    for i in range(n):
+        p = Proxy(str(i))
+        p.node_id = i + 1
+        cm.register(p)
+    return cm
+
+
+def strategy(sparsifier="randk", private=True, ratio=0.2, clip=1.0, sigma=1.0, r=3, n=4, **kw) -> ClientLevelStrategy:
+    weights = [np.zeros(s, dtype=np.float32) for s in SHAPES]
+    dp_factory = (lambda n_: ClientLevelDP(sigma, clip, r, n_, 5, 1e-3)) if private else None
+    return ClientLevelStrategy(initial_weights=weights, num_rounds=5, seed=0, clients_per_round=r,
+                               sparsifier=sparsifier, compression_ratio=ratio, private=private, clip=clip,
+                               dp_factory=dp_factory, **kw)
+
+
+def fit_res(arrays, cid, sigma=1.0, status="ok"):
+    metrics = {"client_id": cid, "status": status, "noise_multiplier": sigma}
+    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 10, metrics)
+
+
+# ---------------------------------------------------------------------------- masks
+def test_rand_k_mask_is_shared_and_reproducible_from_the_seed():
+    s = strategy()
+    cm = manager(4)
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), cm)
+    assert len(ins) == 3
+    masks = [mask_from_config(dict(fi.config), D)[1] for _, fi in ins]
+    assert all(np.array_equal(m, masks[0]) for m in masks)  # identical for every sampled client
+    assert len(masks[0]) == num_kept(D, 0.2) == 9
+    assert CFG_MASK not in ins[0][1].config  # rand-k sends the seed, not the mask
+    np.testing.assert_array_equal(masks[0], rand_k_indices(D, 9, int(ins[0][1].config["smp-mask-seed"])))
+    np.testing.assert_array_equal(masks[0], s.round_mask(1))
+    ins2 = s.configure_fit(2, ndarrays_to_parameters(s.current_weights), cm)
+    assert not np.array_equal(mask_from_config(dict(ins2[0][1].config), D)[1], masks[0])  # fresh mask each round
+
+
+def test_rand_k_is_unbiased():
+    rng = np.random.default_rng(0)
+    delta = rng.normal(size=50)
+    draws = 5_000
+    mean = np.zeros(50)
+    for seed in range(draws):
+        idx = rand_k_indices(50, 5, seed)
+        vals, _ = dp_spar(delta, idx, "randk", clip=None, dp=None, rng=rng)
+        mean += decode_sparse(encode_sparse(vals), idx, 50) / draws
+    # per-coordinate std of the estimator is |Δ_j|·sqrt(d/k − 1) = 3|Δ_j|, so the mean is within ~5 std errors
+    assert np.max(np.abs(mean - delta) / (3 * np.abs(delta) / math.sqrt(draws))) < 5.5
+    # whereas without the d/k scale the mean would be k/d · Δ
+    assert np.linalg.norm(mean - delta) < 0.1 * np.linalg.norm(delta)
+
+
+def test_top_k_picks_largest_magnitudes_in_ascending_order():
+    scores = np.array([0.1, -5.0, 2.0, 0.0, 3.0, -0.2])
+    np.testing.assert_array_equal(top_k_indices(scores, 3), [1, 2, 4])
+    np.testing.assert_array_equal(top_k_indices(np.ones(5), 2), [0, 1])  # deterministic ties
+
+
+def test_topk_mask_comes_from_public_update_and_travels_as_bytes():
+    target = np.arange(D, dtype=np.float64)[::-1].copy()  # largest |Δ_p| at the lowest indices
+    s = strategy("topk", ratio=0.1, public_update_fn=lambda w, rnd: target)
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), manager(4))
+    sparsifier, idx = mask_from_config(dict(ins[0][1].config), D)
+    assert sparsifier == "topk"
+    np.testing.assert_array_equal(idx, np.arange(num_kept(D, 0.1)))
+
+
+def test_client_rejects_malformed_mask():
+    with pytest.raises(ValueError):
+        check_indices(np.array([3, 1, 2]), 10)
+    with pytest.raises(ValueError):
+        check_indices(np.array([1, 10]), 10)
+    with pytest.raises(ValueError, match="bytes"):
+        mask_from_config({"smp-sparsifier": "topk", CFG_MASK: "0,1"}, 10)
+
+
+# ---------------------------------------------------------------------------- DP-spar
+@pytest.mark.parametrize("sparsifier", ["randk", "topk"])
+def test_noise_touches_only_masked_coordinates(sparsifier):
+    d, k = 50_000, 5_000
+    idx = rand_k_indices(d, k, 1)
+    dp = ClientLevelDP(2.0, 1.0, 4, 100, 1, 1e-3)
+    vals, _ = dp_spar(np.zeros(d), idx, sparsifier, clip=1.0, dp=dp, rng=np.random.default_rng(0))
+    dense = decode_sparse(encode_sparse(vals), idx, d)
+    assert np.all(dense[np.setdiff1d(np.arange(d), idx)] == 0)
+    assert np.count_nonzero(dense[idx]) == k
+    assert np.std(vals) == pytest.approx(dp.per_client_std, rel=0.05)  # C·σ/√r = 1.0
+
+
+def test_clipping_bound_and_randk_scaling():
+    d, k = 1000, 10
+    idx = rand_k_indices(d, k, 2)
+    delta = np.full(d, 0.01)
+    vals, norm = dp_spar(delta, idx, "randk", clip=None, dp=None, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(vals, 0.01 * d / k)
+    assert norm == pytest.approx(np.linalg.norm(vals))
+    vals, norm = dp_spar(delta, idx, "randk", clip=0.5, dp=None, rng=np.random.default_rng(0))
+    assert norm == pytest.approx(math.sqrt(k) * 1.0) and np.linalg.norm(vals) == pytest.approx(0.5)
+    vals, _ = dp_spar(delta, idx, "topk", clip=0.5, dp=None, rng=np.random.default_rng(0))
+    np.testing.assert_allclose(vals, 0.01)  # top-k: no d/k scaling, already inside the bound
+
+
+# ---------------------------------------------------------------------------- wire payload
+def test_uplink_payload_is_about_4k_bytes():
+    for k in (10, 1_000, 16_634):
+        size = sum(len(t) for t in ndarrays_to_parameters(encode_sparse(np.ones(k))).tensors)
+        assert 4 * k <= size <= 4 * k + 256
+    shapes = [tuple(p.shape) for p in FmnistCNN().state_dict().values()]
+    d = sum(int(np.prod(s)) for s in shapes)
+    dense = sum(len(t) for t in ndarrays_to_parameters([np.zeros(s, np.float32) for s in shapes]).tensors)
+    sparse = sum(len(t) for t in ndarrays_to_parameters(encode_sparse(np.zeros(num_kept(d, 0.01)))).tensors)
+    assert sparse / dense <= 0.011
+
+
+# ---------------------------------------------------------------------------- server
+def test_server_averages_with_one_over_r_and_rejects_bad_payloads():
+    s = strategy("randk", ratio=0.2, sigma=1.0, r=4, n=5)
+    cm = manager(5)
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), cm)
+    idx = s.round_mask(1)
+    proxies = [p for p, _ in ins]
+    good = [np.full(len(idx), 0.1 * (i + 1), dtype=np.float32) for i in range(2)]
+    results = [
+        (proxies[0], fit_res([good[0]], 0)),
+        (proxies[1], fit_res([good[1]], 1)),
+        (proxies[2], fit_res([np.ones(len(idx) + 1, np.float32)], 2)),  # wrong length
+        (proxies[3], fit_res([], 3, status="refused")),
+    ]
+    _, metrics = s.aggregate_fit(1, results, [])
+    new = np.concatenate([w.ravel() for w in s.current_weights])
+    expected = np.zeros(D)
+    expected[idx] = (0.1 + 0.2) / 4  # Σ over accepted / r sampled (Alg. 2 line 16)
+    np.testing.assert_allclose(new, expected, rtol=1e-6)
+    assert metrics["clients_ok"] == 2 and metrics["clients_rejected"] == 1 and metrics["clients_refused"] == 1
+    records = s._pending["clients"]
+    assert [r["status"] for r in records] == ["ok", "ok", "rejected", "refused"]
+    assert "shape" in records[2]["reason"]
+    eps1 = ClientLevelDP(1.0, 1.0, 4, 5, 5, 1e-3).epsilon(1)
+    assert all(r["epsilon_spent"] == pytest.approx(eps1) for r in records)  # server ledger for every client
+    assert metrics["epsilon"] == pytest.approx(eps1)
+
+
+def test_server_rejects_out_of_bound_norm_and_wrong_sigma():
+    s = strategy("randk", private=False, ratio=0.5, clip=1.0)
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), manager(4))
+    k = len(s.round_mask(1))
+    results = [(ins[0][0], fit_res([np.full(k, 10.0, np.float32)], 0))]
+    s.aggregate_fit(1, results, [])
+    assert s._pending["clients"][0]["status"] == "rejected" and "clipping bound" in s._pending["clients"][0]["reason"]
+    assert all(np.all(w == 0) for w in s.current_weights)  # the global model is untouched
+    p = strategy("randk", ratio=0.5, sigma=1.0)
+    ins = p.configure_fit(1, ndarrays_to_parameters(p.current_weights), manager(4))
+    p.aggregate_fit(1, [(ins[0][0], fit_res([np.zeros(k, np.float32)], 0, sigma=0.1))], [])
+    assert "noise multiplier" in p._pending["clients"][0]["reason"]
+
+
+def test_topk_needs_public_samples():
+    cfg = resolve_config({}, {"strategy": "fed-smp-topk"})
+    weights = [np.zeros(s, np.float32) for s in SHAPES]
+    with pytest.raises(ConfigError, match="public-samples"):
+        build_fed_smp_topk(cfg, StrategyContext(initial_weights=weights))
+
+
+# ---------------------------------------------------------------------------- Flower simulation
+@pytest.mark.slow
+def test_fed_smp_topk_flower_simulation(tmp_path):
+    from flwr.simulation import run_simulation
+
+    from fedapp.client_app import build_client_app
+    from fedapp.server_app import build_server_app
+
+    ov = {"strategy": "fed-smp-topk", "num-server-rounds": 2, "output-dir": str(tmp_path), "compression-ratio": 0.05,
+          "public-samples": 100, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 1.0,
+          "clients-per-round": 3, "target-epsilon": 2.0, "fraction-evaluate": 0.0}
+    run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=4,
+                   backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": 2, "logging_level": "ERROR"}})
+    (path,) = glob.glob(str(tmp_path / "*" / "rounds.jsonl"))
+    rounds = [json.loads(line) for line in open(path)]
+    assert [r["round"] for r in rounds] == [1, 2]
+    cfg = resolve_config({}, ov)
+    from strategies.client_dp import mechanism_from_config
+
+    dp = mechanism_from_config(cfg, 4)
+    k = rounds[0]["metrics"]["k"]
+    assert rounds[0]["metrics"]["compression_ratio"] == pytest.approx(0.05, rel=0.01)
+    for r in rounds:
+        ok = [c for c in r["clients"] if c["status"] == "ok"]
+        assert len(ok) == 3 and r["metrics"]["clients_sampled"] == 3
+        assert all(4 * k <= c["uplink_bytes"] <= 4 * k + 256 for c in ok)
+        assert all(c["epsilon_spent"] == pytest.approx(dp.epsilon(r["round"])) for c in r["clients"])
+        assert r["metrics"]["accuracy"] is not None
+    assert rounds[1]["metrics"]["epsilon"] == pytest.approx(2.0, rel=2e-3)
+    assert rounds[1]["metrics"]["uplink_bytes_cumulative"] == sum(r["metrics"]["uplink_bytes"] for r in rounds)
