@@ -1,0 +1,154 @@
+"""Fault injection, the lost-accountant guard and a 20 %-failing federation (issue 7)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import read_rounds, run_small_simulation
+from flwr.client import Client
+from flwr.common import Code, Context, FitIns, FitRes, RecordDict, Status, ndarrays_to_parameters
+
+from fedapp.config import ConfigError, resolve_config
+from fedapp.faults import TAINT_KEY, InjectedFault, check_fault_config, failing_clients, guard_client
+from strategies.accounting import epsilon_of
+from strategies.base import LEDGER_CONFIG_KEY
+
+
+def test_failing_clients_exact_fraction_deterministic_and_varying() -> None:
+    sets = [failing_clients(7, r, 10, 0.2) for r in range(1, 6)]
+    assert all(len(s) == 2 and s <= set(range(10)) for s in sets)
+    assert sets == [failing_clients(7, r, 10, 0.2) for r in range(1, 6)]
+    assert len({frozenset(s) for s in sets}) > 1  # not the same clients every round
+    assert failing_clients(7, 1, 10, 0.0) == set()
+    with pytest.raises(ValueError, match="fault fraction"):
+        failing_clients(7, 1, 10, 1.0)
+
+
+class FakeClient(Client):
+    """Reports cumulative ε = eps_per_round × rounds trained, kept in Context.state (like DP-SGD)."""
+
+    def __init__(self, context: Context, eps_per_round: float = 0.25) -> None:
+        self.context = context
+        self.eps = eps_per_round
+        self.calls = 0
+
+    def fit(self, ins: FitIns) -> FitRes:
+        from flwr.common import ConfigRecord
+
+        self.calls += 1
+        done = int(self.context.state["acct"]["rounds"]) if "acct" in self.context.state else 0
+        self.context.state["acct"] = ConfigRecord({"rounds": done + 1})
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters([np.ones(2, np.float32)]), 5,
+                      {"client_id": 2, "status": "ok", "epsilon_spent": self.eps * (done + 1)})
+
+
+def _ctx(**node) -> Context:
+    return Context(run_id=1, node_id=5, node_config={"partition-id": 2, "num-partitions": 5, **node},
+                   state=RecordDict(), run_config={})
+
+
+def _ins(rnd: int, ledger: dict[int, float] | None = None, lineage: str = "") -> FitIns:
+    config = {"server-round": rnd}
+    if ledger:
+        config[LEDGER_CONFIG_KEY] = json.dumps({str(k): v for k, v in ledger.items()})
+    if lineage:
+        config["run-lineage"] = lineage
+    return FitIns(ndarrays_to_parameters([np.zeros(2, np.float32)]), config)
+
+
+def test_raise_fault_happens_before_training_and_names_the_client() -> None:
+    cfg = resolve_config(overrides={"fault-fraction": 0.2, "seed": 3})
+    rnd = next(r for r in range(1, 50) if 2 in failing_clients(3, r, 5, 0.2))
+    ctx = _ctx()
+    inner = FakeClient(ctx)
+    client = guard_client(inner, ctx, cfg)
+    with pytest.raises(InjectedFault, match=f"client_id=2 round={rnd}"):
+        client.fit(_ins(rnd))
+    assert inner.calls == 0 and "acct" not in ctx.state  # no training, no ε spent
+
+
+def test_timeout_fault_sleeps_then_trains(monkeypatch) -> None:
+    cfg = resolve_config(overrides={"fault-fraction": 0.2, "fault-mode": "timeout", "round-timeout": 5.0,
+                                    "fault-delay": 9.0, "seed": 3})
+    rnd = next(r for r in range(1, 50) if 2 in failing_clients(3, r, 5, 0.2))
+    slept: list[float] = []
+    monkeypatch.setattr("fedapp.faults.time.sleep", slept.append)
+    ctx = _ctx()
+    res = guard_client(FakeClient(ctx), ctx, cfg).fit(_ins(rnd))
+    assert slept == [9.0] and res.metrics["status"] == "ok" and res.metrics["epsilon_spent"] == 0.25
+
+
+def test_client_that_lost_its_accountant_refuses_and_stays_refused() -> None:
+    cfg = resolve_config()
+    ctx = _ctx()  # fresh Context.state: the accountant of 3 earlier rounds (ε = 0.75) is gone
+    client = guard_client(FakeClient(ctx), ctx, cfg)
+    res = client.fit(_ins(4, ledger={2: 0.75}))
+    assert res.metrics["status"] == "refused" and "privacy state lost" in res.metrics["reason"]
+    assert res.parameters.tensors == [] and res.num_examples == 0  # the update is withheld
+    assert res.metrics["epsilon_spent"] == 0.75  # reports the ledger's value, never the restarted one
+    assert TAINT_KEY in ctx.state
+    for rnd in (5, 6, 7):  # a restarted accountant would catch up with the ledger; the taint prevents it
+        later = client.fit(_ins(rnd, ledger={2: 0.75}))
+        assert later.metrics["status"] == "refused"
+
+
+def test_intact_accountant_passes_the_guard() -> None:
+    ctx = _ctx()
+    client = guard_client(FakeClient(ctx), ctx, resolve_config())
+    eps = [client.fit(_ins(r, ledger={2: 0.25 * (r - 1)} if r > 1 else None)).metrics for r in (1, 2, 3)]
+    assert [m["status"] for m in eps] == ["ok"] * 3 and eps[-1]["epsilon_spent"] == 0.75
+
+
+def test_client_state_dir_restores_the_accountant(tmp_path) -> None:
+    cfg = resolve_config(overrides={"client-state-dir": str(tmp_path)})
+    ctx = _ctx()
+    client = guard_client(FakeClient(ctx), ctx, cfg)
+    for r in (1, 2):
+        client.fit(_ins(r, ledger={2: 0.25 * (r - 1)} if r > 1 else None, lineage="runA"))
+    fresh = _ctx()  # a restarted process / resumed run: empty Context.state, same lineage
+    res = guard_client(FakeClient(fresh), fresh, cfg).fit(_ins(3, ledger={2: 0.5}, lineage="runA"))
+    assert res.metrics["status"] == "ok" and res.metrics["epsilon_spent"] == 0.75
+    other = _ctx()  # another run (lineage) never inherits this state
+    res = guard_client(FakeClient(other), other, cfg).fit(_ins(1, lineage="runB"))
+    assert res.metrics["epsilon_spent"] == 0.25
+
+
+def test_fault_config_cross_checks() -> None:
+    with pytest.raises(ConfigError, match="'round-timeout' > 0"):
+        check_fault_config(resolve_config(overrides={"fault-fraction": 0.2, "fault-mode": "timeout"}))
+    with pytest.raises(ConfigError, match="'fault-delay' = 3.0 must exceed 'round-timeout' = 5.0"):
+        check_fault_config(resolve_config(overrides={"fault-fraction": 0.2, "fault-mode": "timeout",
+                                                     "round-timeout": 5.0, "fault-delay": 3.0}))
+    with pytest.raises(ConfigError, match="'fault-fraction' = 1.0"):
+        resolve_config(overrides={"fault-fraction": 1.0})
+
+
+@pytest.mark.slow
+def test_twenty_percent_failing_run_completes_with_exact_accounting(tmp_path) -> None:
+    n, rounds, seed = 5, 2, 11
+    ov = {"strategy": "dpsgd-fedavg", "num-server-rounds": rounds, "dp-rounds": 3, "seed": seed,
+          "fault-fraction": 0.2, "max-samples": 500, "batch-size": 16, "privacy-dist": "fixed", "epsilon": 2.0,
+          "fraction-evaluate": 0.0, "output-dir": str(tmp_path), "min-fit-clients": 3}
+    run_dir = run_small_simulation(ov, num_supernodes=n)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["finished"] and summary["rounds_completed"] == rounds
+    per_round_steps: dict[int, int] = {}
+    for rec in read_rounds(run_dir):
+        expected_failed = failing_clients(seed, rec["round"], n, 0.2)
+        failed = [c for c in rec["clients"] if c["status"] == "failed"]
+        assert {c["client_id"] for c in failed} == expected_failed, failed
+        assert all("injected fault" in c["reason"] for c in failed)
+        ok = [c for c in rec["clients"] if c["status"] == "ok"]
+        assert {c["client_id"] for c in ok} == set(range(n)) - expected_failed
+        assert rec["metrics"]["clients_failed"] == 1 and rec["metrics"]["clients_ok"] == n - 1
+        for c in ok:  # ε = accountant(σ, q, steps of the rounds this client really trained) — exactly
+            cid = c["client_id"]
+            trained = sum(1 for r in range(1, rec["round"] + 1) if cid not in failing_clients(seed, r, n, 0.2))
+            per_round_steps.setdefault(cid, c["steps"] // trained)
+            assert c["steps"] == trained * per_round_steps[cid]
+            eps = epsilon_of([(c["noise_multiplier"], c["sample_rate"], c["steps"])], c["delta"])
+            assert math.isclose(c["epsilon_spent"], eps, rel_tol=1e-9), (cid, c["epsilon_spent"], eps)
+            assert c["epsilon_spent"] <= c["epsilon_budget"] * (1 + 1e-9)
