@@ -134,11 +134,17 @@ def main() -> None:
     ap.add_argument("--epsilons", default="1,2")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (mean ± std over seeds)")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "dp2_fedsam.md"))
+    ap.add_argument("--from-json", default="", help="re-render the markdown/plot from a saved results JSON")
     args = ap.parse_args()
     torch.set_num_threads(1)
     eps_list = [float(e) for e in args.epsilons.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict = {}
+    if args.from_json:
+        saved = json.loads(Path(args.from_json).read_text())
+        results = {(k.split("|")[0], float(k.split("|")[1]), k.split("|")[2]): v for k, v in saved.items()}
+        write_markdown(args, results, eps_list, seeds, cmd=saved.get("_command"))
+        return
     for label, ov, n in settings(args.quick, args.data_dir):
         for eps in eps_list:
             for name, strategy, extra in METHODS:
@@ -162,14 +168,36 @@ def _fmt(values: list) -> str:
     return f"{mean:.1f} ± {100 * float(np.std(vals)):.1f}" if len(vals) > 1 else f"{mean:.1f}"
 
 
-def write_markdown(args, results: dict, eps_list: list[float], seeds: list[int]) -> None:
+def plot(results: dict, labels: list[str], eps_list: list[float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = [(lab, e) for lab in labels for e in eps_list]
+    fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(cols), 3.6))
+    width = 0.8 / len(METHODS)
+    for i, (name, _, _) in enumerate(METHODS):
+        ys = [100 * float(np.mean(results[(lab, e, name)]["acc"])) for lab, e in cols]
+        ax.bar(np.arange(len(cols)) + i * width, ys, width, label=name)
+    ax.set_xticks(np.arange(len(cols)) + 0.4 - width / 2, [f"{lab}\nε={e:g}" for lab, e in cols], fontsize=8)
+    ax.set_ylabel("mean client local-test accuracy (%)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_markdown(args, results: dict, eps_list: list[float], seeds: list[int], cmd: str | None = None) -> None:
+    results = {k: v for k, v in results.items() if isinstance(k, tuple)}
     labels = list(dict.fromkeys(k[0] for k in results))
-    cmd = "python benchmarks/dp2_fedsam.py " + " ".join(sys.argv[1:])
+    cmd = cmd or "python benchmarks/dp2_fedsam.py " + " ".join(sys.argv[1:])
     lines = ["# DP2-FedSAM family benchmark", "", f"Command: `{cmd}` (seeds {seeds}).", "",
              "Personalized / local-test accuracy (%), mean over all clients at the final round "
              "(global held-out test accuracy of the shared model in brackets, non-personalized methods only).", ""]
     header = "| method | " + " | ".join(f"{lab}, ε={e:g}" for lab in labels for e in eps_list) + " | paper CIFAR-10 (1000,2) ε=1 / ε=2 |"
     lines += [header, "|" + "---|" * (len(labels) * len(eps_list) + 2)]
+    lines.insert(4, "![accuracy](dp2_fedsam.png)\n")
     for name, _, _ in METHODS:
         cells = []
         for lab in labels:
@@ -194,7 +222,10 @@ def write_markdown(args, results: dict, eps_list: list[float], seeds: list[int])
         out.write_text(head + marker + "\n\n" + body)
     else:
         out.write_text(body)
-    (out.with_suffix(".json")).write_text(json.dumps({f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}, indent=1))
+    saved = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}
+    saved["_command"] = cmd
+    out.with_suffix(".json").write_text(json.dumps(saved, indent=1))
+    plot(results, labels, eps_list, out.with_suffix(".png"))
     print(body)
 
 

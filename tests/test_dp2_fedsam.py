@@ -173,14 +173,14 @@ def test_clipping_bound_holds():
 
 
 def test_noise_is_calibrated_on_the_sum_of_r_updates():
+    n = 40  # q = 2/40 = 0.05 (the paper's sampling ratio); cheap for the RDP accountant
     cfg = resolve_config(None, {**BASE, "strategy": "dp2-fedsam", "noise-multiplier": 0.0, "target-epsilon": 2.0})
-    dp = client_level_mechanism(cfg, N_CLIENTS)  # σ calibrated by the accountant
-    assert dp.clients_per_round == 2 and dp.sample_rate == 0.5 and dp.rounds == 3
-    assert dp.delta == pytest.approx(N_CLIENTS ** -1.1)
-    assert dp.per_client_std == pytest.approx(0.5 * dp.noise_multiplier / np.sqrt(2))
+    dp = client_level_mechanism(cfg, n)  # σ calibrated by the accountant
+    assert dp.clients_per_round == 2 and dp.sample_rate == 0.05 and dp.rounds == 3
+    assert dp.delta == pytest.approx(n ** -1.1)
+    assert dp.per_client_std == pytest.approx(0.5 * dp.noise_multiplier / np.sqrt(2))  # Cσ/√r each, σC on the sum
     assert 2.0 * 0.999 <= dp.epsilon() <= 2.0
-    fixed = client_level_mechanism(resolve_config(None, {**BASE, "strategy": "dp2-fedsam", "noise-multiplier": 3.0}),
-                                   N_CLIENTS)
+    fixed = client_level_mechanism(resolve_config(None, {**BASE, "strategy": "dp2-fedsam", "noise-multiplier": 3.0}), n)
     assert fixed.noise_multiplier == 3.0 and fixed.epsilon() < dp.epsilon()
 
 
