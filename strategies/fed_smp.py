@@ -286,9 +286,9 @@ class ClientLevelStrategy(DPFLStrategy):
             "uplink_bytes_per_client": round_bytes / max(len(updates), 1),
         }
         if self.dp is not None:
-            extra.update({"epsilon": cached_epsilon(self.dp, server_round), "delta": self.dp.delta,
+            extra.update({"epsilon": cached_epsilon(self.dp, min(server_round, self.dp.rounds)), "delta": self.dp.delta,
                           "noise_multiplier": self.dp.noise_multiplier, "sample_rate": self.dp.sample_rate,
-                          "epsilon_individual": self.dp.epsilon_individual(server_round)})
+                          "epsilon_individual": self.dp.epsilon_individual(min(server_round, self.dp.rounds))})
         return np.ones(len(updates)), extra
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
@@ -299,7 +299,8 @@ class ClientLevelStrategy(DPFLStrategy):
     def _base_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
         rec = super()._base_record(proxy, res, metrics)
         if self.dp is not None:  # the server's ledger is authoritative (see module docstring)
-            rnd = int(self._pending["round"]) if self._pending is not None else 0
+            # rounds past the planned T release nothing (clients refuse), so the ledger stops at ε(T)
+            rnd = min(int(self._pending["round"]) if self._pending is not None else 0, self.dp.rounds)
             rec.update(epsilon_spent=cached_epsilon(self.dp, rnd), epsilon_budget=cached_epsilon(self.dp, None),
                        delta=self.dp.delta, noise_multiplier=self.dp.noise_multiplier,
                        sample_rate=self.dp.sample_rate)

@@ -236,3 +236,12 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
         assert r["metrics"]["accuracy"] is not None
     assert rounds[1]["metrics"]["epsilon"] == pytest.approx(2.0, rel=2e-3)
     assert rounds[1]["metrics"]["uplink_bytes_cumulative"] == sum(r["metrics"]["uplink_bytes"] for r in rounds)
+
+
+def test_ledger_stops_at_planned_rounds():
+    s = strategy("randk", ratio=0.2, sigma=1.0, r=3, n=4)  # dp planned for T = 5 rounds
+    ins = s.configure_fit(7, ndarrays_to_parameters(s.current_weights), manager(4))
+    s.aggregate_fit(7, [(ins[0][0], fit_res([], 0, status="refused"))], [])
+    eps_t = ClientLevelDP(1.0, 1.0, 3, 4, 5, 1e-3).epsilon(5)
+    assert s._pending["clients"][0]["epsilon_spent"] == pytest.approx(eps_t)
+    assert s._pending["clients"][0]["epsilon_budget"] == pytest.approx(eps_t)
