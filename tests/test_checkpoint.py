@@ -1,0 +1,130 @@
+"""Checkpoint format, strategy state round trip and an interrupted + resumed run (issue 7)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from fedapp.checkpoint import (
+    CHECKPOINT_FILE,
+    check_resumable,
+    load_checkpoint,
+    save_checkpoint,
+)
+from fedapp.config import ConfigError, resolve_config
+from strategies.base import DPFLStrategy
+
+
+class ShiftStrategy(DPFLStrategy):
+    """A family with server state (like SoteriaFL's shift) and its own RNG."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.shift = np.zeros(4)
+        self.rng = np.random.default_rng(5)
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"shift": self.shift.copy(), "nested": {"ids": [1, 2], "arr": [np.arange(3)]}}
+
+    def load_checkpoint_state(self, state) -> None:
+        self.shift = np.asarray(state["shift"])
+        self.nested = state["nested"]
+
+
+def _strategy() -> ShiftStrategy:
+    return ShiftStrategy(initial_weights=[np.zeros((2, 2), np.float32)], num_rounds=5)
+
+
+def test_save_load_round_trip_is_atomic_and_pickle_free(tmp_path) -> None:
+    payload = {"state": {"w": [np.arange(6, dtype=np.float32).reshape(2, 3)], "x": 1.5, "s": "a"}, "rounds": [{"r": 1}]}
+    path = save_checkpoint(tmp_path / CHECKPOINT_FILE, payload)
+    assert [p.name for p in tmp_path.iterdir()] == [CHECKPOINT_FILE]  # no temporary file left
+    out = load_checkpoint(tmp_path)  # a run folder works too
+    np.testing.assert_array_equal(out["state"]["w"][0], payload["state"]["w"][0])
+    assert out["state"]["w"][0].dtype == np.float32 and out["state"]["x"] == 1.5 and out["rounds"] == [{"r": 1}]
+    with np.load(path, allow_pickle=False) as npz:  # loads without pickle: no code in a checkpoint
+        assert "__json__" in npz.files
+
+
+def test_strategy_state_round_trip_restores_weights_ledger_rng_and_family_state(tmp_path) -> None:
+    a = _strategy()
+    a.current_weights = [np.full((2, 2), 3.0, np.float32)]
+    a.ledger_epsilon = {0: 0.4, 3: 1.25}
+    a.shift[:] = [1, 2, 3, 4]
+    a.rng.normal(size=7)  # advance
+    a.last_round = 2
+    save_checkpoint(tmp_path / "c.npz", {"state": a.state_dict()})
+    b = _strategy()
+    b.load_state_dict(load_checkpoint(tmp_path / "c.npz")["state"])
+    np.testing.assert_array_equal(b.current_weights[0], a.current_weights[0])
+    assert b.ledger_epsilon == {0: 0.4, 3: 1.25} and b.round_offset == 2
+    np.testing.assert_array_equal(b.shift, [1, 2, 3, 4])
+    np.testing.assert_array_equal(b.nested["arr"][0], np.arange(3))
+    assert b.rng.normal() == a.rng.normal()  # the generator continues where it stopped
+    assert b._actual_round(1) == 3 and b._actual_round(0) == 0
+
+
+def test_load_state_dict_rejects_a_different_model() -> None:
+    state = _strategy().state_dict()
+    state["weights"] = [np.zeros((3, 3), np.float32)]
+    with pytest.raises(ValueError, match=r"shapes \[\(3, 3\)\], the model has \[\(2, 2\)\]"):
+        _strategy().load_state_dict(state)
+
+
+def test_bad_checkpoints_give_clear_errors(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="no checkpoint file there"):
+        load_checkpoint(tmp_path / "missing")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip at all")
+    with pytest.raises(ConfigError, match="is not a readable checkpoint"):
+        load_checkpoint(tmp_path / "junk.npz")
+    np.savez(tmp_path / "foreign.npz", x=np.zeros(2))
+    with pytest.raises(ConfigError, match="is not a readable checkpoint"):
+        load_checkpoint(tmp_path / "foreign.npz")
+
+
+def test_check_resumable_names_the_differing_key() -> None:
+    cfg = resolve_config(overrides={"num-server-rounds": 4})
+    ckpt = {"path": "x/checkpoint.npz", "config": dict(cfg), "state": {"round": 2}}
+    check_resumable(cfg, ckpt)  # same experiment, rounds left: fine
+    check_resumable(resolve_config(overrides={"num-server-rounds": 6, "output-dir": "elsewhere"}), ckpt)
+    with pytest.raises(ConfigError, match="'seed' = 7 differs from the checkpoint's 42"):
+        check_resumable(resolve_config(overrides={"num-server-rounds": 4, "seed": 7}), ckpt)
+    with pytest.raises(ConfigError, match="already completed round 2"):
+        check_resumable(resolve_config(overrides={"num-server-rounds": 2}), ckpt)
+
+
+def _ledger(rounds: list[dict[str, Any]]) -> list[tuple]:
+    return [(r["round"], c["client_id"], c["status"], c["epsilon_spent"], c["steps"], c["noise_multiplier"])
+            for r in rounds for c in r["clients"]]
+
+
+@pytest.mark.slow
+def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path) -> None:
+    """Seeded DP-SGD run: 3 rounds straight vs. 2 rounds, stop, resume for round 3."""
+    from conftest import read_rounds, run_small_simulation
+
+    base = {"strategy": "dpsgd-fedavg", "seed": 5, "max-samples": 450, "batch-size": 16, "dp-rounds": 3,
+            "privacy-dist": "fixed", "epsilon": 2.0, "fraction-evaluate": 0.0}
+    full = run_small_simulation({**base, "num-server-rounds": 3, "output-dir": str(tmp_path / "full"),
+                                 "client-state-dir": str(tmp_path / "cs-full")}, num_supernodes=3)
+    first = run_small_simulation({**base, "num-server-rounds": 2, "output-dir": str(tmp_path / "part"),
+                                  "client-state-dir": str(tmp_path / "cs")}, num_supernodes=3)
+    assert json.loads((first / "summary.json").read_text())["rounds_completed"] == 2
+    resumed = run_small_simulation({**base, "num-server-rounds": 3, "output-dir": str(tmp_path / "resumed"),
+                                    "client-state-dir": str(tmp_path / "cs"), "resume-from": str(first)},
+                                   num_supernodes=3)
+    a, b = load_checkpoint(full), load_checkpoint(resumed)
+    assert a["state"]["round"] == b["state"]["round"] == 3
+    for wa, wb in zip(a["state"]["weights"], b["state"]["weights"]):
+        np.testing.assert_array_equal(wa, wb)
+    assert a["state"]["ledger_epsilon"] == b["state"]["ledger_epsilon"]
+    ra, rb = read_rounds(full), read_rounds(resumed)
+    assert _ledger(ra) == _ledger(rb)  # the same ε per client per round, the full ledger in the new folder
+    assert [r["metrics"]["accuracy"] for r in ra] == [r["metrics"]["accuracy"] for r in rb]
+    meta = json.loads((resumed / "config.json").read_text())
+    assert meta["resumed_from"]["round"] == 2
+    eps = {c["client_id"]: c["epsilon_spent"] for c in rb[-1]["clients"]}
+    assert all(0 < e <= 2.0 * (1 + 1e-9) for e in eps.values())  # budget planned for 3 rounds, spent exactly
