@@ -190,7 +190,7 @@ def test_server_rejects_out_of_bound_norm_and_wrong_sigma():
     k = len(s.round_mask(1))
     results = [(ins[0][0], fit_res([np.full(k, 10.0, np.float32)], 0))]
     s.aggregate_fit(1, results, [])
-    assert s._pending["clients"][0]["status"] == "rejected" and "clipping bound" in s._pending["clients"][0]["reason"]
+    assert s._pending["clients"][0]["status"] == "rejected" and "declared bound" in s._pending["clients"][0]["reason"]
     assert all(np.all(w == 0) for w in s.current_weights)  # the global model is untouched
     p = strategy("randk", ratio=0.5, sigma=1.0)
     ins = p.configure_fit(1, ndarrays_to_parameters(p.current_weights), manager(4))
