@@ -129,8 +129,10 @@ class SoteriaFLClient(NumPyClient):
         metrics.update({"batch_size": b, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
                         "reported_epsilon": p.reported_epsilon, "steps": done, "sigma_p": float(rec["sigma_p"]),
                         "sigma_theorem2": float(rec["sigma_theorem2"]), "noise_split": float(rec["split"]),
-                        "noise_multiplier": float(rec["sigma_p"]) * (b if q < 1 else self.m)
-                        / (float(cfg["clip-norm"]) * (2 if self.method.estimator in ("svrg", "saga") else 1))})
+                        # z of the (subsampled) minibatch term; SVRG/SAGA also have z₂ of the full-data term
+                        "noise_multiplier": noise_history(self.method.estimator, float(rec["sigma_p"]),
+                                                          float(cfg["clip-norm"]), b, self.m, 1,
+                                                          float(rec["split"]))[0][0]})
         eps_now, eps_next = self.epsilon_after(rec, done), self.epsilon_after(rec, done + 1)
         if eps_next > p.epsilon * (1 + EPS_SLACK):
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": (
