@@ -142,7 +142,7 @@ def main() -> None:
     results: dict = {}
     if args.from_json:
         saved = json.loads(Path(args.from_json).read_text())
-        results = {(k.split("|")[0], float(k.split("|")[1]), k.split("|")[2]): v for k, v in saved.items()}
+        results = {(k.split("|")[0], float(k.split("|")[1]), k.split("|")[2]): v for k, v in saved.items() if "|" in k}
         write_markdown(args, results, eps_list, seeds, cmd=saved.get("_command"))
         return
     for label, ov, n in settings(args.quick, args.data_dir):
