@@ -144,5 +144,7 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
         n = int(node["num-partitions"])
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"node-config needs integer 'partition-id' and 'num-partitions', got {dict(node)}") from None
+    if "dataset" in node and str(node["dataset"]) != cfg["dataset"]:
+        raise ConfigError(f"node-config dataset {node['dataset']!r} differs from run-config dataset {cfg['dataset']!r}")
     state_dir = str(node.get("state-dir", "")) or cfg["client-state-dir"]
     return GuardedClient(inner, context, cfg, cid, n, state_dir)

@@ -1,0 +1,408 @@
+"""Deployment with real processes: one ``flower-superlink`` + N ``flower-supernode`` on loopback.
+
+    python -m fedapp.deploy --supernodes 3 --run-config "strategy='robust-hdp' num-server-rounds=2"
+
+1. validates the run-config and every SuperNode's ``--node-config`` (before anything starts);
+2. creates a local CA, the SuperLink's TLS certificate and one EC key pair per SuperNode
+   (``scripts/make_certs.py``) unless ``--insecure``;
+3. starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``), registers each SuperNode's
+   public key with ``flwr supernode register`` (unless ``--no-auth``), starts the SuperNodes,
+   each with its own ``--node-config`` (partition-id, num-partitions, and per-node epsilon,
+   delta, batch-size, local-epochs, dataset from ``--node-config i:key=value ...``);
+4. runs ``flwr run <app> dpfl --stream`` and prints the new results folder;
+5. stops *every* process it started and every descendant it saw (SIGTERM, then SIGKILL, by PID),
+   also on Ctrl-C, SIGTERM or failure.
+
+``--unauthorized K`` also starts K SuperNodes whose keys were never registered; the SuperLink
+refuses them (they exit with Flower's code 305) — a check that authentication is on.
+
+What it protects: TLS (server authentication + encryption of the channel) and SuperNode
+authentication (only registered keys join). Differential privacy is the strategy's business;
+the run-config decides it exactly as in simulation.
+
+For SuperNodes on other machines see ``docs/deployment.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.launch import (
+    CONNECTION,
+    PROJECT_ROOT,
+    flower_env,
+    free_port,
+    list_runs,
+    parse_overrides,
+    pyproject_run_config,
+    start_superlink,
+    stop_process_tree,
+    to_toml_assignments,
+    venv_bin,
+    write_flower_config,
+)
+
+NODE_KEYS = {"partition-id": int, "num-partitions": int, "epsilon": float, "delta": float, "batch-size": int,
+             "local-epochs": int, "reported-epsilon": float, "dataset": str, "state-dir": str}
+AUTH_REFUSED_EXIT = 305  # flower-supernode: "Failed to activate SuperNode" (the shell sees 305 % 256 = 49)
+
+
+# ----------------------------------------------------------------------------- configuration
+def parse_node_config(text: str) -> dict[str, Any]:
+    """``'epsilon=0.8 batch-size=32 dataset="digits"'`` → typed dict (``ConfigError`` naming the bad part)."""
+    out: dict[str, Any] = {}
+    for token in shlex.split(text):
+        key, sep, raw = token.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"node-config entry {token!r} is not key=value")
+        if key not in NODE_KEYS:
+            raise ConfigError(f"unknown node-config key {key!r}; valid: {sorted(NODE_KEYS)}")
+        try:
+            out[key] = NODE_KEYS[key](raw)
+        except ValueError:
+            raise ConfigError(f"node-config {key!r} expects {NODE_KEYS[key].__name__}, got {raw!r}") from None
+    return out
+
+
+def node_configs(num: int, per_node: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One node-config per SuperNode: ``partition-id=i num-partitions=num`` plus ``i:key=value ...`` overrides."""
+    if num < 2:
+        raise ConfigError(f"--supernodes = {num}: a federation needs at least 2 SuperNodes")
+    configs = [{"partition-id": i, "num-partitions": num} for i in range(num)]
+    for item in per_node:
+        match = re.fullmatch(r"\s*(\d+)\s*:(.*)", item)
+        if not match:
+            raise ConfigError(f"--node-config {item!r} must look like '<index>:key=value ...'")
+        idx = int(match.group(1))
+        if idx >= num:
+            raise ConfigError(f"--node-config {item!r}: SuperNode {idx} does not exist (0..{num - 1})")
+        configs[idx].update(parse_node_config(match.group(2)))
+    return configs
+
+
+def validate_nodes(cfg: RunConfig, configs: Sequence[Mapping[str, Any]]) -> None:
+    """Each SuperNode's profile resolves and matches the run (before any process starts)."""
+    from fedapp.client_data import client_train_sizes
+    from fedapp.privacy_profiles import client_profile
+
+    sizes = client_train_sizes(cfg, len(configs))
+    for node in configs:
+        if "dataset" in node and node["dataset"] != cfg["dataset"]:
+            raise ConfigError(f"SuperNode {node['partition-id']}: node-config dataset {node['dataset']!r} differs "
+                              f"from run-config dataset {cfg['dataset']!r}")
+        profile = client_profile(cfg, node)
+        if profile.batch_size > sizes[profile.client_id]:
+            raise ConfigError(f"SuperNode {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
+                              f"N_i = {sizes[profile.client_id]}")
+
+
+def node_config_arg(node: Mapping[str, Any]) -> str:
+    """The ``--node-config`` string Flower parses (TOML values)."""
+    return to_toml_assignments(dict(node))
+
+
+def simulation_backend(num_cpus: float = 1.0, num_gpus: float = 0.0, ray_address: str = "") -> tuple[dict, dict]:
+    """Flower simulation backend settings: (``backend_config`` for ``run_simulation``, extra environment).
+
+    ``num_gpus`` < 1 shares a GPU between clients (e.g. 0.25 → four ClientApps per GPU); above 1
+    it must be whole (Ray). ``ray_address`` (``auto``, ``host:port`` or ``ray://host:port``)
+    attaches to an existing multi-node Ray cluster instead of starting one: it goes to
+    ``ray.init(address=...)`` in process and to ``RAY_ADDRESS`` for a SuperLink's simulation runtime.
+    """
+    if not num_cpus > 0:
+        raise ConfigError(f"client num-cpus = {num_cpus!r} must be > 0")
+    if num_gpus < 0 or (num_gpus > 1 and not float(num_gpus).is_integer()):
+        raise ConfigError(f"client num-gpus = {num_gpus!r} must be a fraction in [0, 1] or a whole number")
+    init_args: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False}
+    env: dict[str, str] = {}
+    if ray_address:
+        if not re.fullmatch(r"auto|(ray://)?[A-Za-z0-9_.\-]+:\d{1,5}", ray_address):
+            raise ConfigError(f"ray address {ray_address!r} must be 'auto', 'host:port' or 'ray://host:port'")
+        init_args["address"] = ray_address
+        env["RAY_ADDRESS"] = ray_address
+    backend = {"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus}, "init_args": init_args}
+    return backend, env
+
+
+# ----------------------------------------------------------------------------- processes
+@dataclass
+class Processes:
+    """Every process this launcher started, plus every descendant it has seen (Flower starts
+    ``flower-superexec``/``flwr-serverapp``/``flwr-clientapp`` children, some in own sessions)."""
+
+    started: list[subprocess.Popen] = field(default_factory=list)
+    seen: dict[int, Any] = field(default_factory=dict)  # pid -> psutil.Process
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def add(self, proc: subprocess.Popen) -> subprocess.Popen:
+        self.started.append(proc)
+        self.snapshot()
+        return proc
+
+    def snapshot(self) -> None:
+        import psutil
+
+        for proc in list(self.started):
+            try:
+                parent = psutil.Process(proc.pid)
+                for p in [parent, *parent.children(recursive=True)]:
+                    self.seen.setdefault(p.pid, p)
+            except psutil.NoSuchProcess:
+                continue
+
+    def watch(self, interval: float = 0.5) -> threading.Thread:
+        def loop() -> None:
+            while not self._stop.wait(interval):
+                self.snapshot()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        return thread
+
+    def stop_all(self) -> list[int]:
+        """Stop everything; returns PIDs still alive afterwards (should be empty)."""
+        import psutil
+
+        self._stop.set()
+        self.snapshot()
+        for proc in reversed(self.started):  # SuperNodes first, the SuperLink last
+            stop_process_tree(proc)
+        leftovers = [p for p in self.seen.values() if _alive(p)]
+        for p in leftovers:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(leftovers, timeout=5)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        return [p.pid for p in self.seen.values() if _alive(p)]
+
+
+def _alive(p: Any) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into KeyboardInterrupt so the cleanup in ``finally`` runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def wait_https_health(port: int, ca: Path | None, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    import httpx
+
+    scheme = "https" if ca else "http"
+    verify: Any = ssl.create_default_context(cafile=str(ca)) if ca else True
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode} before becoming healthy")
+        try:
+            if httpx.get(f"{scheme}://127.0.0.1:{port}/health", timeout=2.0, verify=verify).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"SuperLink on 127.0.0.1:{port} not healthy after {timeout:.0f}s")
+
+
+def start_supernode(work: Path, env: dict[str, str], superlink: str, node: Mapping[str, Any], name: str, *,
+                    ca: Path | None, key: Path | None, max_wait: float = 60.0) -> subprocess.Popen:
+    cmd = [venv_bin("flower-supernode"), "--superlink", superlink, "--port", str(free_port()),
+           "--node-config", node_config_arg(node), "--max-wait-time", str(max_wait)]
+    cmd += ["--root-certificates", str(ca)] if ca else ["--insecure"]
+    if key is not None:
+        cmd += ["--auth-supernode-private-key", str(key)]
+    out = open(work / f"{name}.log", "w")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=str(work))
+
+
+def register_supernode(env: dict[str, str], public_key: Path) -> None:
+    res = subprocess.run([venv_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
+                         env=env, capture_output=True, text=True, timeout=120)
+    if res.returncode != 0 or "registered successfully" not in res.stdout:
+        raise RuntimeError(f"flwr supernode register {public_key.name} failed: {res.stdout[-500:]}{res.stderr[-500:]}")
+
+
+def _make_certs():
+    """``scripts/make_certs.py:make_all`` (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dpfl_make_certs", PROJECT_ROOT / "scripts" / "make_certs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_all
+
+
+@dataclass
+class DeployResult:
+    run_dir: Path
+    work_dir: Path
+    refused: list[str]  # unauthorized SuperNodes the SuperLink refused
+    leftover_pids: list[int]
+    pids: list[int]  # every PID started or seen
+
+
+def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overrides: Sequence[str] = (),
+           tls: bool = True, auth: bool = True, unauthorized: int = 0, work_dir: Path | None = None,
+           app: Path = PROJECT_ROOT, timeout: float | None = None, log=print) -> DeployResult:
+    """Validate, start SuperLink + SuperNodes, ``flwr run`` the app, stop everything (see module doc)."""
+    app = app.resolve()
+    overrides = parse_overrides(run_config)
+    overrides.setdefault("num-clients", num_supernodes)
+    overrides.setdefault("min-available-clients", num_supernodes)
+    cfg = resolve_config({**pyproject_run_config(app), **overrides})
+    if cfg["num-clients"] != num_supernodes:
+        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but --supernodes = {num_supernodes}")
+    if unauthorized and not auth:
+        raise ConfigError("--unauthorized needs SuperNode authentication (drop --no-auth)")
+    nodes = node_configs(num_supernodes, node_overrides)
+    validate_nodes(cfg, nodes)
+    output_dir = Path(cfg["output-dir"])
+    if not output_dir.is_absolute():
+        output_dir = (app / output_dir).resolve()
+    overrides["output-dir"] = str(output_dir)
+    if cfg["data-dir"] and not Path(cfg["data-dir"]).is_absolute():
+        overrides["data-dir"] = str((app / cfg["data-dir"]).resolve())
+
+    work = Path(work_dir or tempfile.mkdtemp(prefix="dpfl-deploy-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    flwr_home = work / "flwr-home"
+    flwr_home.mkdir(exist_ok=True)
+    env = flower_env(flwr_home)
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    procs = Processes()
+    refused: list[str] = []
+    before = list_runs(output_dir)
+    with _sigterm_as_interrupt():
+        try:
+            ca = key_paths = None
+            if tls or auth:
+                paths = _make_certs()(work / "certs", ("127.0.0.1", "localhost"), num_supernodes + unauthorized)
+                ca = paths["ca"] if tls else None
+                key_paths = [(paths[f"supernode-{i}"], paths[f"supernode-{i}.pub"])
+                             for i in range(num_supernodes + unauthorized)]
+            extra = ["--ssl-ca-certfile", str(paths["ca"]), "--ssl-certfile", str(paths["cert"]),
+                     "--ssl-keyfile", str(paths["key"])] if tls else ["--insecure"]
+            if auth:
+                extra.append("--enable-supernode-auth")
+            write_flower_config(flwr_home, address, root_certificates=str(ca) if ca else None)
+            superlink = procs.add(start_superlink(flwr_home, port, simulation=False, extra_args=extra))
+            procs.watch()
+            wait_https_health(port, ca, superlink)
+            log(f"[deploy] SuperLink pid {superlink.pid} on {address} (TLS {'on' if tls else 'off'}, "
+                f"auth {'on' if auth else 'off'}); work dir {work}")
+            if auth:
+                for i in range(num_supernodes):
+                    register_supernode(env, key_paths[i][1])
+            for i, node in enumerate(nodes):
+                key = key_paths[i][0] if auth else None
+                p = procs.add(start_supernode(work, env, address, node, f"supernode-{i}", ca=ca, key=key))
+                log(f"[deploy] SuperNode {i} pid {p.pid}: --node-config '{node_config_arg(node)}'")
+            intruders = []
+            for j in range(unauthorized):
+                key = key_paths[num_supernodes + j][0]
+                node = {"partition-id": 0, "num-partitions": num_supernodes}
+                intruders.append(procs.add(start_supernode(work, env, address, node, f"unauthorized-{j}", ca=ca,
+                                                           key=key, max_wait=10)))
+            cmd = [venv_bin("flwr"), "run", str(app), CONNECTION, "--stream",
+                   "--run-config", to_toml_assignments(overrides)]
+            log(f"[deploy] flwr run {app.name} {CONNECTION} --stream --run-config '{to_toml_assignments(overrides)}'")
+            with open(work / "flwr-run.log", "w") as out:
+                result = subprocess.run(cmd, env=env, cwd=str(app), timeout=timeout, stdout=out,
+                                        stderr=subprocess.STDOUT)
+            for j, p in enumerate(intruders):
+                try:
+                    code = p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    code = None
+                text = (work / f"unauthorized-{j}.log").read_text(errors="replace")
+                if code in (AUTH_REFUSED_EXIT, AUTH_REFUSED_EXIT % 256) or "Failed to activate SuperNode" in text:
+                    refused.append(f"unauthorized-{j}")
+            if result.returncode != 0:
+                raise RuntimeError(f"flwr run exited with code {result.returncode}; see {work / 'flwr-run.log'}")
+        finally:
+            leftovers = procs.stop_all()
+            if leftovers:
+                log(f"[deploy] WARNING: processes still alive after stop: {leftovers}")
+    new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+    if not new_runs or not (new_runs[-1] / "summary.json").exists():
+        raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see {work}")
+    return DeployResult(new_runs[-1], work, refused, leftovers, sorted(procs.seen))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--supernodes", type=int, default=3, help="number of SuperNodes (clients)")
+    parser.add_argument("--run-config", default=None, help="TOML assignments, e.g. \"strategy='robust-hdp'\"")
+    parser.add_argument("--node-config", action="append", default=[], metavar="I:KEY=VALUE ...",
+                        help="per-SuperNode overrides, e.g. '0:epsilon=0.5 batch-size=16' (repeatable)")
+    parser.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP on loopback)")
+    parser.add_argument("--no-auth", action="store_true", help="no SuperNode authentication")
+    parser.add_argument("--unauthorized", type=int, default=0, help="also start K unregistered SuperNodes")
+    parser.add_argument("--work-dir", type=Path, default=None, help="certificates, FLWR_HOME and logs")
+    parser.add_argument("--app", type=Path, default=PROJECT_ROOT)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before flwr run is stopped")
+    args = parser.parse_args(argv)
+    try:
+        res = deploy(args.supernodes, args.run_config, node_overrides=args.node_config, tls=not args.insecure,
+                     auth=not args.no_auth, unauthorized=args.unauthorized, work_dir=args.work_dir, app=args.app,
+                     timeout=args.timeout)
+    except ConfigError as exc:
+        print(f"[deploy] configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
+        print(f"[deploy] run failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("[deploy] interrupted; every started process was stopped", file=sys.stderr)
+        return 130
+    print(f"[deploy] results: {res.run_dir}")
+    if res.refused:
+        print(f"[deploy] refused by the SuperLink (unregistered keys): {', '.join(res.refused)}")
+    print((res.run_dir / "summary.json").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    sys.exit(main())
