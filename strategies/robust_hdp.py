@@ -189,7 +189,9 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
     """Robust-HDP (Algorithm 1): w_i ∝ 1/‖S[:, i]‖² from Robust PCA of the round's updates.
 
     Record-level local DP (DP-SGD on each client); untrusted server. The weights never use
-    the reported ε, so a client that lies about ε cannot change them.
+    the reported ε, so a client that lies about ε cannot change them. Clients are assumed to
+    run DP-SGD as specified: this is not a Byzantine-robust rule (an update with no noise,
+    e.g. all zeros, has ‖S[:, i]‖ ≈ 0 and would get almost all the weight).
     """
 
     name = "robust-hdp"
