@@ -65,7 +65,8 @@ _KEYS: list[Key] = [
     Key("data-dir", str, "", "Folder holding torchvision/LIBSVM data (e.g. ../shared/data). Required except for digits."),
     Key("model", str, "auto", "Model name (`fedapp.models.MODELS`); auto = the dataset's default."),
     Key("num-server-rounds", int, 3, "Number of federated rounds E.", _positive, "> 0"),
-    Key("seed", int, 42, "Seed for partitions, privacy profiles, model init, sampling and noise."),
+    Key("seed", int, 42, "Seed for partitions, privacy profiles, model init and client sampling (not DP noise, see seeded-noise)."),
+    Key("seeded-noise", bool, False, "Derive DP noise and Poisson sampling from the run seed: reproducible for tests/benchmarks, but a server that knows the seed can remove the noise, which voids the guarantee. Default: OS entropy."),
     Key("output-dir", str, "results", "Results root; each run writes a new subfolder."),
     Key("run-name", str, "", "Optional prefix of the run's results subfolder."),
     Key("device", str, "auto", "Training device: auto (CUDA when available), cpu or cuda.", choices=("auto", "cpu", "cuda")),
@@ -119,14 +120,6 @@ _KEYS: list[Key] = [
     Key("dp2-eval-every", int, 1, "Federated evaluation every this many rounds (and the last round).", _positive, "> 0", section="dp2-fedsam"),
     Key("dp2-report-norms", bool, False, "Clients report their pre-clip ‖Δ_i‖ (Fig. 5 diagnostic; NOT privatized, leaks it to the server).", section="dp2-fedsam"),
     Key("dp2-seeded-noise", bool, False, "Derive DP noise from the run seed (reproducible, but a server knowing the seed can remove it).", section="dp2-fedsam"),
-    # --- soteriafl: local DP with shifted compression (SoteriaFL, CDP-SGD, LDP-SGD, LDP-SVRG) ---
-    Key("nonconvex-lambda", float, 0.0, "λ of the nonconvex regularizer λ Σ x_j²/(1 + x_j²) of the logreg model (SoteriaFL Sec. 6.1: 0.2).", _nonneg, ">= 0", section="soteriafl"),
-    Key("soteriafl-eta", float, 0.3, "SoteriaFL family: server step size η in x ← x − η v (Sec. 6 grid {0.01, ..., 1}).", _positive, "> 0", section="soteriafl"),
-    Key("soteriafl-k", int, 0, "Random-k sparsification: coordinates sent per round (0 = ⌊d/20⌋, Sec. 6).", _nonneg, ">= 0", section="soteriafl"),
-    Key("soteriafl-gamma", float, 0.0, "Shift step γ (0 = theory sqrt((1+2ω)/(2(1+ω)³))).", _nonneg, ">= 0", section="soteriafl"),
-    Key("soteriafl-batch-size", int, 0, "Minibatch b (expected Poisson size; 0 = Corollary 1/2/3 rule: SGD formula, SVRG m^(2/3)/4, SAGA 3m^(2/3)).", _nonneg, ">= 0", section="soteriafl"),
-    Key("soteriafl-snapshot-prob", float, 0.0, "SVRG snapshot refresh probability p (0 = b/m, Corollary 2).", lambda v: 0 <= v <= 1, "in [0, 1]", section="soteriafl"),
-    Key("soteriafl-utility", bool, True, "Server computes ‖∇f(x_t)‖² and the training loss on the full training data each round (diagnostic).", section="soteriafl"),
     # --- robust-hdp: noise-aware aggregation (Robust-HDP, WeiAvg, PFA, min-eps) --------
     Key("rpca-tol", float, 1e-7, "Robust PCA stops when ‖M − L − S‖_F ≤ rpca-tol · ‖M‖_F (Lin et al. 2010).", _positive, "> 0", section="robust-hdp"),
     Key("rpca-max-iter", int, 500, "Robust PCA iteration cap (inexact ALM).", _positive, "> 0", section="robust-hdp"),
@@ -138,6 +131,14 @@ _KEYS: list[Key] = [
     Key("rpca-chunks", int, 0, "Sec. 3.6: number Q of row blocks used, from the top (0 = all ⌊p/p'⌋; 1 = first block only).", _nonneg, ">= 0", section="robust-hdp"),
     Key("robust-hdp-freeze-weights", bool, False, "Robust-HDP weights from the first round, then frozen (published code); false = recomputed every round (Algorithm 1).", section="robust-hdp"),
     Key("pfa-components", int, 1, "PFA: dimension k of the public principal subspace private updates are projected on.", _positive, "> 0", section="robust-hdp"),
+    # --- soteriafl: local DP with shifted compression (SoteriaFL, CDP-SGD, LDP-SGD, LDP-SVRG) ---
+    Key("nonconvex-lambda", float, 0.0, "λ of the nonconvex regularizer λ Σ x_j²/(1 + x_j²) of the logreg model (SoteriaFL Sec. 6.1: 0.2).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-eta", float, 0.3, "SoteriaFL family: server step size η in x ← x − η v (Sec. 6 grid {0.01, ..., 1}).", _positive, "> 0", section="soteriafl"),
+    Key("soteriafl-k", int, 0, "Random-k sparsification: coordinates sent per round (0 = ⌊d/20⌋, Sec. 6).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-gamma", float, 0.0, "Shift step γ (0 = theory sqrt((1+2ω)/(2(1+ω)³))).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-batch-size", int, 0, "Minibatch b (expected Poisson size; 0 = Corollary 1/2/3 rule: SGD formula, SVRG m^(2/3)/4, SAGA 3m^(2/3)).", _nonneg, ">= 0", section="soteriafl"),
+    Key("soteriafl-snapshot-prob", float, 0.0, "SVRG snapshot refresh probability p (0 = b/m, Corollary 2).", lambda v: 0 <= v <= 1, "in [0, 1]", section="soteriafl"),
+    Key("soteriafl-utility", bool, True, "Server computes ‖∇f(x_t)‖² and the training loss on the full training data each round (diagnostic).", section="soteriafl"),
     # --- deployment: checkpoint/resume, faults, minimum clients (issue 7) ---------------
     Key("resume-from", str, "", "Checkpoint (checkpoint.npz or its run folder) to continue; the resumed run writes a new folder with the full ledger.", section="deployment"),
     Key("checkpoint-every", int, 1, "Write checkpoint.npz (atomic) every this many rounds and after the last (0 = never).", _nonneg, ">= 0", section="deployment"),
@@ -280,5 +281,22 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
+README_START, README_END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+
+
+def readme_with_table(readme: str) -> str:
+    """``readme`` with the generated config table between the markers."""
+    head, _, rest = readme.partition(README_START)
+    _, _, tail = rest.partition(README_END)
+    return f"{head}{README_START}\n{markdown_table()}\n{README_END}{tail}"
+
+
 if __name__ == "__main__":
-    print(markdown_table())
+    import sys
+    from pathlib import Path
+
+    if "--write-readme" in sys.argv:
+        path = Path(__file__).resolve().parents[1] / "README.md"
+        path.write_text(readme_with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
+    else:
+        print(markdown_table())

@@ -91,3 +91,10 @@ def test_falsified_epsilon_is_reported_not_trained_with():
 
 
 import numpy as np  # noqa: E402
+
+
+def test_readme_config_table_is_generated_from_schema():
+    from fedapp.config import readme_with_table
+
+    readme = (REPO / "README.md").read_text()
+    assert readme == readme_with_table(readme), "run: python -m fedapp.config --write-readme"

@@ -74,3 +74,16 @@ def test_update_is_noisy_difference_of_weights():
     assert [u.shape for u in update] == [p.shape for p in params]
     assert all(np.all(np.isfinite(u)) for u in update) and any(np.abs(u).sum() > 0 for u in update)
     assert metrics["noise_multiplier"] > 0 and metrics["epsilon_budget"] == 1.0
+
+
+@pytest.mark.parametrize("seeded", [False, True])
+def test_dp_noise_is_secret_unless_seeded_noise_is_requested(seeded):
+    """The server knows the run seed: by default noise must not be derivable from it."""
+    cfg = {"num-server-rounds": 1, "privacy-dist": "fixed", "epsilon": 1.0, "batch-size": 16, "seeded-noise": seeded}
+    updates = []
+    for _ in range(2):
+        ctx = _context(cfg, cid=2)
+        client = DPSGDClient(setup_client(ctx), ctx, private=True)
+        update, _, _ = client.fit(get_weights(client.s.new_model()), {"server-round": 1})
+        updates.append(np.concatenate([u.ravel() for u in update]))
+    assert np.array_equal(updates[0], updates[1]) == seeded

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,18 @@ def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> C
 def round_seed(cfg: RunConfig, client_id: int, server_round: int, stream: int = 401) -> int:
     """Independent, reproducible seed per (run seed, client, round)."""
     return int(np.random.SeedSequence([int(cfg["seed"]), stream, client_id, server_round]).generate_state(1)[0])
+
+
+def noise_seed(cfg: RunConfig, client_id: int, server_round: int) -> int:
+    """Seed of a client's DP randomness (noise, Poisson sampling).
+
+    Secret by default (OS entropy): the server knows the run seed, so noise derived from it
+    could be regenerated and subtracted. ``seeded-noise = true`` makes it reproducible from the
+    run seed, for tests and benchmarks only.
+    """
+    if cfg.get("seeded-noise", False):
+        return round_seed(cfg, client_id, server_round, stream=402)
+    return secrets.randbits(63)
 
 
 def round_lr(cfg: RunConfig, server_round: int, key: str = "lr") -> float:

@@ -20,7 +20,15 @@ import numpy as np
 from flwr.client import Client, NumPyClient
 from flwr.common import Context
 
-from fedapp.clients.common import ClientSetup, read_record, round_lr, round_seed, setup_client, write_record
+from fedapp.clients.common import (
+    ClientSetup,
+    noise_seed,
+    read_record,
+    round_lr,
+    round_seed,
+    setup_client,
+    write_record,
+)
 from fedapp.training import (
     dpsgd_sample_rate,
     evaluate_model,
@@ -94,8 +102,9 @@ class DPSGDClient(NumPyClient):
         model = self.s.new_model()
         set_weights(model, parameters)
         lr = round_lr(cfg, server_round)
-        seed = round_seed(cfg, p.client_id, server_round)
+        seed = round_seed(cfg, p.client_id, server_round)  # plain SGD shuffling: no secret needed
         if self.private:
+            seed = noise_seed(cfg, p.client_id, server_round)  # DP noise + Poisson sampling: secret
             z = self.noise_multiplier()
             _, hist = self.load_history()
             rounds_done = int(read_record(self.context, STATE_KEY).get("rounds", 0))

@@ -1,0 +1,268 @@
+"""Foundation benchmarks (issue 2): DP-SGD step cost, simulation overhead, peak memory, MNIST accuracy.
+
+    python -m benchmarks.foundation step       [--quick]   # DP-SGD ÷ non-private step time per Opacus mode
+    python -m benchmarks.foundation overhead   [--quick]   # Flower simulation wall ÷ summed client training
+    python -m benchmarks.foundation memory     [--quick]   # peak PSS of all processes of a 20-client simulation
+    python -m benchmarks.foundation mnist      [--rounds 30]  # dpsgd-fedavg on MNIST via flwr run
+    python -m benchmarks.foundation --quick                # all of the above, small
+
+Every ratio is measured within one run of this script. Results print as markdown rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = str((REPO.parent / "shared" / "data").resolve())
+
+
+# --------------------------------------------------------------------------- DP-SGD step cost
+def _mnist_batch(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    from fedapp.data import load_dataset
+
+    train, _ = load_dataset("mnist", DATA_DIR)
+    idx = np.random.default_rng(seed).choice(len(train), size=batch * 64, replace=False)
+    return torch.from_numpy(train.x[idx]), torch.from_numpy(train.y[idx])
+
+
+def _time_steps(step, n_steps: int, warmup: int = 5) -> float:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(n_steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _make_private(mode: str, model: nn.Module, loader, noise: float, clip: float):
+    from opacus import PrivacyEngine
+
+    engine = PrivacyEngine(accountant="rdp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    crit = nn.CrossEntropyLoss()
+    out = engine.make_private(module=model, optimizer=opt, data_loader=loader, criterion=crit, noise_multiplier=noise,
+                              max_grad_norm=clip, poisson_sampling=False, grad_sample_mode=mode)
+    if mode == "ghost":
+        module, optimizer, criterion, _ = out
+    else:
+        module, optimizer, _ = out
+        criterion = crit
+    return module, optimizer, criterion
+
+
+def bench_step(quick: bool) -> list[str]:
+    """Median time per optimizer step, Table-5 CNN, batch 64, CPU; correctness vs. hooks at zero noise."""
+    import warnings
+
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from fedapp.models import MnistCNN
+
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    batch, n_steps = 64, (20 if quick else 100)
+    x, y = _mnist_batch(batch)
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
+    xb, yb = x[:batch], y[:batch]
+
+    torch.manual_seed(0)
+    model = MnistCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    crit = nn.CrossEntropyLoss()
+
+    def plain_step():
+        opt.zero_grad(set_to_none=True)
+        crit(model(xb), yb).backward()
+        opt.step()
+
+    t_plain = _time_steps(plain_step, n_steps)
+    rows = [f"| non-private SGD | {t_plain * 1e3:.2f} ms | 1.00× | reference |"]
+
+    def clipped_grad(mode: str) -> torch.Tensor:  # one zero-noise step's averaged clipped gradient
+        torch.manual_seed(0)
+        m = MnistCNN()
+        module, optimizer, criterion = _make_private(mode, m, loader, noise=0.0, clip=1.0)
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(module(xb), yb)
+        loss.backward()
+        optimizer.pre_step()  # clip + (zero) noise + scale, no parameter update
+        return torch.cat([p.grad.reshape(-1) for p in m.parameters()])
+
+    reference = clipped_grad("hooks")
+    for mode in ("hooks", "ew", "functorch", "ghost"):
+        try:
+            err = float((clipped_grad(mode) - reference).abs().max())
+            torch.manual_seed(0)
+            m = MnistCNN()
+            module, optimizer, criterion = _make_private(mode, m, loader, noise=1.0, clip=1.0)
+
+            def dp_step(module=module, optimizer=optimizer, criterion=criterion):
+                optimizer.zero_grad(set_to_none=True)
+                criterion(module(xb), yb).backward()
+                optimizer.step()
+
+            t = _time_steps(dp_step, n_steps)
+            ok = "correct" if err < 1e-5 else f"differs from hooks by {err:.1e}"
+            rows.append(f"| DP-SGD `{mode}` | {t * 1e3:.2f} ms | {t / t_plain:.2f}× | {ok} (max abs diff {err:.1e}) |")
+        except Exception as exc:  # a mode unsupported for this model/torch: report, don't hide
+            rows.append(f"| DP-SGD `{mode}` | – | – | unsupported: {type(exc).__name__}: {str(exc)[:80]} |")
+    header = ["| step (Table-5 CNN, batch 64, CPU) | median time | ÷ non-private | clipped-gradient check |",
+              "|---|---|---|---|"]
+    return header + rows
+
+
+# --------------------------------------------------------------------------- simulation overhead
+def _overrides(quick: bool, out: str) -> dict:
+    if quick:
+        return {"dataset": "digits", "num-server-rounds": 3, "output-dir": out, "fraction-evaluate": 0.0}
+    return {"dataset": "mnist", "data-dir": DATA_DIR, "max-samples": 12000, "partitioner": "iid", "batch-size": 64,
+            "num-server-rounds": 3, "output-dir": out, "fraction-evaluate": 0.0, "model": "cnn-mnist"}
+
+
+def _plain_loop_seconds(ov: dict, n: int) -> float:
+    """Summed client training time of the same run without Flower: same clients, same code, same data."""
+    from flwr.common import Context, RecordDict
+
+    from fedapp.clients.common import setup_client
+    from fedapp.clients.dpsgd import DPSGDClient
+    from fedapp.training import get_weights
+
+    ctxs = [Context(1, i, {"partition-id": i, "num-partitions": n}, RecordDict(), dict(ov)) for i in range(n)]
+    weights = None
+    total = 0.0
+    for rnd in range(1, int(ov["num-server-rounds"]) + 1):
+        for ctx in ctxs:
+            t0 = time.perf_counter()
+            client = DPSGDClient(setup_client(ctx), ctx, private=True)
+            if weights is None:
+                weights = get_weights(client.s.new_model())
+            client.fit(weights, {"server-round": rnd})
+            total += time.perf_counter() - t0
+    return total
+
+
+def _simulate(ov: dict, n: int, cpus_per_client: int, sample_memory: bool = False) -> tuple[float, float]:
+    """Wall seconds of a real Flower simulation (and peak summed PSS in GB of this process tree if asked)."""
+    import psutil
+    from flwr.simulation import run_simulation
+
+    from fedapp.client_app import build_client_app
+    from fedapp.server_app import build_server_app
+
+    os.environ["PYTHONPATH"] = str(REPO)
+    peak = [0.0]
+    stop = threading.Event()
+
+    def sampler():
+        me = psutil.Process()
+        while not stop.is_set():
+            total = 0
+            procs = [me] + me.children(recursive=True)
+            for p in procs:
+                try:
+                    total += p.memory_full_info().pss
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
+                    pass
+            peak[0] = max(peak[0], total / 1e9)
+            time.sleep(0.5)
+
+    th = threading.Thread(target=sampler, daemon=True)
+    if sample_memory:
+        th.start()
+    t0 = time.perf_counter()
+    run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=n,
+                   backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
+                                   "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False}})
+    wall = time.perf_counter() - t0
+    stop.set()
+    return wall, peak[0]
+
+
+def bench_overhead(quick: bool) -> list[str]:
+    n = 20
+    with tempfile.TemporaryDirectory() as out:
+        ov = _overrides(quick, out)
+        plain = _plain_loop_seconds(ov, n)
+        wall_seq, _ = _simulate(ov, n, cpus_per_client=2)  # one client at a time, like the plain loop
+        wall_par, _ = _simulate(ov, n, cpus_per_client=1)  # two clients in parallel on 2 cores
+    data = "digits" if quick else "MNIST (12k samples, Table-5 CNN, b=64)"
+    return ["| simulation (20 clients × 3 rounds, " + data + ") | wall | ÷ summed client training (plain loop) |",
+            "|---|---|---|",
+            f"| plain loop, no Flower | {plain:.1f} s | 1.00× |",
+            f"| Flower + Ray, 1 client at a time (num-cpus=2) | {wall_seq:.1f} s | {wall_seq / plain:.2f}× |",
+            f"| Flower + Ray, 2 clients in parallel (num-cpus=1) | {wall_par:.1f} s | {wall_par / plain:.2f}× |"]
+
+
+def bench_memory(quick: bool) -> list[str]:
+    n = 20
+    with tempfile.TemporaryDirectory() as out:
+        ov = _overrides(quick, out)
+        ov["num-server-rounds"] = 2
+        wall, peak = _simulate(ov, n, cpus_per_client=1, sample_memory=True)
+    data = "digits" if quick else "MNIST"
+    return ["| peak memory, 20-client " + data + " simulation | peak PSS, all processes | wall |", "|---|---|---|",
+            f"| Flower + Ray, 2 rounds | {peak:.2f} GB | {wall:.1f} s |"]
+
+
+# --------------------------------------------------------------------------- MNIST accuracy
+def bench_mnist(rounds: int, lr: float) -> list[str]:
+    from fedapp.launch import run
+
+    out = REPO / "benchmarks" / "out"
+    cfg = (f"strategy='dpsgd-fedavg' dataset='mnist' data-dir='{DATA_DIR}' partitioner='shards' privacy-dist='dist2' "
+           f"batch-size-choices='16,32,64,128' model='cnn-mnist' clip-norm=3.0 lr={lr} "
+           f"num-server-rounds={rounds} output-dir='{out}' run-name='foundation-mnist'")
+    t0 = time.perf_counter()
+    run_dir = run(num_supernodes=20, run_config=cfg)
+    wall = time.perf_counter() - t0
+    s = json.loads((run_dir / "summary.json").read_text())
+    return ["| MNIST dpsgd-fedavg, 20 clients, shards, dist2 | rounds | final acc | best acc | max ε | wall |",
+            "|---|---|---|---|---|---|",
+            f"| lr={lr}, c=3, δ=1e-4, b∈{{16,32,64,128}} | {s['rounds_completed']} | {s['final_accuracy']:.4f} | "
+            f"{s['best_accuracy']:.4f} | {s['max_epsilon']:.3f} | {wall / 60:.1f} min |",
+            f"results: `{run_dir.relative_to(REPO)}`"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", nargs="?", default="all", choices=["all", "step", "overhead", "memory", "mnist"])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--lr", type=float, default=0.05)
+    args = parser.parse_args(argv)
+    print(f"# benchmarks.foundation {' '.join(sys.argv[1:])}  (torch threads={torch.get_num_threads()}, "
+          f"cpus={os.cpu_count()})\n", flush=True)
+    todo = ["step", "overhead", "memory"] if args.what == "all" else [args.what]
+    if args.what == "all" and not args.quick:
+        todo.append("mnist")
+    for what in todo:
+        t0 = time.perf_counter()
+        if what == "step":
+            rows = bench_step(args.quick)
+        elif what == "overhead":
+            rows = bench_overhead(args.quick)
+        elif what == "memory":
+            rows = bench_memory(args.quick)
+        else:
+            rows = bench_mnist(args.rounds if not args.quick else 3, args.lr)
+        print("\n".join(rows) + f"\n\n({what}: {time.perf_counter() - t0:.0f} s)\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
