@@ -133,14 +133,15 @@ class _Ops:
             np.multiply(y, -alpha, out=out)
             out += x
 
-    def axpy(self, y: Any, x: Any, alpha: float) -> None:
-        """y += alpha·x (in place)."""
+    def axpy(self, y: Any, x: Any, alpha: float, scratch: Any) -> None:
+        """y += alpha·x (in place; ``scratch`` is a free buffer of the same shape, so nothing is allocated)."""
         if self.backend == "torch":
             y.add_(x, alpha=alpha)
         elif alpha == 1.0:
             y += x
         else:
-            y += alpha * x
+            np.multiply(x, alpha, out=scratch)
+            y += scratch
 
     def clip_into(self, a: Any, tau: float, out: Any) -> None:
         if self.backend == "torch":
@@ -209,7 +210,7 @@ def rpca(m: np.ndarray, *, lam: float | None = None, tol: float = 1e-7, max_iter
     while it < max_iter:
         it += 1
         ops.sub_into(mm, sparse, t)
-        ops.axpy(t, c_prev, a)  # T = M − S + E
+        ops.axpy(t, c_prev, a, scratch=c)  # T = M − S + E (c is free until the clip below)
         s_vals, v = ops.right_svd(t, svd)
         w, rank = _svt_matrix(s_vals, v, 1.0 / mu_k)
         ops.matmul_into(t, eye - w, r)  # T − SVT_{1/μ}(T) = T − L
