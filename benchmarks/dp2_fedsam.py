@@ -115,7 +115,7 @@ def settings(quick: bool, data_dir: str) -> list[tuple[str, dict, int]]:
     common = {"partitioner": "pathological", "local-test-fraction": 0.1, "batch-size": 16, "lr": 0.05,
               "dp2-lr-head": 0.1, "momentum": 0.5, "lr-decay": 0.99, "local-epochs": 2, "dp2-tau-h": 2,
               "dp2-tau-phi": 2, "ft-epochs": 1, "sam-rho": 0.1, "clip-norm": 0.1, "dp2-report-norms": True,
-              "dp2-seeded-noise": True, "fraction-evaluate": 1.0}
+              "seeded-noise": True, "fraction-evaluate": 1.0}
     out = [("digits (N=50, S=2)", {**common, "dataset": "digits", "classes-per-client": 2, "num-server-rounds": 30,
                                    "clients-per-round": 5, "client-delta": 1 / 50, "dp2-eval-every": 30}, 50)]
     if not quick:

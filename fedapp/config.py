@@ -119,7 +119,6 @@ _KEYS: list[Key] = [
     Key("ft-epochs", int, 1, "FT baselines: local fine-tuning epochs of the global model before evaluation.", _nonneg, ">= 0", section="dp2-fedsam"),
     Key("dp2-eval-every", int, 1, "Federated evaluation every this many rounds (and the last round).", _positive, "> 0", section="dp2-fedsam"),
     Key("dp2-report-norms", bool, False, "Clients report their pre-clip ‖Δ_i‖ (Fig. 5 diagnostic; NOT privatized, leaks it to the server).", section="dp2-fedsam"),
-    Key("dp2-seeded-noise", bool, False, "Derive DP noise from the run seed (reproducible, but a server knowing the seed can remove it).", section="dp2-fedsam"),
     # --- robust-hdp: noise-aware aggregation (Robust-HDP, WeiAvg, PFA, min-eps) --------
     Key("rpca-tol", float, 1e-7, "Robust PCA stops when ‖M − L − S‖_F ≤ rpca-tol · ‖M‖_F (Lin et al. 2010).", _positive, "> 0", section="robust-hdp"),
     Key("rpca-max-iter", int, 500, "Robust PCA iteration cap (inexact ALM).", _positive, "> 0", section="robust-hdp"),

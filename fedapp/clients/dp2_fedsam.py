@@ -12,7 +12,7 @@ the seeded model): τ_h epochs of SGD on h with φ fixed, then τ_φ epochs of S
 on φ with h fixed; only Δφ is sent. Evaluation uses (φ, h_i) on the local test split. FT variants
 fine-tune a local copy of the global model for ``ft-epochs`` before evaluating; it never leaves.
 
-The Gaussian noise draws from OS entropy unless ``dp2-seeded-noise`` is set: a server that knows the
+The Gaussian noise draws from OS entropy unless ``seeded-noise`` is set: a server that knows the
 run seed could otherwise regenerate and subtract it.
 """
 
@@ -26,7 +26,7 @@ import torch
 from flwr.client import Client, NumPyClient
 from flwr.common import ArrayRecord, Context
 
-from fedapp.clients.common import ClientSetup, make_model, round_lr, round_seed, setup_client
+from fedapp.clients.common import ClientSetup, make_model, noise_seed, round_lr, round_seed, setup_client
 from fedapp.config import ConfigError, RunConfig, resolve_config
 from fedapp.data import load_dataset
 from fedapp.training import evaluate_model, get_weights, set_weights
@@ -134,7 +134,7 @@ class DP2FedSAMClient(NumPyClient):
                               batch_size=p.batch_size, lr=lr, momentum=mom, sam_rho=sam, seed=seed, **sam_kw)
         new = get_weights(model)
         delta = flatten([w for w, m in zip(new, self.mask) if m]) - flatten(parameters)
-        rng = np.random.default_rng(round_seed(cfg, p.client_id, rnd, stream=611) if cfg["dp2-seeded-noise"] else None)
+        rng = np.random.default_rng(noise_seed(cfg, p.client_id, rnd))
         noisy, norm = dp.privatize(delta, rng)  # Alg. 2 lines 18–19
         if self.variant.personalized:
             self.save_head([w for w, m in zip(new, self.mask) if not m])  # Alg. 2 line 10: h_i^{t+1} stays here
