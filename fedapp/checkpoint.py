@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,7 +102,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
         with np.load(path, allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
         doc = json.loads(arrays.pop("__json__").tobytes().decode("utf-8"))
-    except (OSError, ValueError, KeyError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError, KeyError, UnicodeDecodeError, zipfile.BadZipFile) as exc:
         raise ConfigError(f"run-config 'resume-from' = {str(path)!r} is not a readable checkpoint: {exc}") from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ConfigError(f"run-config 'resume-from' = {str(path)!r} is not a {FORMAT} checkpoint")

@@ -1,0 +1,116 @@
+"""Bad-input battery: invalid configs, node-configs, checkpoints and payloads fail clearly, naming the
+problem, before any training, and leave no results folder behind (issue 7)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+from fedapp.checkpoint import save_checkpoint
+from fedapp.config import ConfigError, resolve_config
+from fedapp.privacy_profiles import client_profile
+from fedapp.server_app import build_components, make_prevalidate
+from strategies.base import DPFLStrategy
+
+
+def _start_server(overrides: dict[str, Any], num_clients: int = 3) -> None:
+    """Everything the server does before round 1: resolve, build (incl. resume/fault checks), prevalidate."""
+    cfg = resolve_config(overrides=overrides)
+    build_components(cfg)
+    make_prevalidate(cfg)(num_clients)
+
+
+def _checkpoint(tmp_path: Path, **config: Any) -> str:
+    cfg = resolve_config(overrides={"num-server-rounds": 4, **config})
+    weights = [np.zeros((2, 2), np.float32)]
+    path = tmp_path / "ckpt" / "checkpoint.npz"
+    path.parent.mkdir(exist_ok=True)
+    save_checkpoint(path, {"lineage": "x", "config": dict(cfg), "rounds": [],
+                           "state": {"round": 2, "weights": weights, "ledger_epsilon": {}}})
+    return str(path)
+
+
+CONFIG_CASES: dict[str, tuple[Any, str]] = {
+    # name: (overrides or callable(tmp_path) -> overrides, regex the error must match)
+    "unknown-key": ({"epsilom": 1.0}, r"unknown run-config key 'epsilom'"),
+    "zero-rounds": ({"num-server-rounds": 0}, r"'num-server-rounds' = 0 is invalid: must be > 0"),
+    "rounds-not-int": ({"num-server-rounds": "three"}, r"'num-server-rounds' expects an integer, got 'three'"),
+    "delta-out-of-range": ({"delta": 1.5}, r"'delta' = 1.5 is invalid: must be in \(0, 1\)"),
+    "epsilon-infinite": ({"epsilon": "inf"}, r"'epsilon' must be finite"),
+    "negative-lr": ({"lr": -0.1}, r"'lr' = -0.1 is invalid: must be > 0"),
+    "unknown-dataset": ({"dataset": "imagenet"}, r"'dataset' = 'imagenet' is not one of"),
+    "unknown-strategy": ({"strategy": "fedprox"}, r"unknown strategy 'fedprox'; valid strategies:"),
+    "bad-batch-list": ({"batch-size-choices": "8,x"}, r"'batch-size-choices' = '8,x' must be comma-separated"),
+    "mnist-without-data-dir": ({"dataset": "mnist"}, r"dataset 'mnist' needs run-config 'data-dir'"),
+    "missing-data-dir": ({"dataset": "mnist", "data-dir": "/nonexistent/dpfl"}, r"'data-dir' = '/nonexistent/dpfl' is not a readable folder"),
+    "unknown-model": ({"model": "resnet999"}, r"'model' = 'resnet999' is not one of"),
+    "one-client": ({"num-clients": 1}, r"'num-clients' = 1 is too small"),
+    "fault-fraction-one": ({"fault-fraction": 1.0}, r"'fault-fraction' = 1.0 is invalid: must be in \[0, 1\)"),
+    "fault-mode-unknown": ({"fault-mode": "explode"}, r"'fault-mode' = 'explode' is not one of"),
+    "timeout-without-round-timeout": ({"fault-fraction": 0.2, "fault-mode": "timeout"}, r"needs 'round-timeout' > 0"),
+    "resume-missing": ({"resume-from": "/nonexistent/run"}, r"'resume-from' = '/nonexistent/run/checkpoint.npz': no checkpoint|'resume-from' = '/nonexistent/run': no checkpoint"),
+    "resume-garbage": (lambda t: {"resume-from": str(_garbage(t))}, r"is not a readable checkpoint"),
+    "resume-other-seed": (lambda t: {"resume-from": _checkpoint(t, seed=1), "num-server-rounds": 4},
+                          r"'seed' = 42 differs from the checkpoint's 1"),
+    "resume-finished": (lambda t: {"resume-from": _checkpoint(t), "num-server-rounds": 2},
+                        r"already completed round 2; nothing left to resume"),
+    "resume-other-model-shapes": (lambda t: {"resume-from": _checkpoint(t), "num-server-rounds": 4},
+                                  r"cannot restore the strategy: checkpoint weights have shapes"),
+    "batch-larger-than-data": ({"batch-size": 500, "max-samples": 300}, r"client 0: batch-size 500 > its dataset size"),
+    "num-clients-mismatch": ({"num-clients": 5}, r"'num-clients' = 5 but 3 clients connected"),
+}
+
+
+def _garbage(tmp_path: Path) -> Path:
+    path = tmp_path / "garbage.npz"
+    path.write_bytes(b"PK\x03\x04 definitely not a checkpoint")
+    return path
+
+
+@pytest.mark.parametrize("case", sorted(CONFIG_CASES))
+def test_invalid_config_fails_before_anything_is_written(case: str, tmp_path: Path) -> None:
+    spec, pattern = CONFIG_CASES[case]
+    overrides = spec(tmp_path) if callable(spec) else dict(spec)
+    out = tmp_path / "results"
+    overrides["output-dir"] = str(out)
+    with pytest.raises(ConfigError, match=pattern):
+        _start_server(overrides)
+    assert not out.exists() or not any(out.iterdir()), f"{case}: a results folder was written"
+
+
+@pytest.mark.parametrize("node, pattern", [
+    ({"partition-id": 3, "num-partitions": 3}, r"'partition-id' = 3 is outside 0..2"),
+    ({"partition-id": 0}, r"node-config needs 'partition-id' and 'num-partitions'"),
+    ({"partition-id": 0, "num-partitions": 3, "epsilon": "abc"}, r"node-config 'epsilon' expects float, got 'abc'"),
+    ({"partition-id": 0, "num-partitions": 3, "delta": 2.0}, r"client 0: delta = 2.0 must be in \(0, 1\)"),
+    ({"partition-id": 0, "num-partitions": 1}, r"'num-partitions' = 1: a federation needs at least 2"),
+])
+def test_invalid_node_config_names_the_key(node: dict[str, Any], pattern: str) -> None:
+    with pytest.raises(ConfigError, match=pattern):
+        client_profile(resolve_config(), node)
+
+
+def test_invalid_payloads_are_rejected_with_named_reasons() -> None:
+    s = DPFLStrategy(initial_weights=[np.zeros(3, np.float32)], num_rounds=3)
+    s._pending = {"round": 1, "metrics": {}, "clients": []}
+
+    def res(arrays, metrics):
+        return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 4, metrics)
+
+    bad = {
+        "nan": res([np.array([np.nan, 0, 0], np.float32)], {"client_id": 0}),
+        "shape": res([np.zeros(4, np.float32)], {"client_id": 1}),
+        "dtype": res([np.zeros(3, np.int64)], {"client_id": 2}),
+        "metric": res([np.zeros(3, np.float32)], {"client_id": 3, "epsilon_spent": "lots"}),
+    }
+    s.aggregate_fit(1, [(SimpleNamespace(node_id=i), r) for i, r in enumerate(bad.values())], [])
+    reasons = [c["reason"] for c in s._pending["clients"]]
+    assert [c["status"] for c in s._pending["clients"]] == ["rejected"] * 4
+    assert "NaN" in reasons[0] and "shape (4,)" in reasons[1] and "dtype int64" in reasons[2]
+    assert "'epsilon_spent' = 'lots'" in reasons[3]
+    np.testing.assert_array_equal(s.current_weights[0], np.zeros(3))
