@@ -138,7 +138,7 @@ class DP2FedSAMClient(NumPyClient):
         noisy, norm = dp.privatize(delta, rng)  # Alg. 2 lines 18–19
         if self.variant.personalized:
             self.save_head([w for w, m in zip(new, self.mask) if not m])  # Alg. 2 line 10: h_i^{t+1} stays here
-        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rnd, "train_loss": res.loss, "lr": lr,
+        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rnd, "lr": lr,  # no train loss: not private
                         "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
         if cfg["dp2-report-norms"]:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
             metrics["local_update_norm"] = norm

@@ -133,8 +133,9 @@ class DPSGDClient(NumPyClient):
                                  momentum=float(cfg["momentum"]), device=self.s.device, seed=seed)
             metrics["steps"] = result.steps
         update = [new - old for new, old in zip(get_weights(model), parameters)]
-        metrics.update({"status": "ok", "train_seconds": result.seconds, "train_loss": result.loss, "lr": lr,
-                        "steps_round": result.steps})
+        metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps})
+        if not self.private:  # a loss on private records is not covered by the DP guarantee: never sent by DP clients
+            metrics["train_loss"] = result.loss
         return update, self.num_train, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
