@@ -156,6 +156,23 @@ def summarize(label: str, run: dict[str, Any], num_clients: int) -> dict[str, An
     }
 
 
+def combine(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean (and std) over seeds of the accuracy fields and curves; other fields from the first seed."""
+    out = dict(per_seed[0])
+    for key in ("best_accuracy", "final_accuracy"):
+        vals = [r[key] for r in per_seed]
+        out[key], out[key + "_std"], out[key + "_all"] = float(np.mean(vals)), float(np.std(vals)), vals
+    out["accuracy_curve"] = list(np.mean([r["accuracy_curve"] for r in per_seed], axis=0))
+    out["seconds"] = float(sum(r["seconds"] for r in per_seed))
+    out["seeds"] = len(per_seed)
+    return out
+
+
+def _pm(row: dict[str, Any], key: str) -> str:
+    text = f"{100 * row[key]:.2f}"
+    return text + (f" ± {100 * row[key + '_std']:.2f}" if row.get("seeds", 1) > 1 else "")
+
+
 def wire_check(base: dict[str, Any], ratio: float) -> dict[str, Any]:
     """Serialized uplink bytes of one Fed-SMP-randk update at ``ratio`` vs one dense DP-FedAvg update (cnn-fmnist)."""
     out = {}
@@ -200,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="scaled-down run (minutes on 2 CPU cores)")
     ap.add_argument("--dataset", default="mnist", choices=("mnist", "fmnist", "digits"))
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
-    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--seeds", default="1", help="comma-separated seeds; the table reports mean ± std over them")
     ap.add_argument("--epsilon", type=float, default=1.0)
     ap.add_argument("--no-docs", action="store_true", help="print only; do not rewrite docs/benchmarks/fed_smp.md")
     args = ap.parse_args(argv)
@@ -215,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     n = scale["n"]
     base = {
         "dataset": args.dataset, "data-dir": "" if args.dataset == "digits" else args.data_dir, "model": scale["model"],
-        "seed": args.seed, "num-server-rounds": scale["rounds"], "clients-per-round": scale["r"], "num-clients": n,
+        "num-server-rounds": scale["rounds"], "clients-per-round": scale["r"], "num-clients": n,
         "privacy-dist": "fixed", "batch-size": 10, "local-steps": scale["local-steps"], "lr": 0.125, "momentum": 0.5,
         "lr-decay": 0.99, "clip-norm": 1.0, "target-epsilon": args.epsilon, "local-test-fraction": 0.0,
         "fraction-evaluate": 0.0, "device": "cpu",
@@ -228,20 +245,24 @@ def main(argv: list[str] | None = None) -> int:
         ("FedAvg (no clip, no noise)", {"strategy": "fedavg-randk", "compression-ratio": 1.0, "clip-norm": 1e6}),
     ]
     print(f"scale: {scale}  dataset={args.dataset}", flush=True)
+    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     rows = []
     for label, extra in runs:
-        print(f"== {label}", flush=True)
-        run = run_in_process({**base, **extra}, n, log_every=scale["eval_every"], eval_every=scale["eval_every"],
-                             eval_samples=scale["eval_samples"])
-        rows.append(summarize(label, run, n))
-    wire = wire_check({**base, "num-clients": 4}, 0.01)
+        per_seed = []
+        for seed in seeds:
+            print(f"== {label} (seed {seed})", flush=True)
+            run = run_in_process({**base, **extra, "seed": seed}, n, log_every=scale["eval_every"],
+                                 eval_every=scale["eval_every"], eval_samples=scale["eval_samples"])
+            per_seed.append(summarize(label, run, n))
+        rows.append(combine(per_seed))
+    wire = wire_check({**base, "num-clients": 4, "seed": seeds[0]}, 0.01)
 
     header = "| algorithm | best acc. (%) | final acc. (%) | uplink MB / client | bytes / update | ε | σ | wall s |"
     lines = [header, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
         sig = "-" if r["sigma"] is None else f"{r['sigma']:.3f}"
-        lines.append(f"| {r['label']} | {100 * r['best_accuracy']:.2f} | {100 * r['final_accuracy']:.2f} | "
+        lines.append(f"| {r['label']} | {_pm(r, 'best_accuracy')} | {_pm(r, 'final_accuracy')} | "
                      f"{r['uplink_mb_per_client']:.4f} | {r['bytes_per_update']:.0f} | {eps} | {sig} | {r['seconds']:.0f} |")
     table = "\n".join(lines)
     wire_line = (f"Wire check (cnn-fmnist, d = {wire['d']:,}, p = 0.01, k = {wire['k']:,}): Fed-SMP-randk update "
@@ -249,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"**{wire['ratio']:.5f}** (target ≤ 0.011).")
     print(table)
     print(wire_line)
-    out = {"scale": scale, "base": base, "rows": [{k: v for k, v in r.items() if not k.endswith("_curve")} for r in rows],
+    out = {"scale": scale, "base": base, "seeds": seeds,
+           "rows": [{k: v for k, v in r.items() if not k.endswith("_curve")} for r in rows],
            "wire": wire}
     if not args.no_docs:
         DOCS.mkdir(parents=True, exist_ok=True)
@@ -262,11 +284,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_markdown(args, scale, base, table, wire_line, pngs, quick: bool) -> None:
     mode = "quick" if quick else "full"
-    cmd = f"python benchmarks/fed_smp.py{' --quick' if quick else ''} --dataset {args.dataset} --seed {args.seed}"
+    cmd = f"python benchmarks/fed_smp.py{' --quick' if quick else ''} --dataset {args.dataset} --seeds {args.seeds}"
+    nseeds = len([x for x in args.seeds.split(",") if x.strip()])
     paper = "\n".join(f"| {k} | {v[0]:.2f} | {v[1]:.2f} | 1.01 |" for k, v in PAPER_TABLE_I.items())
     section = f"""## Results ({mode} mode)
 
-Command: `{cmd}` (1 seed; {time.strftime('%Y-%m-%d')}).
+Command: `{cmd}` ({nseeds} seed(s), accuracy as mean ± std over seeds; {time.strftime('%Y-%m-%d')}).
 
 Scale: dataset **{args.dataset}**, model `{scale['model']}`, n = {scale['n']} clients (IID, equal split),
 r = {scale['r']} per round (q = {scale['r'] / scale['n']:.3f}), T = {scale['rounds']} rounds, τ = {scale['local-steps']} local

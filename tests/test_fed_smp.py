@@ -215,7 +215,7 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
 
     ov = {"strategy": "fed-smp-topk", "num-server-rounds": 2, "output-dir": str(tmp_path), "compression-ratio": 0.05,
           "public-samples": 100, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 1.0,
-          "clients-per-round": 3, "target-epsilon": 2.0, "fraction-evaluate": 0.0}
+          "clients-per-round": 3, "noise-multiplier": 1.0, "fraction-evaluate": 0.0}
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=4,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 2, "logging_level": "ERROR"}})
@@ -234,7 +234,8 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
         assert all(4 * k <= c["uplink_bytes"] <= 4 * k + 256 for c in ok)
         assert all(c["epsilon_spent"] == pytest.approx(dp.epsilon(r["round"])) for c in r["clients"])
         assert r["metrics"]["accuracy"] is not None
-    assert rounds[1]["metrics"]["epsilon"] == pytest.approx(2.0, rel=2e-3)
+    assert rounds[1]["metrics"]["epsilon"] == pytest.approx(dp.epsilon(2)) and dp.noise_multiplier == 1.0
+    assert all(c["noise_multiplier"] == 1.0 for c in rounds[1]["clients"])
     assert rounds[1]["metrics"]["uplink_bytes_cumulative"] == sum(r["metrics"]["uplink_bytes"] for r in rounds)
 
 
