@@ -30,7 +30,6 @@ Variants (Sec. 5): ``dp2-fedsam`` (head SGD τ_h epochs then SAM on φ τ_φ epo
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from flwr.server.client_manager import ClientManager
 from torch import nn
 
 from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, StrategyContext, common_kwargs
-from strategies.client_dp import ClientLevelDP
+from strategies.client_dp import ClientLevelDP, cached_epsilon, mechanism_from_config
 
 NORM_SLACK_SIGMAS = 10.0  # ‖noise‖ ≤ s(√d + t) fails with probability ≤ exp(−t²/2)
 
@@ -193,17 +192,9 @@ def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, train_nam
 
 
 # ---------------------------------------------------------------------------------- privacy
-@functools.lru_cache(maxsize=64)
-def _mechanism(sigma: float, target: float, clip: float, r: int, n: int, rounds: int, delta: float,
-               kind: str) -> ClientLevelDP:
-    if sigma > 0:
-        return ClientLevelDP(sigma, clip, r, n, rounds, delta, kind)
-    return ClientLevelDP.calibrated(target, clip=clip, clients_per_round=r, num_clients=n, rounds=rounds,
-                                    delta=delta, accountant=kind)
-
-
 def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLevelDP:
-    """The run's mechanism from the shared client-level keys: r = clients-per-round (0 → all N),
+    """The run's mechanism from the shared client-level keys (one implementation for the whole project:
+    :func:`strategies.client_dp.mechanism_from_config`): r = clients-per-round (0 → all N),
     T = dp-rounds (0 → num-server-rounds), δ = client-delta (0 → N^-1.1, stricter than the paper's
     1/N; the benchmark passes 1/N), σ = noise-multiplier or, when 0, calibrated by the accountant so
     that T rounds at q = r/N spend target-epsilon. Server and clients derive the same σ."""
@@ -212,21 +203,15 @@ def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLe
     n = int(num_clients)
     if n < 2:
         raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
-    r = min(int(cfg["clients-per-round"]) or n, n)
-    rounds = int(cfg["dp-rounds"]) or int(cfg["num-server-rounds"])
-    delta = float(cfg["client-delta"]) or float(n) ** -1.1
     try:
-        return _mechanism(float(cfg["noise-multiplier"]), float(cfg["target-epsilon"]), float(cfg["clip-norm"]),
-                          r, n, rounds, delta, str(cfg["accountant"]))
+        return mechanism_from_config(cfg, n)
     except ValueError as exc:
         raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={cfg['target-epsilon']}, "
-                          f"noise-multiplier={cfg['noise-multiplier']}, delta={delta}, q={r}/{n}, T={rounds}: {exc}") from None
+                          f"noise-multiplier={cfg['noise-multiplier']}, client-delta={cfg['client-delta']}, "
+                          f"clients-per-round={cfg['clients-per-round']} of {n}: {exc}") from None
 
 
-@functools.lru_cache(maxsize=4096)
-def epsilon_after(dp: ClientLevelDP, rounds_done: int) -> float:
-    """ε of the aggregate after ``rounds_done`` rounds (memoized; the mechanism is frozen)."""
-    return dp.epsilon(rounds_done)
+epsilon_after = cached_epsilon  # ε of the aggregate after t rounds (memoized; the mechanism is frozen)
 
 
 def noisy_norm_bound(dp: ClientLevelDP, dim: int) -> float:
