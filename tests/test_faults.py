@@ -152,3 +152,38 @@ def test_twenty_percent_failing_run_completes_with_exact_accounting(tmp_path) ->
             eps = epsilon_of([(c["noise_multiplier"], c["sample_rate"], c["steps"])], c["delta"])
             assert math.isclose(c["epsilon_spent"], eps, rel_tol=1e-9), (cid, c["epsilon_spent"], eps)
             assert c["epsilon_spent"] <= c["epsilon_budget"] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("name", ["robust-hdp", "weiavg", "dpsgd-fedavg"])
+def test_family_strategies_aggregate_the_returned_subset(name: str) -> None:
+    """With one client failed, the rest is aggregated (Robust-HDP: RPCA on the 3 returned updates)."""
+    from types import SimpleNamespace
+
+    from flwr.common import Code, FitRes, Status
+
+    from fedapp.clients.common import make_model
+    from fedapp.data import load_dataset
+    from fedapp.registry import get_spec
+    from fedapp.training import get_weights
+    from strategies.base import StrategyContext
+
+    cfg = resolve_config(overrides={"strategy": name})
+    _, test = load_dataset("digits", "")
+    weights = get_weights(make_model(cfg, test))
+    strat = get_spec(name).strategy_factory()(cfg, StrategyContext(initial_weights=weights))
+    strat._pending = {"round": 1, "metrics": {}, "clients": []}
+    rng = np.random.default_rng(0)
+    results = []
+    for cid in (0, 1, 3):
+        update = [rng.normal(0, 0.01 * (cid + 1), w.shape).astype(np.float32) for w in weights]
+        metrics = {"client_id": cid, "status": "ok", "reported_epsilon": 1.0 + cid, "epsilon_spent": 0.5,
+                   "epsilon_budget": 1.0 + cid}
+        results.append((SimpleNamespace(node_id=cid), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(update),
+                                                             50, metrics)))
+    failure = ValueError("Message contains an Error (reason: InjectedFault:<injected fault: client_id=2 round=1>)")
+    strat.aggregate_fit(1, results, [failure])
+    recs = strat._pending["clients"]
+    assert sorted((r["client_id"], r["status"]) for r in recs) == [(0, "ok"), (1, "ok"), (2, "failed"), (3, "ok")]
+    assert strat._pending["metrics"]["clients_ok"] == 3 and strat._pending["metrics"]["clients_failed"] == 1
+    assert math.isclose(sum(r["aggregation_weight"] for r in recs if r["status"] == "ok"), 1.0, rel_tol=1e-9)
+    assert any(np.any(a != b) for a, b in zip(weights, strat.current_weights))
