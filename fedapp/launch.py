@@ -187,7 +187,7 @@ def list_runs(output_dir: Path) -> set[Path]:
 
 def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
         flwr_home: Path | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-        timeout: float | None = None, port: int | None = None) -> Path:
+        timeout: float | None = None, port: int | None = None, ray_address: str = "") -> Path:
     """Validate, start a SuperLink, ``flwr run`` the app, stop everything; returns the new results folder."""
     app = app.resolve()
     overrides = parse_overrides(run_config)
@@ -208,6 +208,10 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     before = list_runs(output_dir)
     port = port or free_port()
     write_flower_config(flwr_home, f"127.0.0.1:{port}")
+    if ray_address:  # attach the simulation runtime to an existing (multi-node) Ray cluster
+        from fedapp.deploy import simulation_backend
+
+        os.environ.update(simulation_backend(num_cpus, num_gpus, ray_address)[1])
     superlink = start_superlink(flwr_home, port)
     try:
         wait_http_health(port, proc=superlink)
@@ -237,9 +241,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--app", type=Path, default=PROJECT_ROOT)
     parser.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per simulated client")
     parser.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per simulated client (fractional ok)")
+    parser.add_argument("--ray-address", default="", help="attach to an existing Ray cluster: auto, host:port, ray://host:port")
     args = parser.parse_args(argv)
     try:
-        run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus)
+        run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+                      ray_address=args.ray_address)
     except ConfigError as exc:
         print(f"[dpfl] configuration error: {exc}", file=sys.stderr)
         return 2
