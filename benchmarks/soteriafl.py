@@ -287,6 +287,10 @@ def render(out: Path) -> None:
     print("\n".join(lines))
 
 
+def _f(v: float | None) -> str:
+    return "n/a (diverged)" if v is None or not math.isfinite(v) else f"{v:.4f}"
+
+
 def section(task: str, eps: float, results: list[dict[str, Any]], plot_name: str) -> str:
     second = "test_accuracy" if task == "mnist" else "train_loss"
     budget = min(r["history"]["bits"][-1] for r in results if METHODS[r["method"]].compression != "none")
@@ -299,9 +303,9 @@ def section(task: str, eps: float, results: list[dict[str, Any]], plot_name: str
         quarter = [v for t, v in zip(h["round"], h[second]) if t <= r["rounds"] // 4][-1]
         at4, at = value_at_bits(r, second, budget / 4), value_at_bits(r, second, budget)
         rows.append(f"| {r['method']} | {r['eta']} ({', '.join(map(str, r['tuned_over']))}) | {r['batch_size']} | "
-                    f"{r['sigma_p']:.4g} | {r['sigma_theorem2_c1']:.3g} | {h['round'][-1]} | {quarter:.4f} | "
-                    f"{h[second][-1]:.4f} | {h['grad_norm_sq_avg'][-1]:.4g} | {h['bits'][-1] / 1e6:.3g} | "
-                    f"{'n/a' if at4 is None else f'{at4:.4f}'} | {'n/a' if at is None else f'{at:.4f}'} |")
+                    f"{r['sigma_p']:.4g} | {r['sigma_theorem2_c1']:.3g} | {h['round'][-1]} | {_f(quarter)} | "
+                    f"{_f(h[second][-1])} | {_f(h['grad_norm_sq_avg'][-1])} | {h['bits'][-1] / 1e6:.3g} | "
+                    f"{_f(at4)} | {_f(at)} |")
     rows += ["", f"![{task} ε={eps:g}]({plot_name})", ""]
     return "\n".join(rows)
 
