@@ -100,6 +100,7 @@ def test_nonprivate_dense_update_is_clipped_and_private_is_noisy():
     assert np.linalg.norm(flat) == pytest.approx(0.01, rel=1e-5)
     private = make_client(BASE)
     arrays, _, metrics = private.fit(w, {"server-round": 1, CFG_SIGMA: 1.3})
+    assert "update_norm" not in metrics and "train_loss" not in metrics  # nothing outside the mechanism leaks
     flat = np.concatenate([a.ravel() for a in arrays])
     expected = 0.5 * 1.3 / math.sqrt(2) * math.sqrt(flat.size)  # noise norm ≈ C·σ/√r · √d
     assert np.linalg.norm(flat) == pytest.approx(expected, rel=0.1)

@@ -30,7 +30,7 @@ from flwr.client import Client, NumPyClient
 from flwr.common import Context
 from torch import nn
 
-from fedapp.clients.common import ClientSetup, round_lr, round_seed, setup_client
+from fedapp.clients.common import ClientSetup, noise_seed, round_lr, round_seed, setup_client
 from fedapp.config import RunConfig
 from fedapp.data import ArrayDataset
 from fedapp.training import TrainResult, evaluate_model, get_weights, set_weights, steps_per_epoch
@@ -151,13 +151,16 @@ class ClientLevelDPClient(NumPyClient):
         result = self.local_train(model, lr=lr, seed=round_seed(cfg, p.client_id, server_round, stream=411),
                                   config=config)
         update = flatten(get_weights(model)) - flatten(parameters)
-        rng = np.random.default_rng(round_seed(cfg, p.client_id, server_round, stream=412))
+        rng = np.random.default_rng(noise_seed(cfg, p.client_id, server_round))  # secret unless seeded-noise
         try:
             arrays, extra = self.privatize(update, [tuple(a.shape) for a in parameters], config, dp, rng)
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
             return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
-        metrics.update({"status": "ok", "train_seconds": result.seconds, "train_loss": result.loss, "lr": lr,
-                        "steps_round": result.steps, **extra})
+        metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps, **extra})
+        if dp is None:  # non-private baselines only: loss and pre-clip norm of private data are not covered by DP
+            metrics["train_loss"] = result.loss
+        else:
+            metrics.pop("update_norm", None)
         return arrays, len(self.s.train), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
