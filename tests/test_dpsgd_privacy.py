@@ -24,6 +24,15 @@ def test_calibrated_noise_reaches_target_within_one_percent(eps, q, steps, kind)
     assert epsilon_of([(z * 0.97, q, steps)], 1e-4, kind) > spent  # less noise spends more
 
 
+@pytest.mark.parametrize("history", [[(1.3, 0.05, 21)], [(0.8, 1 / 38, 380), (2.5, 0.1, 7), (0.8, 1 / 38, 5)],
+                                     [(4.0, 0.01, 10_000)]])
+def test_cached_rdp_epsilon_equals_opacus_accountant(history):
+    acc = RDPAccountant()
+    acc.history = list(history)
+    for delta in (1e-3, 1e-5):
+        assert math.isclose(epsilon_of(history, delta, "rdp"), acc.get_epsilon(delta), rel_tol=1e-12)
+
+
 def test_history_composition_matches_opacus_stepping():
     acc = RDPAccountant()
     for _ in range(3 * 7):
