@@ -207,6 +207,13 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
         self.clip_norm = float(clip_norm)
         self.frozen_sigma2: dict[int, float] = {}
 
+    def checkpoint_state(self) -> dict[str, Any]:
+        """Frozen σ̂² per client (published-code mode) so a resumed run keeps the round-1 weights."""
+        return {"frozen_sigma2": {str(k): float(v) for k, v in self.frozen_sigma2.items()}}
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        self.frozen_sigma2 = {int(k): float(v) for k, v in dict(state.get("frozen_sigma2", {})).items()}
+
     def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         extra: dict[str, Any] = {"rpca_seconds": 0.0, "rpca_iterations": 0, "rpca_converged": None,
                                  "rpca_blocks": 0, "weights_frozen": False}

@@ -101,6 +101,16 @@ def test_frozen_weights_reuse_first_round():
     assert not np.allclose(w1, w3)
 
 
+def test_frozen_weights_survive_a_checkpoint_round_trip():
+    strat = make_strategy(RobustHDP, freeze_weights=True)
+    w1, _ = strat.aggregation_weights(1, synthetic_round(SIGMAS, seed=1))
+    state = json.loads(json.dumps(strat.state_dict()["family"]))  # checkpoints store JSON-able family state
+    resumed = make_strategy(RobustHDP, freeze_weights=True)
+    resumed.load_checkpoint_state(state)
+    w2, e2 = resumed.aggregation_weights(2, synthetic_round(SIGMAS[::-1], seed=2))
+    assert np.array_equal(w1, w2) and e2["weights_frozen"]
+
+
 def test_weiavg_rejects_bad_reported_epsilon():
     strat = make_strategy(WeiAvg)
     for bad in (0.0, -1.0, float("nan"), "high", None):
