@@ -262,7 +262,8 @@ class DP2FedSAMStrategy(DPFLStrategy):
         return np.ones(len(updates)), extra  # uniform 1/r (Alg. 1 line 13, Alg. 2 line 25)
 
     def configure_evaluate(self, server_round: int, parameters, client_manager: ClientManager):
-        if server_round % self.eval_every and server_round != self.num_rounds:
+        actual = self._actual_round(server_round)  # run-wide round (continues after a resume)
+        if actual % self.eval_every and actual != self.num_rounds:
             self._flush_pending()
             return []
         return super().configure_evaluate(server_round, parameters, client_manager)
