@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NUM_SUPERNODES ?= 20
-RUN_CONFIG ?=
+RUN_CONFIG ?= configs/main.toml
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_HOME := $(CURDIR)/.flwr
 export MPLBACKEND := Agg
@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m fedapp.launch --num-supernodes $(NUM_SUPERNODES) $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
+	$(PY) -m fedapp.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)"
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra --durations=15
