@@ -23,7 +23,7 @@ import numpy as np
 from flwr.client import Client, NumPyClient
 from flwr.common import Array, ArrayRecord, Context
 
-from fedapp.clients.common import ClientSetup, make_model, read_record, round_seed, setup_client, write_record
+from fedapp.clients.common import ClientSetup, make_model, noise_seed, read_record, setup_client, write_record
 from fedapp.training import evaluate_model, get_weights, set_weights
 from strategies.accounting import epsilon_of
 from strategies.soteriafl import (
@@ -148,13 +148,15 @@ class SoteriaFLClient(NumPyClient):
         seed = mask_seed(rseed, p.client_id)
         res = client_step(self.method, oracle, x, state, clip=float(cfg["clip-norm"]), batch_size=b,
                           sigma_p=float(rec["sigma_p"]), k=k, gamma=gamma,
-                          rng=np.random.default_rng(round_seed(cfg, p.client_id, server_round, stream=405)),
+                          rng=np.random.default_rng(noise_seed(cfg, p.client_id, server_round)),  # secret
                           seed=seed, refresh_snapshot=snapshot_coin(rseed, p.client_id, p_snap))
         save_state(self.context, state)
         write_record(self.context, PRIVACY_KEY, {**rec, "rounds": done + 1})
         metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": done + 1,
-                        "payload_bits": payload_bits(self.method, len(res.values)), "realized_batch": res.batch,
-                        "grads_computed": res.grads_computed, "train_seconds": time.perf_counter() - t0})
+                        "payload_bits": payload_bits(self.method, len(res.values)),
+                        "train_seconds": time.perf_counter() - t0})
+        # The realized Poisson batch size (and the gradient count derived from it) is not sent: its law
+        # depends on whether a record is in the dataset, so it would leak outside the accounted mechanism.
         if self.method.compression != "none":
             metrics["mask_seed"] = seed
         return [res.values], self.m, metrics
