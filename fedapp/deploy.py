@@ -53,6 +53,7 @@ from fedapp.launch import (
     pyproject_run_config,
     start_superlink,
     stop_process_tree,
+    terminate_processes,
     to_toml_assignments,
     venv_bin,
     write_flower_config,
@@ -177,25 +178,11 @@ class Processes:
 
     def stop_all(self) -> list[int]:
         """Stop everything; returns PIDs still alive afterwards (should be empty)."""
-        import psutil
-
         self._stop.set()
         self.snapshot()
         for proc in reversed(self.started):  # SuperNodes first, the SuperLink last
             stop_process_tree(proc)
-        leftovers = [p for p in self.seen.values() if _alive(p)]
-        for p in leftovers:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(leftovers, timeout=5)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        terminate_processes([p for p in self.seen.values() if _alive(p)])
         return [p.pid for p in self.seen.values() if _alive(p)]
 
 

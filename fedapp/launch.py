@@ -102,17 +102,26 @@ def stop_process_tree(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     except psutil.NoSuchProcess:
         descendants = []
     _stop_leader(proc, timeout)
-    for child in descendants:
+    terminate_processes(descendants)
+
+
+def terminate_processes(procs: list, timeout: float = 5.0) -> list:
+    """SIGTERM each ``psutil.Process``, wait, SIGKILL the survivors; returns those still alive after that."""
+    import psutil
+
+    for p in procs:
         try:
-            child.terminate()
+            p.terminate()
         except psutil.NoSuchProcess:
             pass
-    _, alive = psutil.wait_procs(descendants, timeout=5)
-    for child in alive:
+    _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for p in alive:
         try:
-            child.kill()
+            p.kill()
         except psutil.NoSuchProcess:
             pass
+    _, still = psutil.wait_procs(alive, timeout=timeout)
+    return still
 
 
 def _stop_leader(proc: subprocess.Popen, timeout: float) -> None:

@@ -30,10 +30,10 @@ from flwr.client import Client, NumPyClient
 from flwr.common import Context
 from torch import nn
 
-from fedapp.clients.common import ClientSetup, noise_seed, round_lr, round_seed, setup_client
+from fedapp.clients.common import ClientSetup, evaluate_on_local_test, noise_seed, round_lr, round_seed, setup_client
 from fedapp.config import RunConfig
 from fedapp.data import ArrayDataset
-from fedapp.training import TrainResult, evaluate_model, get_weights, set_weights, steps_per_epoch
+from fedapp.training import TrainResult, get_weights, set_weights, steps_per_epoch
 from strategies.aggregate import flatten, unflatten
 from strategies.client_dp import ClientLevelDP, cached_epsilon, mechanism_from_config
 from strategies.fed_smp import CFG_SIGMA, dp_dense, dp_spar, encode_sparse, mask_from_config
@@ -164,11 +164,7 @@ class ClientLevelDPClient(NumPyClient):
         return arrays, len(self.s.train), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        model = self.s.new_model()
-        set_weights(model, parameters)
-        loss, acc = evaluate_model(model, self.s.test, batch_size=int(self.s.cfg["eval-batch-size"]),
-                                   device=self.s.device)
-        return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": self.s.profile.client_id}
+        return evaluate_on_local_test(self.s, parameters)
 
 
 def make_client_dp_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:

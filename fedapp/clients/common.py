@@ -15,7 +15,7 @@ from fedapp.config import RunConfig, resolve_config
 from fedapp.data import ArrayDataset
 from fedapp.models import DEFAULT_MODEL, build_model
 from fedapp.privacy_profiles import ClientProfile, client_profile
-from fedapp.training import resolve_device
+from fedapp.training import evaluate_model, resolve_device, set_weights
 
 
 @dataclass
@@ -30,6 +30,16 @@ class ClientSetup:
 
     def new_model(self) -> torch.nn.Module:
         return make_model(self.cfg, self.train)
+
+
+def evaluate_on_local_test(setup: ClientSetup, parameters: list) -> tuple[float, int, dict[str, Any]]:
+    """Federated evaluation: the global model on this client's local test split (``NumPyClient.evaluate``)."""
+    if len(setup.test) == 0:
+        return 0.0, 0, {"client_id": setup.profile.client_id}
+    model = setup.new_model()
+    set_weights(model, parameters)
+    loss, acc = evaluate_model(model, setup.test, batch_size=int(setup.cfg["eval-batch-size"]), device=setup.device)
+    return float(loss), len(setup.test), {"accuracy": float(acc), "client_id": setup.profile.client_id}
 
 
 def make_model(cfg: RunConfig, data: ArrayDataset) -> torch.nn.Module:

@@ -22,6 +22,7 @@ from flwr.common import Context
 
 from fedapp.clients.common import (
     ClientSetup,
+    evaluate_on_local_test,
     noise_seed,
     read_record,
     round_lr,
@@ -31,7 +32,6 @@ from fedapp.clients.common import (
 )
 from fedapp.training import (
     dpsgd_sample_rate,
-    evaluate_model,
     get_weights,
     set_weights,
     steps_per_epoch,
@@ -139,11 +139,7 @@ class DPSGDClient(NumPyClient):
         return update, self.num_train, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        model = self.s.new_model()
-        set_weights(model, parameters)
-        loss, acc = evaluate_model(model, self.s.test, batch_size=int(self.s.cfg["eval-batch-size"]),
-                                   device=self.s.device)
-        return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": self.s.profile.client_id}
+        return evaluate_on_local_test(self.s, parameters)
 
 
 def make_dpsgd_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:

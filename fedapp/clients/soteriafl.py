@@ -23,8 +23,16 @@ import numpy as np
 from flwr.client import Client, NumPyClient
 from flwr.common import Array, ArrayRecord, Context
 
-from fedapp.clients.common import ClientSetup, make_model, noise_seed, read_record, setup_client, write_record
-from fedapp.training import evaluate_model, get_weights, set_weights
+from fedapp.clients.common import (
+    ClientSetup,
+    evaluate_on_local_test,
+    make_model,
+    noise_seed,
+    read_record,
+    setup_client,
+    write_record,
+)
+from fedapp.training import get_weights, set_weights
 from strategies.accounting import epsilon_of
 from strategies.soteriafl import (
     ClientState,
@@ -162,13 +170,7 @@ class SoteriaFLClient(NumPyClient):
         return [res.values], self.m, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        if len(self.s.test) == 0:
-            return 0.0, 0, {"client_id": self.s.profile.client_id}
-        model = self.s.new_model()
-        set_weights(model, parameters)
-        loss, acc = evaluate_model(model, self.s.test, batch_size=int(self.s.cfg["eval-batch-size"]),
-                                   device=self.s.device)
-        return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": self.s.profile.client_id}
+        return evaluate_on_local_test(self.s, parameters)
 
 
 def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
