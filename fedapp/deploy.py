@@ -46,6 +46,7 @@ from fedapp.config import ConfigError, RunConfig, resolve_config
 from fedapp.launch import (
     CONNECTION,
     PROJECT_ROOT,
+    absolutize_paths,
     flower_env,
     free_port,
     list_runs,
@@ -283,12 +284,7 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
         raise ConfigError("--unauthorized needs SuperNode authentication (drop --no-auth)")
     nodes = node_configs(num_supernodes, node_overrides)
     validate_nodes(cfg, nodes)
-    output_dir = Path(cfg["output-dir"])
-    if not output_dir.is_absolute():
-        output_dir = (app / output_dir).resolve()
-    overrides["output-dir"] = str(output_dir)
-    if cfg["data-dir"] and not Path(cfg["data-dir"]).is_absolute():
-        overrides["data-dir"] = str((app / cfg["data-dir"]).resolve())
+    output_dir = absolutize_paths(cfg, overrides, app)
 
     work = Path(work_dir or tempfile.mkdtemp(prefix="dpfl-deploy-")).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -190,6 +190,18 @@ def to_toml_assignments(values: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
+def absolutize_paths(cfg: dict[str, Any], overrides: dict[str, Any], app: Path) -> Path:
+    """Make ``output-dir`` and ``data-dir`` absolute (relative to ``app``) in ``overrides``: the ServerApp and
+    ClientApps run in other working directories. Returns the absolute output folder."""
+    output_dir = Path(cfg["output-dir"])
+    if not output_dir.is_absolute():
+        output_dir = (app / output_dir).resolve()
+    overrides["output-dir"] = str(output_dir)
+    if cfg["data-dir"] and not Path(cfg["data-dir"]).is_absolute():
+        overrides["data-dir"] = str((app / cfg["data-dir"]).resolve())
+    return output_dir
+
+
 def list_runs(output_dir: Path) -> set[Path]:
     return {p for p in output_dir.iterdir() if p.is_dir()} if output_dir.is_dir() else set()
 
@@ -207,12 +219,7 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     from fedapp.server_app import make_prevalidate
 
     make_prevalidate(cfg)(num_supernodes)  # every client's profile vs its data, before anything starts
-    output_dir = Path(cfg["output-dir"])
-    if not output_dir.is_absolute():
-        output_dir = (app / output_dir).resolve()
-    overrides["output-dir"] = str(output_dir)
-    if cfg["data-dir"] and not Path(cfg["data-dir"]).is_absolute():
-        overrides["data-dir"] = str((app / cfg["data-dir"]).resolve())
+    output_dir = absolutize_paths(cfg, overrides, app)
     flwr_home = (flwr_home or app / ".flwr").resolve()
     before = list_runs(output_dir)
     port = port or free_port()

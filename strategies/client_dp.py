@@ -74,24 +74,18 @@ class ClientLevelDP:
         out[mask] += rng.normal(0.0, self.per_client_std, size=int(np.count_nonzero(mask)) if mask.dtype == bool else len(mask))
         return out, norm
 
+    def _epsilon(self, noise_multiplier: float, rounds_done: int | None) -> float:
+        # epsilon_of gives 0 for no rounds and inf for zero noise
+        t = self.rounds if rounds_done is None else rounds_done
+        return epsilon_of([(noise_multiplier, self.sample_rate, t)], self.delta, self.accountant)
+
     def epsilon(self, rounds_done: int | None = None) -> float:
         """ε after ``rounds_done`` rounds (default: all planned rounds) for the aggregate (σ, q)."""
-        t = self.rounds if rounds_done is None else rounds_done
-        if t <= 0:
-            return 0.0
-        if self.noise_multiplier == 0:
-            return math.inf
-        return epsilon_of([(self.noise_multiplier, self.sample_rate, t)], self.delta, self.accountant)
+        return self._epsilon(self.noise_multiplier, rounds_done)
 
     def epsilon_individual(self, rounds_done: int | None = None) -> float:
         """ε against a server that sees each noisy update alone (noise multiplier σ/√r), same q and T."""
-        t = self.rounds if rounds_done is None else rounds_done
-        if t <= 0:
-            return 0.0
-        if self.noise_multiplier == 0:
-            return math.inf
-        z = self.noise_multiplier / math.sqrt(self.clients_per_round)
-        return epsilon_of([(z, self.sample_rate, t)], self.delta, self.accountant)
+        return self._epsilon(self.noise_multiplier / math.sqrt(self.clients_per_round), rounds_done)
 
     @classmethod
     def calibrated(cls, target_epsilon: float, *, clip: float, clients_per_round: int, num_clients: int, rounds: int,
