@@ -9,7 +9,7 @@ Built for the tall matrices of Robust-HDP (p model parameters × n clients, p �
 of a p × n matrix X is never formed; we only need its right singular vectors V and values s,
 from the n × n Gram matrix XᵀX (``svd="gram"``, fastest) or from the R factor of a thin QR
 (``svd="qr"``, more accurate), and then SVT(X) = X · V diag(max(s − τ, 0)/s) Vᵀ. No p × p
-object exists. Memory: six p × n buffers.
+object exists. Memory: five p × n buffers (M, S, E, T, C).
 
 :func:`column_noise_variances` returns the Robust-HDP noise estimates σ̂_i² = ‖S[:, i]‖²
 (Algorithm 1, line 10), optionally on row blocks of p' rows (Section 3.6), each block's
@@ -117,31 +117,36 @@ class _Ops:
         order = np.argsort(evals)[::-1]
         return np.sqrt(np.maximum(evals[order], 0.0)), v[:, order]
 
-    def matmul_into(self, x: Any, w: np.ndarray, out: Any) -> None:
+    def gemm_accumulate(self, x: Any, w: np.ndarray, out: Any) -> None:
+        """out ← out + x·w in one pass over ``out`` (BLAS gemm with β = 1; no p × n temporary)."""
         if self.backend == "torch":
-            self.torch.matmul(x, self.torch.as_tensor(w, device=self.device, dtype=self.dtype), out=out)
-        else:
-            np.matmul(x, w.astype(self.dtype), out=out)
+            out.addmm_(x, self.torch.as_tensor(w, device=self.device, dtype=self.dtype))
+            return
+        from scipy.linalg import blas
 
-    def sub_into(self, x: Any, y: Any, out: Any, alpha: float = 1.0) -> None:
-        """out = x − alpha·y."""
+        gemm = blas.sgemm if self.dtype == np.float32 else blas.dgemm
+        # C-contiguous p × n arrays are Fortran-contiguous n × p: outᵀ ← wᵀ·xᵀ + outᵀ, in place.
+        res = gemm(1.0, np.ascontiguousarray(w.T, dtype=self.dtype), x.T, beta=1.0, c=out.T, overwrite_c=1)
+        if not np.shares_memory(res, out):  # pragma: no cover - only if the array is not contiguous
+            out[...] = res.T
+
+    def sub_into(self, x: Any, y: Any, out: Any) -> None:
+        """out = x − y."""
         if self.backend == "torch":
-            self.torch.sub(x, y, alpha=alpha, out=out)
-        elif alpha == 1.0:
+            self.torch.sub(x, y, out=out)
+        else:
             np.subtract(x, y, out=out)
-        else:
-            np.multiply(y, -alpha, out=out)
-            out += x
 
-    def axpy(self, y: Any, x: Any, alpha: float, scratch: Any) -> None:
-        """y += alpha·x (in place; ``scratch`` is a free buffer of the same shape, so nothing is allocated)."""
+    def add_(self, y: Any, x: Any) -> None:
+        """y += x in place."""
+        y += x
+
+    def scale_into(self, x: Any, alpha: float, out: Any) -> None:
+        """out = alpha·x."""
         if self.backend == "torch":
-            y.add_(x, alpha=alpha)
-        elif alpha == 1.0:
-            y += x
+            self.torch.mul(x, alpha, out=out)
         else:
-            np.multiply(x, alpha, out=scratch)
-            y += scratch
+            np.multiply(x, alpha, out=out)
 
     def clip_into(self, a: Any, tau: float, out: Any) -> None:
         if self.backend == "torch":
@@ -198,39 +203,37 @@ def rpca(m: np.ndarray, *, lam: float | None = None, tol: float = 1e-7, max_iter
     mu_k = 1.25 / spec if mu is None else float(mu)
     mu_bar = mu_k * 1e7
     dual_scale = max(spec, ops.absmax(mm) / lam)
-    # E = Y/μ is kept implicitly as a·C_prev (after the first step C_prev = clip(R) and a = μ/μ'),
-    # so every iteration is ~10 passes over p × n: T, Gram(T), R = T(I − W) + S, C, S, Z.
-    c_prev = mm * (1.0 / (dual_scale * mu_k))  # E₀ = Y₀/μ₀
-    a = 1.0
-    t = ops.empty_like(mm)  # T = M − S + E, later the residual Z = M − L − S
-    r = ops.empty_like(mm)  # R = M − L + E
-    c = ops.empty_like(mm)  # clip(R, ±λ/μ)
+    # Buffers (four p × n besides M): S, E = Y/μ, T (iterate, then the residual Z) and C = clip(R, ±λ/μ).
+    # One iteration is ~9 passes over p × n: T = M − S + E (2), Gram(T), R = S + T(I − W) in place of S
+    # (one gemm with β = 1), C (clip), S = R − C, Z = C − E, ‖Z‖, E ← (μ/μ')·C.
+    e = ops.empty_like(mm)
+    ops.scale_into(mm, 1.0 / (dual_scale * mu_k), e)  # E₀ = Y₀/μ₀
+    t = ops.empty_like(mm)
+    c = ops.empty_like(mm)
     eye = np.eye(n)
     it, err, rank, converged = 0, math.inf, 0, False
     while it < max_iter:
         it += 1
         ops.sub_into(mm, sparse, t)
-        ops.axpy(t, c_prev, a, scratch=c)  # T = M − S + E (c is free until the clip below)
+        ops.add_(t, e)  # T = M − S + E
         s_vals, v = ops.right_svd(t, svd)
         w, rank = _svt_matrix(s_vals, v, 1.0 / mu_k)
-        ops.matmul_into(t, eye - w, r)  # T − SVT_{1/μ}(T) = T − L
-        r += sparse  # R = M − L + E
-        tau = lam / mu_k
-        ops.clip_into(r, tau, c)
-        ops.sub_into(r, c, sparse)  # S = shrink_τ(R) = R − clip(R, ±τ)
-        ops.sub_into(c, c_prev, t, a)  # Z = M − L − S = clip(R) − E
+        ops.gemm_accumulate(t, eye - w, sparse)  # R = S + T − SVT_{1/μ}(T) = M − L + E, in place of S
+        ops.clip_into(sparse, lam / mu_k, c)
+        sparse -= c  # S = shrink_{λ/μ}(R) = R − clip(R, ±λ/μ)
+        ops.sub_into(c, e, t)  # Z = M − L − S = clip(R) − E
         err = ops.fro(t) / norm_m
         mu_next = min(rho * mu_k, mu_bar)
-        c, c_prev, a = c_prev, c, mu_k / mu_next  # E ← (Y + μZ)/μ' = (μ/μ')·clip(R)
+        ops.scale_into(c, mu_k / mu_next, e)  # E ← (Y + μZ)/μ' = (μ/μ')·clip(R)
         mu_k = mu_next
         if err <= tol:
             converged = True
             break
     low_np = None
     if return_low_rank:
-        ops.sub_into(mm, sparse, r)
-        r -= t  # L = M − S − Z exactly
-        low_np = ops.to_numpy(r)
+        ops.sub_into(mm, sparse, c)
+        c -= t  # L = M − S − Z exactly
+        low_np = ops.to_numpy(c)
     return RPCAResult(low_np, ops.to_numpy(sparse), it, converged, float(err), rank, time.perf_counter() - start)
 
 
