@@ -13,6 +13,7 @@ model otherwise — plus the global model's held-out test accuracy for non-perso
 
     python benchmarks/dp2_fedsam.py --quick        # digits, N=50, S=2, r=0.1, T=30, eps 1 and 2
     python benchmarks/dp2_fedsam.py                # + MNIST N=100, S in {2, 5} (needs ../shared/data)
+    python benchmarks/dp2_fedsam.py --only "S=5" --epsilons 1 --seeds 0,1   # a slice; resumes from --runs-json
 """
 
 from __future__ import annotations
@@ -133,31 +134,50 @@ def main() -> None:
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--epsilons", default="1,2")
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (mean ± std over seeds)")
+    ap.add_argument("--only", default="", help="run only the settings whose label contains this text, e.g. 'S=5'")
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "dp2_fedsam.md"))
-    ap.add_argument("--from-json", default="", help="re-render the markdown/plot from a saved results JSON")
+    ap.add_argument("--runs-json", default=str(ROOT / "docs" / "benchmarks" / "dp2_fedsam_runs.json"),
+                    help="one entry per finished run (saved at once; runs already there are skipped)")
+    ap.add_argument("--render-only", action="store_true", help="re-render the markdown/plot from --runs-json")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    eps_list = [float(e) for e in args.epsilons.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
-    results: dict = {}
-    if args.from_json:
-        saved = json.loads(Path(args.from_json).read_text())
-        results = {(k.split("|")[0], float(k.split("|")[1]), k.split("|")[2]): v for k, v in saved.items() if "|" in k}
-        write_markdown(args, results, eps_list, seeds, cmd=saved.get("_command"))
-        return
-    for label, ov, n in settings(args.quick, args.data_dir):
-        for eps in eps_list:
-            for name, strategy, extra in METHODS:
-                accs, gaccs, info = [], [], {}
-                for seed in seeds:
-                    info = run_one(strategy, {**ov, **extra, "seed": seed, "target-epsilon": eps}, n)
-                    accs.append(info["client_accuracy"])
-                    gaccs.append(info["global_accuracy"])
-                    print(f"{label:22s} eps={eps:g} {name:13s} seed={seed} client_acc={info['client_accuracy']:.4f} "
-                          f"global_acc={info['global_accuracy'] if info['global_accuracy'] is not None else float('nan'):.4f} "
-                          f"eps_spent={info['epsilon']:.3f} sigma={info['sigma']:.3f} ({info['seconds']:.0f}s)", flush=True)
-                results[(label, eps, name)] = {"acc": accs, "global": gaccs, **info}
-    write_markdown(args, results, eps_list, seeds)
+    store = Path(args.runs_json)
+    runs: dict = json.loads(store.read_text()) if store.exists() else {}
+    if not args.render_only:
+        for label, ov, n in settings(args.quick, args.data_dir):
+            if args.only and args.only not in label:
+                continue
+            for eps in (float(e) for e in args.epsilons.split(",")):
+                for name, strategy, extra in METHODS:
+                    for seed in (int(x) for x in args.seeds.split(",")):
+                        key = f"{label}|{eps:g}|{name}|{seed}"
+                        if key in runs:
+                            continue
+                        info = run_one(strategy, {**ov, **extra, "seed": seed, "target-epsilon": eps}, n)
+                        g = info["global_accuracy"]
+                        print(f"{label:22s} eps={eps:g} {name:13s} seed={seed} client_acc={info['client_accuracy']:.4f} "
+                              f"global_acc={g if g is not None else float('nan'):.4f} eps_spent={info['epsilon']:.3f} "
+                              f"sigma={info['sigma']:.3f} ({info['seconds']:.0f}s)", flush=True)
+                        runs[key] = {**info, "command": "python benchmarks/dp2_fedsam.py " + " ".join(sys.argv[1:])}
+                        tmp = store.with_suffix(".tmp")
+                        tmp.write_text(json.dumps(runs, indent=1))
+                        tmp.replace(store)
+    write_markdown(args, runs)
+
+
+def collect(runs: dict) -> dict:
+    """{(label, eps, method): {"acc": [...], "global": [...], "sigma", "norms", "seeds"}} over the stored runs."""
+    out: dict = {}
+    for key, info in runs.items():
+        label, eps, name, seed = key.split("|")
+        r = out.setdefault((label, float(eps), name), {"acc": [], "global": [], "norms": [], "seeds": []})
+        r["acc"].append(info["client_accuracy"])
+        r["global"].append(info["global_accuracy"])
+        r["sigma"] = info["sigma"]
+        r["seeds"].append(int(seed))
+        if info.get("norms"):
+            r["norms"].append(float(np.mean(info["norms"])))
+    return out
 
 
 def _fmt(values: list) -> str:
@@ -168,13 +188,18 @@ def _fmt(values: list) -> str:
     return f"{mean:.1f} ± {100 * float(np.std(vals)):.1f}" if len(vals) > 1 else f"{mean:.1f}"
 
 
-def plot(results: dict, labels: list[str], eps_list: list[float], path: Path) -> None:
+def complete_columns(results: dict) -> list[tuple[str, float]]:
+    """(setting, ε) pairs for which every method has at least one run, in insertion order."""
+    cols = dict.fromkeys((k[0], k[1]) for k in results)
+    return [c for c in cols if all((c[0], c[1], m[0]) in results for m in METHODS)]
+
+
+def plot(results: dict, cols: list[tuple[str, float]], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cols = [(lab, e) for lab in labels for e in eps_list]
     fig, ax = plt.subplots(figsize=(1.6 + 1.9 * len(cols), 3.6))
     width = 0.8 / len(METHODS)
     for i, (name, _, _) in enumerate(METHODS):
@@ -188,31 +213,33 @@ def plot(results: dict, labels: list[str], eps_list: list[float], path: Path) ->
     plt.close(fig)
 
 
-def write_markdown(args, results: dict, eps_list: list[float], seeds: list[int], cmd: str | None = None) -> None:
-    results = {k: v for k, v in results.items() if isinstance(k, tuple)}
-    labels = list(dict.fromkeys(k[0] for k in results))
-    cmd = cmd or "python benchmarks/dp2_fedsam.py " + " ".join(sys.argv[1:])
-    lines = ["# DP2-FedSAM family benchmark", "", f"Command: `{cmd}` (seeds {seeds}).", "",
-             "Personalized / local-test accuracy (%), mean over all clients at the final round "
+def write_markdown(args, runs: dict) -> None:
+    results = collect(runs)
+    cols = complete_columns(results)
+    commands = sorted({info.get("command", "?") for info in runs.values()})
+    lines = ["# DP2-FedSAM family benchmark", "", "Commands (runs are stored one by one in "
+             f"`{Path(args.runs_json).name}`; cells pool every stored seed): " + "; ".join(f"`{c}`" for c in commands)
+             + ".", "", "![accuracy](dp2_fedsam.png)", "",
+             "Personalized / local-test accuracy (%), mean over all clients at the final round, mean ± std over seeds "
              "(global held-out test accuracy of the shared model in brackets, non-personalized methods only).", ""]
-    header = "| method | " + " | ".join(f"{lab}, ε={e:g}" for lab in labels for e in eps_list) + " | paper CIFAR-10 (1000,2) ε=1 / ε=2 |"
-    lines += [header, "|" + "---|" * (len(labels) * len(eps_list) + 2)]
-    lines.insert(4, "![accuracy](dp2_fedsam.png)\n")
+    header = "| method | " + " | ".join(f"{lab}, ε={e:g} ({len(results[(lab, e, METHODS[0][0])]['acc'])} seeds)"
+                                       for lab, e in cols) + " | paper CIFAR-10 (1000,2) ε=1 / ε=2 |"
+    lines += [header, "|" + "---|" * (len(cols) + 2)]
     for name, _, _ in METHODS:
         cells = []
-        for lab in labels:
-            for e in eps_list:
-                r = results[(lab, e, name)]
-                g = f" [{_fmt(r['global'])}]" if r["global"] and r["global"][0] is not None else ""
-                cells.append(_fmt(r["acc"]) + g)
+        for lab, e in cols:
+            r = results[(lab, e, name)]
+            g = f" [{_fmt(r['global'])}]" if r["global"] and r["global"][0] is not None else ""
+            cells.append(_fmt(r["acc"]) + g)
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {PAPER[name][0]} / {PAPER[name][1]} |")
-    lines += ["", "σ (calibrated, Opacus RDP) and the mean pre-clip local update norm ‖Δ_i‖ (Fig. 5) per setting:", "",
+    lines += ["", "σ (calibrated, Opacus RDP) and the mean pre-clip local update norm ‖Δ_i‖ (Fig. 5) per setting "
+              "(– where the run's norms were not stored):", "",
               "| setting | ε | σ | " + " | ".join(m[0] for m in METHODS) + " |", "|" + "---|" * (len(METHODS) + 3)]
-    for lab in labels:
-        for e in eps_list:
-            sig = results[(lab, e, METHODS[0][0])]["sigma"]
-            norms = [np.mean(results[(lab, e, m[0])]["norms"]) for m in METHODS]
-            lines.append(f"| {lab} | {e:g} | {sig:.3f} | " + " | ".join(f"{v:.3f}" for v in norms) + " |")
+    for lab, e in cols:
+        sig = results[(lab, e, METHODS[0][0])]["sigma"]
+        norms = [results[(lab, e, m[0])]["norms"] for m in METHODS]
+        lines.append(f"| {lab} | {e:g} | {sig:.3f} | "
+                     + " | ".join(f"{np.mean(v):.3f}" if v else "–" for v in norms) + " |")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     marker = "<!-- results -->"
@@ -222,10 +249,8 @@ def write_markdown(args, results: dict, eps_list: list[float], seeds: list[int],
         out.write_text(head + marker + "\n\n" + body)
     else:
         out.write_text(body)
-    saved = {f"{k[0]}|{k[1]}|{k[2]}": v for k, v in results.items()}
-    saved["_command"] = cmd
-    out.with_suffix(".json").write_text(json.dumps(saved, indent=1))
-    plot(results, labels, eps_list, out.with_suffix(".png"))
+    if cols:
+        plot(results, cols, out.with_suffix(".png"))
     print(body)
 
 

@@ -206,3 +206,21 @@ def test_simulation_logs_oracle_fields(strategy, tmp_path):
         assert m["rpca_iterations"] > 0 and all(c["sigma2_estimated"] > 0 for c in clients)
     if strategy == "min-eps":
         assert len({c["epsilon_budget"] for c in clients}) == 1
+
+
+def test_weighted_sum_is_a_float64_sum_across_blocks():
+    """The blocked Σ w_i u_i equals the float64 reference for float32 updates spanning several blocks."""
+    from strategies.aggregate import _SUM_BLOCK, weighted_sum
+
+    rng = np.random.default_rng(0)
+    p = 2 * _SUM_BLOCK + 123
+    ups = [rng.standard_normal(p, dtype=np.float32) for _ in range(5)]
+    w = rng.random(5)
+    ref = sum(float(wi) * u.astype(np.float64) for wi, u in zip(w, ups))
+    out = weighted_sum(ups, w)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-15)
+    mats = [rng.normal(size=(3, 4)) for _ in range(3)]
+    np.testing.assert_allclose(weighted_sum(mats, [1.0, 2.0, 3.0]), mats[0] + 2 * mats[1] + 3 * mats[2])
+    with pytest.raises(ValueError, match="2 updates but 1 weights"):
+        weighted_sum(ups[:2], [1.0])
