@@ -198,6 +198,7 @@ class DPFLStrategy(Strategy):
         self.round_offset = 0  # rounds already done before this process (resume from a checkpoint)
         self.last_round = 0  # last round whose record was flushed
         self.ledger_epsilon: dict[int, float] = {}  # client_id -> largest ε a client reported spending
+        self.node_clients: dict[int, int] = {}  # node_id -> client_id, learned from the clients' reports
         self.run_fit_config: dict[str, Scalar] = {}  # run-wide fit-config keys (e.g. run-lineage for resume)
 
     # ------------------------------------------------------------------ Flower API
@@ -230,7 +231,27 @@ class DPFLStrategy(Strategy):
         if self.ledger_epsilon:
             config[LEDGER_CONFIG_KEY] = json.dumps({str(k): v for k, v in sorted(self.ledger_epsilon.items())})
         config.update(self.fit_config(server_round))
-        return [(c, FitIns(parameters, dict(config))) for c in clients]
+        return [(c, FitIns(parameters, self._with_ledger(config, c))) for c in clients]
+
+    def _with_ledger(self, config: Mapping[str, Scalar], proxy: ClientProxy) -> dict[str, Scalar]:
+        """The fit config for one node, with the ε the server's ledger holds for it (``dp-ledger``).
+
+        A node whose client the server already knows gets only its own entry, so the message does not
+        grow with the federation; an unknown node (first contact, or a client restarted under a new
+        node id) gets the whole ledger, so a client that lost its accountant is still caught.
+        """
+        out = dict(config)
+        if not self.ledger_epsilon:
+            return out
+        cid = self.node_clients.get(int(proxy.node_id))
+        if cid is not None and cid in self.ledger_epsilon:
+            entries = {cid: self.ledger_epsilon[cid]}
+        elif cid is not None:
+            return out
+        else:
+            entries = self.ledger_epsilon
+        out[LEDGER_CONFIG_KEY] = json.dumps({str(k): v for k, v in sorted(entries.items())})
+        return out
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None, dict[str, Scalar]]:
@@ -243,7 +264,8 @@ class DPFLStrategy(Strategy):
             record = self._base_record(proxy, res, metrics)
             records.append(record)
             if record["status"] in ("ok", "refused"):  # the client's own accountant, not a server estimate
-                self._ledger_update({"client_id": record["client_id"], "epsilon_spent": metrics.get("epsilon_spent")})
+                self._ledger_update({"client_id": record["client_id"], "node_id": record.get("node_id"),
+                                    "epsilon_spent": metrics.get("epsilon_spent")})
             if record["status"] != "ok":
                 continue
             try:
@@ -458,6 +480,7 @@ class DPFLStrategy(Strategy):
                 if isinstance(value, np.random.Generator)}
         return {"round": int(self.last_round), "weights": [w.copy() for w in self.current_weights],
                 "ledger_epsilon": {str(k): v for k, v in self.ledger_epsilon.items()},
+                "node_clients": {str(k): v for k, v in self.node_clients.items()},
                 "initial_metrics": dict(getattr(self, "initial_metrics", {}) or {}),
                 "num_available": int(self.num_available), "rngs": rngs, "family": self.checkpoint_state()}
 
@@ -470,6 +493,7 @@ class DPFLStrategy(Strategy):
         self.current_weights = weights
         self.round_offset = self.last_round = int(state["round"])
         self.ledger_epsilon = {int(k): float(v) for k, v in dict(state.get("ledger_epsilon", {})).items()}
+        self.node_clients = {int(k): int(v) for k, v in dict(state.get("node_clients", {})).items()}
         if state.get("initial_metrics"):
             self.initial_metrics = dict(state["initial_metrics"])
         for name, rng_state in dict(state.get("rngs", {})).items():
@@ -488,6 +512,8 @@ class DPFLStrategy(Strategy):
         cid, eps = rec.get("client_id"), rec.get("epsilon_spent")
         if cid is None or eps is None or isinstance(eps, (str, bytes, bool)):
             return
+        if rec.get("node_id") is not None:
+            self.node_clients[int(rec["node_id"])] = int(cid)
         try:
             value = float(eps)
         except (TypeError, ValueError):

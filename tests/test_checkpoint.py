@@ -53,6 +53,7 @@ def test_strategy_state_round_trip_restores_weights_ledger_rng_and_family_state(
     a = _strategy()
     a.current_weights = [np.full((2, 2), 3.0, np.float32)]
     a.ledger_epsilon = {0: 0.4, 3: 1.25}
+    a.node_clients = {11: 0, 17: 3}
     a.shift[:] = [1, 2, 3, 4]
     a.rng.normal(size=7)  # advance
     a.last_round = 2
@@ -61,10 +62,30 @@ def test_strategy_state_round_trip_restores_weights_ledger_rng_and_family_state(
     b.load_state_dict(load_checkpoint(tmp_path / "c.npz")["state"])
     np.testing.assert_array_equal(b.current_weights[0], a.current_weights[0])
     assert b.ledger_epsilon == {0: 0.4, 3: 1.25} and b.round_offset == 2
+    assert b.node_clients == {11: 0, 17: 3}
     np.testing.assert_array_equal(b.shift, [1, 2, 3, 4])
     np.testing.assert_array_equal(b.nested["arr"][0], np.arange(3))
     assert b.rng.normal() == a.rng.normal()  # the generator continues where it stopped
     assert b._actual_round(1) == 3 and b._actual_round(0) == 0
+
+
+class _Node:
+    def __init__(self, node_id: int) -> None:
+        self.node_id = node_id
+
+
+def test_ledger_entry_is_per_node_once_the_node_is_known() -> None:
+    """A known node gets only its own ε (the message does not grow with n); an unknown node gets all."""
+    from strategies.base import LEDGER_CONFIG_KEY
+
+    a = _strategy()
+    assert LEDGER_CONFIG_KEY not in a._with_ledger({"server-round": 1}, _Node(11))  # empty ledger: no key
+    for node, cid, eps in ((11, 0, 0.4), (17, 3, 1.25), (19, 4, 0.9)):
+        a._ledger_update({"client_id": cid, "node_id": node, "epsilon_spent": eps})
+    assert json.loads(a._with_ledger({}, _Node(17))[LEDGER_CONFIG_KEY]) == {"3": 1.25}
+    assert json.loads(a._with_ledger({}, _Node(99))[LEDGER_CONFIG_KEY]) == {"0": 0.4, "3": 1.25, "4": 0.9}
+    a.node_clients[23] = 7  # known node, client without a ledger entry yet
+    assert LEDGER_CONFIG_KEY not in a._with_ledger({}, _Node(23))
 
 
 def test_load_state_dict_rejects_a_different_model() -> None:
