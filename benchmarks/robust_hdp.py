@@ -150,14 +150,28 @@ def run_accuracy(strategy: str, dist: str, rounds: int, data_dir: str, max_sampl
                                    "init_args": {"num_cpus": 2, "logging_level": "ERROR"}})
     run_dir = sorted(glob.glob(os.path.join(out_dir, f"{strategy}_{dist}_*")))[-1]
     rounds_log = [json.loads(line) for line in open(os.path.join(run_dir, "rounds.jsonl"))]
+    return {**run_summary(rounds_log), "lr": ov["lr"], "seconds": time.time() - t0}
+
+
+def run_summary(rounds_log: list[dict]) -> dict:
+    """Accuracy curve and round-1 aggregation diagnostics of one run's rounds.jsonl records.
+
+    ``weighted_steps_r1`` = Σ_i w_i · steps_i: how many local SGD steps the aggregate carries (a client's
+    update grows with its number of steps ⌈N_i/b_i⌉, its noise variance with z_i²·steps_i/b_i²);
+    ``neff_r1`` = 1/Σ w_i², the effective number of clients.
+    """
     last = rounds_log[-1]["metrics"]
     first = rounds_log[0]["metrics"]
     curve = [r["metrics"].get("client_accuracy") for r in rounds_log]
+    ok = [c for c in rounds_log[0]["clients"] if c.get("status") == "ok"]
+    w = np.array([c["aggregation_weight"] for c in ok])
+    steps = np.array([c.get("steps", 0) for c in ok], dtype=float)
     return {"client_accuracy": last.get("client_accuracy"), "accuracy": last.get("accuracy"),
             "loss": last.get("loss"), "best_client_accuracy": max((c for c in curve if c is not None), default=None),
-            "curve": curve, "lr": ov["lr"], "rounds_done": len(rounds_log),
+            "curve": curve, "rounds_done": len(rounds_log), "weighted_steps_r1": float(np.sum(w * steps)),
+            "neff_r1": float(1.0 / np.sum(w**2)),
             "noise_variance_r1": first.get("noise_variance") or first.get("noise_variance_unprojected"),
-            "noise_variance_oracle_r1": first.get("noise_variance_oracle"), "seconds": time.time() - t0}
+            "noise_variance_oracle_r1": first.get("noise_variance_oracle")}
 
 
 def main() -> None:
@@ -356,6 +370,14 @@ def accuracy_section(args: argparse.Namespace, dists: list[str], rounds: int) ->
         cells = [f"{acc[s][d]['noise_variance_r1']:.4g} ({acc[s][d]['noise_variance_oracle_r1']:.4g})" for d in dists]
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
     lines.append("")
+    if all("weighted_steps_r1" in acc[s][d] for s in strategies for d in dists):
+        lines += ["Round 1: η·Σ_i w_i·steps_i (the aggregate's length in local steps × lr: the *signal* side) / "
+                  "n_eff = 1/Σ w_i²:", "", "| strategy | " + " | ".join(dists) + " |", "|---|" + "---|" * len(dists)]
+        for s in strategies:
+            cells = [f"{acc[s][d]['lr'] * acc[s][d]['weighted_steps_r1']:.3g} / {acc[s][d]['neff_r1']:.1f}"
+                     for d in dists]
+            lines.append(f"| {s} | " + " | ".join(cells) + " |")
+        lines.append("")
     lines += accuracy_plot(acc, strategies, dists)
     return lines
 
