@@ -189,8 +189,8 @@ def _fmt(values: list) -> str:
 
 
 def complete_columns(results: dict) -> list[tuple[str, float]]:
-    """(setting, ε) pairs for which every method has at least one run, in insertion order."""
-    cols = dict.fromkeys((k[0], k[1]) for k in results)
+    """(setting, ε) pairs for which every method has at least one run: digits first, then by name and ε."""
+    cols = sorted({(k[0], k[1]) for k in results}, key=lambda c: (not c[0].startswith("digits"), c[0], c[1]))
     return [c for c in cols if all((c[0], c[1], m[0]) in results for m in METHODS)]
 
 
@@ -222,8 +222,12 @@ def write_markdown(args, runs: dict) -> None:
              + ".", "", "![accuracy](dp2_fedsam.png)", "",
              "Personalized / local-test accuracy (%), mean over all clients at the final round, mean ± std over seeds "
              "(global held-out test accuracy of the shared model in brackets, non-personalized methods only).", ""]
-    header = "| method | " + " | ".join(f"{lab}, ε={e:g} ({len(results[(lab, e, METHODS[0][0])]['acc'])} seeds)"
-                                       for lab, e in cols) + " | paper CIFAR-10 (1000,2) ε=1 / ε=2 |"
+    def seeds(lab: str, e: float) -> str:
+        k = len(results[(lab, e, METHODS[0][0])]["acc"])
+        return f"{k} seed" + ("s" if k > 1 else "")
+
+    header = "| method | " + " | ".join(f"{lab}, ε={e:g} ({seeds(lab, e)})" for lab, e in cols) \
+        + " | paper CIFAR-10 (1000,2) ε=1 / ε=2 |"
     lines += [header, "|" + "---|" * (len(cols) + 2)]
     for name, _, _ in METHODS:
         cells = []
