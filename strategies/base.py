@@ -228,8 +228,6 @@ class DPFLStrategy(Strategy):
         clients = self.sample_clients(server_round, client_manager)
         config: dict[str, Scalar] = {"server-round": server_round}
         config.update(self.run_fit_config)
-        if self.ledger_epsilon:
-            config[LEDGER_CONFIG_KEY] = json.dumps({str(k): v for k, v in sorted(self.ledger_epsilon.items())})
         config.update(self.fit_config(server_round))
         return [(c, FitIns(parameters, self._with_ledger(config, c))) for c in clients]
 
@@ -240,7 +238,7 @@ class DPFLStrategy(Strategy):
         grow with the federation; an unknown node (first contact, or a client restarted under a new
         node id) gets the whole ledger, so a client that lost its accountant is still caught.
         """
-        out = dict(config)
+        out = {k: v for k, v in config.items() if k != LEDGER_CONFIG_KEY}
         if not self.ledger_epsilon:
             return out
         cid = self.node_clients.get(int(proxy.node_id))

@@ -85,7 +85,37 @@ def test_ledger_entry_is_per_node_once_the_node_is_known() -> None:
     assert json.loads(a._with_ledger({}, _Node(17))[LEDGER_CONFIG_KEY]) == {"3": 1.25}
     assert json.loads(a._with_ledger({}, _Node(99))[LEDGER_CONFIG_KEY]) == {"0": 0.4, "3": 1.25, "4": 0.9}
     a.node_clients[23] = 7  # known node, client without a ledger entry yet
-    assert LEDGER_CONFIG_KEY not in a._with_ledger({}, _Node(23))
+    assert LEDGER_CONFIG_KEY not in a._with_ledger({LEDGER_CONFIG_KEY: "{}"}, _Node(23))
+
+
+def test_configure_fit_sends_each_known_node_only_its_own_ledger_entry() -> None:
+    from flwr.common import ndarrays_to_parameters
+
+    from strategies.base import LEDGER_CONFIG_KEY
+
+    class Manager:
+        def __init__(self, nodes):
+            self.nodes = nodes
+
+        def wait_for(self, k, timeout=None):
+            return True
+
+        def num_available(self):
+            return len(self.nodes)
+
+        def sample(self, num_clients, min_num_clients=None, criterion=None):
+            return self.nodes[:num_clients]
+
+        def all(self):
+            return {str(n.node_id): n for n in self.nodes}
+
+    a = _strategy()
+    for node, cid in ((11, 0), (17, 3)):
+        a._ledger_update({"client_id": cid, "node_id": node, "epsilon_spent": 0.5 + cid})
+    nodes = [_Node(11), _Node(17), _Node(99)]
+    ins = a.configure_fit(1, ndarrays_to_parameters(a.current_weights), Manager(nodes))
+    sent = {c.node_id: json.loads(fi.config[LEDGER_CONFIG_KEY]) for c, fi in ins}
+    assert sent == {11: {"0": 0.5}, 17: {"3": 3.5}, 99: {"0": 0.5, "3": 3.5}}
 
 
 def test_load_state_dict_rejects_a_different_model() -> None:
