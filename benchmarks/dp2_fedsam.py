@@ -41,6 +41,7 @@ from fedapp.clients.common import (
 from fedapp.clients.dp2_fedsam import DP2FedSAMClient  # noqa: E402
 from fedapp.config import resolve_config  # noqa: E402
 from fedapp.data import load_dataset  # noqa: E402
+from fedapp.results import write_json_atomic  # noqa: E402
 from fedapp.server_app import make_evaluate_fn  # noqa: E402
 from fedapp.training import get_weights  # noqa: E402
 from strategies.base import StrategyContext  # noqa: E402
@@ -159,9 +160,7 @@ def main() -> None:
                               f"global_acc={g if g is not None else float('nan'):.4f} eps_spent={info['epsilon']:.3f} "
                               f"sigma={info['sigma']:.3f} ({info['seconds']:.0f}s)", flush=True)
                         runs[key] = {**info, "command": "python benchmarks/dp2_fedsam.py " + " ".join(sys.argv[1:])}
-                        tmp = store.with_suffix(".tmp")
-                        tmp.write_text(json.dumps(runs, indent=1))
-                        tmp.replace(store)
+                        write_json_atomic(store, runs)
     write_markdown(args, runs)
 
 

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedapp.config import resolve_config  # noqa: E402
 from fedapp.privacy_profiles import federation_profiles  # noqa: E402
+from fedapp.results import write_json_atomic  # noqa: E402
 from strategies.accounting import calibrate_noise_multiplier  # noqa: E402
 from strategies.aggregate import aggregate_noise_variance, weighted_sum  # noqa: E402
 from strategies.base import ClientUpdate  # noqa: E402
@@ -335,9 +336,7 @@ def accuracy_section(args: argparse.Namespace, dists: list[str], rounds: int) ->
             minutes += r["seconds"] / 60
             print(s, d, {k: v for k, v in r.items() if k != "curve"}, flush=True)
             if store:
-                tmp = store.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"settings": settings, "runs": acc, "minutes": minutes}, indent=1))
-                tmp.replace(store)
+                write_json_atomic(store, {"settings": settings, "runs": acc, "minutes": minutes})
     strategies = [s for s in STRATEGIES if s in acc]
     dists = [d for d in dists if all(d in acc[s] for s in strategies)]
     n_train = args.max_samples or 60_000

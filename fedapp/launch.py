@@ -14,6 +14,7 @@ The run-config is validated here first, so bad input fails before anything start
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -247,8 +248,6 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     if not new_runs or not (new_runs[-1] / "summary.json").exists():
         raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see "
                            f"{flwr_home}/superlink-{port}.log")
-    import json
-
     summary = json.loads((new_runs[-1] / "summary.json").read_text(encoding="utf-8"))
     if not summary.get("finished"):
         raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds; partial "

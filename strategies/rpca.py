@@ -74,6 +74,9 @@ class _Ops:
             if device not in (None, "cpu"):
                 raise ValueError(f"the numpy RPCA backend runs on the CPU, got device={device!r}")
             self.dtype = np.dtype(dtype)
+            from scipy.linalg import blas  # imported here, once, not in the iteration loop
+
+            self.gemm = blas.sgemm if self.dtype == np.float32 else blas.dgemm
 
     def asarray(self, m: np.ndarray) -> Any:
         if self.backend == "torch":
@@ -122,11 +125,8 @@ class _Ops:
         if self.backend == "torch":
             out.addmm_(x, self.torch.as_tensor(w, device=self.device, dtype=self.dtype))
             return
-        from scipy.linalg import blas
-
-        gemm = blas.sgemm if self.dtype == np.float32 else blas.dgemm
         # C-contiguous p × n arrays are Fortran-contiguous n × p: outᵀ ← wᵀ·xᵀ + outᵀ, in place.
-        res = gemm(1.0, np.ascontiguousarray(w.T, dtype=self.dtype), x.T, beta=1.0, c=out.T, overwrite_c=1)
+        res = self.gemm(1.0, np.ascontiguousarray(w.T, dtype=self.dtype), x.T, beta=1.0, c=out.T, overwrite_c=1)
         if not np.shares_memory(res, out):  # pragma: no cover - only if the array is not contiguous
             out[...] = res.T
 
@@ -136,10 +136,6 @@ class _Ops:
             self.torch.sub(x, y, out=out)
         else:
             np.subtract(x, y, out=out)
-
-    def add_(self, y: Any, x: Any) -> None:
-        """y += x in place."""
-        y += x
 
     def scale_into(self, x: Any, alpha: float, out: Any) -> None:
         """out = alpha·x."""
@@ -215,7 +211,7 @@ def rpca(m: np.ndarray, *, lam: float | None = None, tol: float = 1e-7, max_iter
     while it < max_iter:
         it += 1
         ops.sub_into(mm, sparse, t)
-        ops.add_(t, e)  # T = M − S + E
+        t += e  # T = M − S + E
         s_vals, v = ops.right_svd(t, svd)
         w, rank = _svt_matrix(s_vals, v, 1.0 / mu_k)
         ops.gemm_accumulate(t, eye - w, sparse)  # R = S + T − SVT_{1/μ}(T) = M − L + E, in place of S
