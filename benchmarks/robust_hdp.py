@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 from fedapp.config import resolve_config  # noqa: E402
 from fedapp.privacy_profiles import federation_profiles  # noqa: E402
 from fedapp.results import write_json_atomic  # noqa: E402
-from strategies.accounting import calibrate_noise_multiplier  # noqa: E402
 from strategies.aggregate import aggregate_noise_variance, weighted_sum  # noqa: E402
 from strategies.base import ClientUpdate  # noqa: E402
+from strategies.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
 from strategies.robust_hdp import RobustHDP, oracle_sigma2, split_public_private  # noqa: E402
 from strategies.rpca import column_noise_variances, inverse_variance_weights  # noqa: E402
 

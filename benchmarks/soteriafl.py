@@ -37,6 +37,7 @@ from fedapp.config import resolve_config  # noqa: E402
 from fedapp.data import load_dataset  # noqa: E402
 from fedapp.training import evaluate_model, get_weights, set_weights  # noqa: E402
 from strategies.aggregate import unflatten  # noqa: E402
+from strategies.compression import rand_k_omega  # noqa: E402
 from strategies.soteriafl import (  # noqa: E402
     METHODS,
     ClientState,
@@ -48,7 +49,6 @@ from strategies.soteriafl import (  # noqa: E402
     default_k,
     mask_seed,
     payload_bits,
-    randk_omega,
     shift_stepsize,
     snapshot_coin,
     theorem2_sigma,
@@ -107,7 +107,7 @@ def run(task: Task, name: str, eps: float, eta: float, rounds: int, eval_every: 
     """One training run of ``rounds`` rounds; metrics every ``eval_every`` rounds (and at 0 and the end)."""
     method = METHODS[name]
     k = default_k(task.d) if method.compression != "none" else task.d
-    omega = randk_omega(task.d, default_k(task.d))
+    omega = rand_k_omega(task.d, default_k(task.d))
     gamma = shift_stepsize(omega)
     clients = []
     for i, orc in enumerate(task.oracles):

@@ -15,13 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from strategies.errors import ConfigError
+
+__all__ = ["SCHEMA", "ConfigError", "Key", "RunConfig", "resolve_config"]
+
 PRIVACY_DISTS = tuple(f"dist{i}" for i in range(1, 10)) + ("fixed",)
 DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100", "a9a")
 PARTITIONERS = ("iid", "shards", "pathological", "dirichlet")
-
-
-class ConfigError(ValueError):
-    """A run-config or node-config value is invalid; the message names key and value."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ _KEYS: list[Key] = [
     Key("data-dir", str, "", "Folder holding torchvision/LIBSVM data (e.g. ../shared/data). Required except for digits."),
     Key("model", str, "auto", "Model name (`fedapp.models.MODELS`); auto = the dataset's default."),
     Key("num-server-rounds", int, 3, "Number of federated rounds E.", _positive, "> 0"),
-    Key("seed", int, 42, "Seed for partitions, privacy profiles, model init and client sampling (not DP noise, see seeded-noise)."),
+    Key("seed", int, 42, "Seed for partitions, privacy profiles and model init (not DP noise or client sampling, see seeded-noise).", _nonneg, ">= 0"),
     Key("seeded-noise", bool, False, "Derive DP noise and Poisson sampling from the run seed: reproducible for tests/benchmarks, but a server that knows the seed can remove the noise, which voids the guarantee. Default: OS entropy."),
     Key("output-dir", str, "results", "Results root; each run writes a new subfolder."),
     Key("run-name", str, "", "Optional prefix of the run's results subfolder."),
@@ -87,7 +87,8 @@ _KEYS: list[Key] = [
     Key("privacy-dist", str, "dist2", "ε_i distribution (Robust-HDP Table 7) or fixed (use `epsilon`).", choices=PRIVACY_DISTS, section="privacy"),
     Key("epsilon", float, 1.0, "ε for every client when privacy-dist = fixed (and client-level budgets).", _positive, "> 0", section="privacy"),
     Key("epsilon-floor", float, 0.05, "Draws of ε below this are redrawn (Table 7 normals can go ≤ 0).", _positive, "> 0", section="privacy"),
-    Key("delta", float, 1e-4, "δ_i of every client (record-level DP-SGD).", _unit_open, "in (0, 1)", section="privacy"),
+    Key("delta", float, 1e-4, "δ_i of every client (record-level DP-SGD); at most 1/(10·N_i) unless allow-large-delta.", _unit_open, "in (0, 1)", section="privacy"),
+    Key("allow-large-delta", bool, False, "Permit δ above 1/(10·N) of the protected unit (a client's records for record-level DP, the clients for client-level DP).", section="privacy"),
     Key("batch-size", int, 0, "Fixed batch size b_i (0 = draw uniformly from batch-size-choices).", _nonneg, ">= 0", section="privacy"),
     Key("batch-size-choices", str, "8,16,24,32", "Comma-separated batch sizes drawn uniformly per client (Robust-HDP: 16,32,64,128).", section="privacy"),
     Key("local-epochs", int, 1, "Local epochs K_i per round.", _positive, "> 0", section="privacy"),
@@ -103,10 +104,13 @@ _KEYS: list[Key] = [
     # --- fed-smp: client-level DP (DP-FedAvg, Fed-SMP; shared with DP2-FedSAM) -----
     Key("noise-multiplier", float, 0.0, "Client-level DP σ: the sum of the r clipped updates carries N(0, C²σ²); 0 = calibrate to target-epsilon.", _nonneg, ">= 0", section="fed-smp"),
     Key("target-epsilon", float, 1.0, "Client-level ε over dp-rounds rounds (q = r/n, δ = client-delta) used when noise-multiplier = 0.", _positive, "> 0", section="fed-smp"),
-    Key("client-delta", float, 0.0, "Client-level δ; 0 = n^-1.1 (Fed-SMP Sec. 6.2).", _fraction, "in [0, 1)", section="fed-smp"),
+    Key("client-delta", float, 0.0, "Client-level δ; 0 = 1/(10 n) (at most that unless allow-large-delta).", _fraction, "in [0, 1)", section="fed-smp"),
     Key("compression-ratio", float, 0.01, "Fed-SMP / FedAvg-randk/topk p = k/d: fraction of coordinates kept by the round's mask.", _prob, "in (0, 1]", section="fed-smp"),
     Key("local-steps", int, 0, "Local SGD steps τ per round of client-level DP clients (0 = local-epochs · ⌈N/b⌉).", _nonneg, ">= 0", section="fed-smp"),
     Key("public-samples", int, 0, "Training examples held out of every client's data as the server's public set D_p (top-k needs > 0).", _nonneg, ">= 0", section="fed-smp"),
+    Key("secure-aggregation", bool, True, "Client-level DP families: sum the updates with Flower's SecAgg+ so the server sees only the aggregate (false = the server sees every update, so σ is calibrated for one update's ε: √r times the noise).", section="fed-smp"),
+    Key("secagg-num-shares", float, 1.0, "SecAgg+ shares per client: a fraction of the round's sampled clients (1 = all, i.e. SecAgg) or, if > 1, a count.", _positive, "> 0", section="fed-smp"),
+    Key("secagg-threshold", float, 0.5, "SecAgg+ reconstruction threshold as a fraction of the shares (the most dropouts a round survives).", _prob, "in (0, 1]", section="fed-smp"),
     Key("public-steps", int, 0, "τ_p: server SGD steps on D_p to pick the top-k mask (0 = same as local-steps).", _nonneg, ">= 0", section="fed-smp"),
     # --- dp2-fedsam: personalized partial sharing + SAM (DP2-FedSAM, CENTAUR, DP-FedSAM, FT baselines) ---
     Key("dp2-head", str, "auto", "Personal head h: comma-separated parameter-name prefixes; auto = last nn.Linear (DP2-FedSAM Sec. 5.1).", section="dp2-fedsam"),
@@ -147,17 +151,11 @@ _KEYS: list[Key] = [
     Key("fault-delay", float, 30.0, "Seconds a timing-out client sleeps (set above round-timeout).", _positive, "> 0", section="deployment"),
     Key("round-timeout", float, 0.0, "Seconds the server waits for client replies each round (0 = no timeout).", _nonneg, ">= 0", section="deployment"),
     Key("min-fit-clients", int, 0, "Fewest acceptable updates a round needs; fewer aborts the run with a clear message (0 = no minimum).", _nonneg, ">= 0", section="deployment"),
+    Key("strike-limit", int, 3, "Rejected updates after which a client is excluded from later rounds (0 = never exclude).", _nonneg, ">= 0", section="deployment"),
+    Key("robust-norm-factor", float, 10.0, "Strategies without a declared update-norm bound reject an update above this multiple of the median norm of the round's other updates (0 = off).", _nonneg, ">= 0", section="deployment"),
 ]
 
 SCHEMA: dict[str, Key] = {k.name: k for k in _KEYS}
-
-
-def register_keys(*keys: Key) -> None:
-    """Add keys of an algorithm family (each family module calls this once)."""
-    for key in keys:
-        if key.name in SCHEMA and SCHEMA[key.name] != key:
-            raise RuntimeError(f"run-config key {key.name!r} registered twice with different definitions")
-        SCHEMA[key.name] = key
 
 
 def _coerce(key: Key, value: Any) -> Any:
@@ -228,7 +226,6 @@ class RunConfig(dict):
 
 def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> RunConfig:
     """Merge ``run_config`` and ``overrides`` over the schema defaults and validate all values."""
-    _load_family_keys()
     merged: dict[str, Any] = {name: key.default for name, key in SCHEMA.items()}
     for source in (run_config or {}, overrides or {}):
         for name, value in source.items():
@@ -246,6 +243,14 @@ def validate_cross_fields(cfg: RunConfig) -> None:
 
     get_spec(cfg["strategy"])  # raises ConfigError listing valid names
     parse_int_list("batch-size-choices", cfg["batch-size-choices"])
+    out = cfg["output-dir"]
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"run-config 'output-dir' = {out!r} exists and is not a folder")
+    if cfg["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("run-config 'device' = 'cuda' but no CUDA device is available here (use 'auto' or 'cpu')")
     if cfg["dataset"] != "digits":
         data_dir = cfg["data-dir"]
         if not data_dir:
@@ -263,14 +268,37 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
 
 
-def _load_family_keys() -> None:
-    """Import the registry so every family module has registered its keys."""
-    import fedapp.registry  # noqa: F401
+#: run-config sections each strategy family reads (``Key.section``); keys of other sections are ignored by it
+FAMILY_SECTIONS: dict[str, frozenset[str]] = {
+    "foundation": frozenset({"general", "data", "privacy", "deployment"}),
+    "robust-hdp": frozenset({"general", "data", "privacy", "robust-hdp", "deployment"}),
+    "soteriafl": frozenset({"general", "data", "privacy", "soteriafl", "deployment"}),
+    "fed-smp": frozenset({"general", "data", "privacy", "fed-smp", "deployment"}),
+    "dp2-fedsam": frozenset({"general", "data", "privacy", "fed-smp", "dp2-fedsam", "deployment"}),
+}
+#: record-level keys a client-level family never reads, and Fed-SMP keys DP2-FedSAM never reads
+_CLIENT_LEVEL_IGNORES = frozenset({"privacy-dist", "epsilon-floor", "delta", "falsify-client", "falsify-epsilon",
+                                   "grad-sample-mode", "batch-size-choices"})
+_FAMILY_IGNORES: dict[str, frozenset[str]] = {
+    "fed-smp": _CLIENT_LEVEL_IGNORES | {"epsilon"},
+    "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"compression-ratio", "local-steps", "public-samples", "public-steps"},
+    "soteriafl": frozenset({"grad-sample-mode", "local-epochs", "lr", "momentum", "lr-decay", "batch-size",
+                            "batch-size-choices"}),
+}
+
+
+def unused_keys(cfg: Mapping[str, Any], family: str) -> list[str]:
+    """Keys set to a non-default value that the strategy family ``family`` does not read."""
+    sections = FAMILY_SECTIONS.get(family)
+    if sections is None:
+        return []
+    ignored = _FAMILY_IGNORES.get(family, frozenset())
+    return [name for name, key in SCHEMA.items()
+            if name in cfg and cfg[name] != key.default and (key.section not in sections or name in ignored)]
 
 
 def markdown_table() -> str:
     """The README's config reference, generated from the schema."""
-    _load_family_keys()
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for section in dict.fromkeys(k.section for k in SCHEMA.values()):
         for key in SCHEMA.values():

@@ -67,6 +67,9 @@ def run_federation(overrides: dict[str, Any], num_clients: int = 4) -> Path:
     if num_clients < 2:
         raise ValueError(f"num_clients = {num_clients}: a federation needs at least 2 clients")
     overrides = dict(overrides)
+    if get_spec(str(overrides.get("strategy", resolve_config()["strategy"]))).privacy.startswith("client-level"):
+        # no transport, so no SecAgg+: client-level DP then plans its budget for what the server sees (one update)
+        overrides.setdefault("secure-aggregation", False)
     cfg = resolve_config(None, overrides)
     components = build_components(cfg)
     strategy = components.strategy

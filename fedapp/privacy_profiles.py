@@ -1,4 +1,4 @@
-"""Per-client privacy profiles (ε_i, δ_i, b_i, K_i) for heterogeneous DP-FL.
+"""Per-client privacy profiles (ε_i, δ_i, b_i, K_i) for heterogeneous DP-FL, and the run's client-level mechanism.
 
 In simulation every profile is a deterministic function of the run-config and the seed
 (the server can therefore validate all of them before round 1); in deployment a SuperNode's
@@ -14,6 +14,7 @@ floor — never a clipped point mass.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.config import ConfigError, RunConfig, parse_int_list
+from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
 
 # (weights, means, stds) for mixtures of normals; ("uniform", low, high) otherwise.
 DISTRIBUTIONS: dict[str, tuple] = {
@@ -89,6 +91,16 @@ def _node_value(node_config: Mapping[str, Any], key: str, kind: type) -> Any:
     return value
 
 
+def _train_size(cfg: RunConfig, num_clients: int, client_id: int) -> int | None:
+    """N_i of a client (None when the dataset cannot be read here; the pre-round check still applies)."""
+    from fedapp.client_data import client_train_sizes
+
+    try:
+        return int(client_train_sizes(cfg, num_clients)[client_id])
+    except (ConfigError, OSError):
+        return None
+
+
 def federation_profiles(cfg: RunConfig, num_clients: int) -> list[ClientProfile]:
     """Profiles of all clients of a simulated federation (no node-config overrides)."""
     return [client_profile(cfg, {"partition-id": i, "num-partitions": num_clients}) for i in range(num_clients)]
@@ -113,6 +125,7 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
         batch = int(cfg["batch-size"])
     else:
         batch = int(sample_batch_sizes(parse_int_list("batch-size-choices", cfg["batch-size-choices"]), n, seed)[cid])
+        batch = min(batch, _train_size(cfg, n, cid) or batch)  # a drawn b_i never exceeds N_i (issue 17)
     delta = float(cfg["delta"])
     epochs = int(cfg["local-epochs"])
     if "epsilon" in node_config:
@@ -137,3 +150,52 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
     if epochs <= 0:
         raise ConfigError(f"client {cid}: local-epochs = {epochs!r} must be > 0")
     return ClientProfile(cid, n, epsilon, delta, batch, epochs, reported)
+
+
+def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLevelDP:
+    """The run's client-level mechanism (DP-FedAvg, Fed-SMP, DP2-FedSAM) from its run-config keys.
+
+    r = ``clients-per-round`` (0 → all n), T = ``dp-rounds`` (0 → ``num-server-rounds``), δ =
+    ``client-delta`` (0 → 1/(10 n); larger than that only with ``allow-large-delta``), σ = ``noise-multiplier`` or, when 0, calibrated by the accountant so
+    that T rounds at q = r/n spend ``target-epsilon`` — of the aggregate under ``secure-aggregation``, of one
+    update without it (the server then sees every update). Server and clients call this with the same
+    inputs, so they agree on σ (the server also sends it and clients cross-check).
+    """
+    n = int(num_clients)
+    if n < 2:
+        raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
+    r = min(int(cfg["clients-per-round"]) or n, n)
+    rounds = int(cfg.get("dp-rounds", 0)) or int(cfg["num-server-rounds"])
+    given = float(cfg.get("client-delta", 0.0))
+    if given > max_delta(n) and not cfg.get("allow-large-delta", False):
+        raise ConfigError(f"run-config 'client-delta' = {given:g} is above 1/(10 n) = {max_delta(n):.3g} for n = {n} "
+                          "clients; set 'allow-large-delta' = true to run with it anyway")
+    try:
+        delta = given or default_client_delta(n)
+        return _client_level(float(cfg["noise-multiplier"]), float(cfg["target-epsilon"]), float(cfg["clip-norm"]),
+                             r, n, rounds, delta, str(cfg.get("accountant", "rdp")),
+                             bool(cfg.get("secure-aggregation", True)))
+    except ValueError as exc:
+        raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={cfg['target-epsilon']}, "
+                          f"noise-multiplier={cfg['noise-multiplier']}, client-delta={cfg.get('client-delta')}, "
+                          f"clients-per-round={cfg['clients-per-round']} of {n}: {exc}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _client_level(sigma: float, target: float, clip: float, r: int, n: int, rounds: int, delta: float,
+                  accountant: str, secure_aggregation: bool) -> ClientLevelDP:
+    if sigma > 0:
+        return ClientLevelDP(sigma, clip, r, n, rounds, delta, accountant, secure_aggregation)
+    return ClientLevelDP.calibrated(target, clip=clip, clients_per_round=r, num_clients=n, rounds=rounds,
+                                    delta=delta, accountant=accountant, secure_aggregation=secure_aggregation)
+
+
+def check_record_delta(cfg: Mapping[str, Any], profiles: list[ClientProfile], sizes: list[int]) -> None:
+    """Record-level DP: every client's δ_i must be at most 1/(10·N_i) unless ``allow-large-delta``."""
+    if cfg.get("allow-large-delta", False):
+        return
+    for profile, n_i in zip(profiles, sizes):
+        if n_i > 0 and profile.delta > max_delta(n_i):
+            raise ConfigError(f"client {profile.client_id}: delta = {profile.delta:g} is above 1/(10 N_i) = "
+                              f"{max_delta(n_i):.3g} for its N_i = {n_i} records (run-config 'delta' or node-config); "
+                              "set 'allow-large-delta' = true to run with it anyway")

@@ -125,8 +125,16 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
                 max_eps[str(cid)] = max(eps, max_eps.get(str(cid), 0.0))
     best = max(accs, key=lambda t: t[1]) if accs else (None, None)
     last = rounds[-1]["metrics"] if rounds else {}
+    trained = sum(1 for r in rounds if (r["metrics"].get("clients_ok") or 0) > 0)
+    individual = [r["metrics"]["epsilon_individual"] for r in rounds if r["metrics"].get("epsilon_individual") is not None]
+    out_of_model = {}
+    if individual:  # client-level: the aggregate ε needs secure aggregation; this one does not
+        out_of_model["max_epsilon_individual_update"] = max(individual)
     return {
-        "rounds_completed": len(rounds), "finished": done,
+        "rounds_completed": len(rounds), "rounds_trained": trained,
+        # a run "finishes" only when it ran all its rounds and at least one of them aggregated an update
+        "finished": bool(done and trained > 0),
+        "stopped_reason": None if not done or trained else "no client update was aggregated in any round",
         "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
         "final_client_accuracy": last.get("client_accuracy"),
         "best_accuracy": best[1], "best_round": best[0],
@@ -135,6 +143,7 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
         "total_uplink_bytes": int(sum(c.get("uplink_bytes") or 0 for r in rounds for c in r["clients"])),
         "client_status_counts": statuses,
         "wall_seconds": wall_seconds,
+        **out_of_model,
     }
 
 
@@ -160,19 +169,38 @@ def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
     plt.close(fig)
 
     per_client: dict[int, list[tuple[int, float]]] = {}
+    budgets: dict[int, float] = {}
+    refusals: dict[int, list[tuple[int, float]]] = {}
     for r in rounds:
         for c in r["clients"]:
             if c.get("client_id") is not None and c.get("epsilon_spent") is not None:
-                per_client.setdefault(int(c["client_id"]), []).append((r["round"], c["epsilon_spent"]))
+                cid = int(c["client_id"])
+                per_client.setdefault(cid, []).append((r["round"], c["epsilon_spent"]))
+                if c.get("epsilon_budget") is not None:
+                    budgets[cid] = float(c["epsilon_budget"])
+                if c.get("status") in ("refused", "withheld"):
+                    refusals.setdefault(cid, []).append((r["round"], c["epsilon_spent"]))
     fig, ax = plt.subplots(figsize=(6, 4))
     for cid, pts in sorted(per_client.items()):
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"client {cid}")
+        (line,) = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", label=f"client {cid}")
+        if cid in budgets:  # each client's budget ε_i in its own colour, dashed
+            ax.axhline(budgets[cid], color=line.get_color(), linestyle="--", linewidth=0.8, alpha=0.7)
+        if cid in refusals:
+            ax.plot([p[0] for p in refusals[cid]], [p[1] for p in refusals[cid]], "x", color=line.get_color(),
+                    markersize=8)
+    keys = []  # legend entries explaining the markers, shown even when there are too many clients to list
+    if refusals:
+        keys += ax.plot([], [], "kx", label="refused / withheld")
+    if budgets:
+        keys += ax.plot([], [], "k--", linewidth=0.8, label="budget ε_i")
     ax.set_xlabel("round")
     ax.set_ylabel("ε spent (cumulative)")
     if not per_client:
         ax.text(0.5, 0.5, "no privacy accounting (non-private run)", ha="center", va="center", transform=ax.transAxes)
     elif len(per_client) <= 20:
         ax.legend(fontsize=6, ncol=2)
+    elif keys:
+        ax.legend(handles=keys, fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(run_dir / "privacy.png", dpi=120)

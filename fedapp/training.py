@@ -1,4 +1,4 @@
-"""Local training loops: record-level DP-SGD with Opacus, plain SGD, and evaluation.
+"""The local-training loop of every client (plain SGD, SAM, partial sharing, Opacus DP-SGD) and evaluation.
 
 DP-SGD (Abadi et al. 2016) protects each *record* of a client's dataset against anyone
 who sees the client's model updates (local, record-level DP; the server is untrusted).
@@ -64,93 +64,158 @@ class TrainResult:
     extra: dict = field(default_factory=dict)
 
 
-def _tensor_dataset(data: ArrayDataset) -> TensorDataset:
-    return TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y))
-
-
 def _regularization(model: nn.Module) -> torch.Tensor | None:
     reg = getattr(model, "regularization", None)
     return reg() if callable(reg) else None
 
 
-def train_plain(model: nn.Module, data: ArrayDataset, *, batch_size: int, epochs: int, lr: float,
-                momentum: float = 0.0, device: torch.device | None = None, seed: int = 0) -> TrainResult:
-    """Non-private minibatch SGD for ``epochs`` epochs (shuffled, ⌈N/b⌉ steps each)."""
-    device = device or torch.device("cpu")
-    model.to(device).train()
-    gen = torch.Generator().manual_seed(seed)
-    loader = DataLoader(_tensor_dataset(data), batch_size=batch_size, shuffle=True, generator=gen)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    loss_fn = nn.CrossEntropyLoss()
-    start, steps, total = time.perf_counter(), 0, 0.0
-    for _ in range(epochs):
-        for xb, yb in loader:
-            xb, yb = xb.to(device), yb.to(device)
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
-            reg = _regularization(model)
-            if reg is not None:
-                loss = loss + reg
-            loss.backward()
-            opt.step()
-            steps += 1
-            total += float(loss.detach())
-    return TrainResult(steps, total / max(steps, 1), time.perf_counter() - start)
+@dataclass(frozen=True)
+class PerSampleDP:
+    """Record-level DP-SGD (Abadi et al. 2016) through Opacus: per-sample clip c, noise z·c, Poisson batches."""
+
+    noise_multiplier: float
+    clip: float
+    grad_sample_mode: str = "hooks"
 
 
-def train_dp_sgd(model: nn.Module, data: ArrayDataset, *, batch_size: int, epochs: int, lr: float,
-                 noise_multiplier: float, clip: float, momentum: float = 0.0,
-                 device: torch.device | None = None, seed: int = 0,
-                 grad_sample_mode: str = "hooks") -> TrainResult:
-    """Opacus DP-SGD for ``epochs`` epochs of ⌈N/b⌉ Poisson-sampled steps each.
+@dataclass(frozen=True)
+class SAM:
+    """Sharpness-aware minimization (DP2-FedSAM Eq. 11–12), ASAM when ``adaptive``."""
 
-    ``model`` is trained in place (its parameters are shared with Opacus' wrapper). The
-    returned ``extra["sample_rate"]`` is the q the accountant must compose. Privacy
-    accounting is done by the caller (it owns the persistent history).
+    rho: float
+    adaptive: bool = False
+    eta: float = 0.01
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """What one client's local training runs; every family's loop is this one with different hooks.
+
+    * batches: ``steps`` minibatches of size b walking seeded shuffles of the data (a new shuffle per
+      pass, last partial batch kept, so ⌈N/b⌉ steps are one epoch); with ``dp`` Opacus' Poisson batches
+      (q = 1/⌈N/b⌉, ⌈N/b⌉ per epoch) instead;
+    * parameters: ``trainable`` state-dict names only (partial sharing, DP2-FedSAM's φ/h), or all;
+    * gradient: plain, or SAM's gradient at the perturbed point (``sam``);
+    * privacy: per-sample clipping + noise (``dp``); whole-update clipping and compression are applied
+      to the resulting update by the client (``strategies.privacy.mechanisms``, ``strategies.compression``).
     """
+
+    batch_size: int
+    steps: int
+    lr: float
+    momentum: float = 0.0
+    seed: int = 0
+    trainable: tuple[str, ...] | None = None
+    sam: SAM | None = None
+    dp: PerSampleDP | None = None
+
+
+def epochs_to_steps(num_examples: int, batch_size: int, epochs: int) -> int:
+    return int(epochs) * steps_per_epoch(num_examples, batch_size)
+
+
+def _shuffled_batches(n: int, batch_size: int, steps: int, seed: int):
+    rng = np.random.default_rng(seed)
+    order, pos = np.empty(0, dtype=np.int64), 0
+    for _ in range(steps):
+        if pos >= len(order):
+            order, pos = rng.permutation(n), 0
+        yield torch.from_numpy(order[pos:pos + batch_size])
+        pos += batch_size
+
+
+def _private(model: nn.Module, optimizer: torch.optim.Optimizer, data: ArrayDataset, spec: LocalTraining):
+    """Opacus' wrapped module, optimizer and Poisson loader for ``spec.dp``."""
     from opacus import PrivacyEngine
 
-    device = device or torch.device("cpu")
-    model.to(device).train()
-    torch.manual_seed(seed)
-    loader = DataLoader(_tensor_dataset(data), batch_size=batch_size, shuffle=False)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    loader = DataLoader(TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y)),
+                        batch_size=spec.batch_size, shuffle=False)
+    torch.manual_seed(spec.seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Opacus' secure-RNG notice (secure_mode is a documented option)
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
-        module, optimizer, dp_loader = engine.make_private(
-            module=model, optimizer=opt, data_loader=loader, noise_multiplier=noise_multiplier,
-            max_grad_norm=clip, poisson_sampling=True, grad_sample_mode=grad_sample_mode,
-        )
+        return engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
+                                   noise_multiplier=spec.dp.noise_multiplier, max_grad_norm=spec.dp.clip,  # type: ignore[union-attr]
+                                   poisson_sampling=True, grad_sample_mode=spec.dp.grad_sample_mode)  # type: ignore[union-attr]
+
+
+def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
+                device: torch.device | None = None) -> TrainResult:
+    """Run ``spec`` in place on ``model``; the one local-training loop of every client.
+
+    With ``spec.dp`` the result's ``extra["sample_rate"]`` is the q the accountant must compose and
+    ``steps`` the Poisson steps taken (a multiple of ⌈N/b⌉: ``spec.steps`` is rounded up to whole epochs).
+    """
+    from strategies.dp2_fedsam import sam_gradient
+
+    device = device or torch.device("cpu")
+    model.to(device).train()
+    named = dict(model.named_parameters())
+    names = list(named) if spec.trainable is None else list(spec.trainable)
+    missing = [n for n in names if n not in named]
+    if missing:
+        raise ValueError(f"no trainable parameters named {missing}")
+    params = [named[n] for n in names]
+    if spec.steps <= 0 or not params or len(data) == 0:
+        return TrainResult(0, float("nan"), 0.0)
+    saved = {n: p.requires_grad for n, p in named.items()}
+    for n, p in named.items():
+        p.requires_grad_(n in set(names))
+    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum)
     loss_fn = nn.CrossEntropyLoss()
-    start, steps, total = time.perf_counter(), 0, 0.0
-    for _ in range(epochs):
-        for xb, yb in dp_loader:
+    start, steps, total, extra = time.perf_counter(), 0, 0.0, {}
+    module, optimizer = model, opt
+    try:
+        if spec.dp is not None:
+            module, optimizer, loader = _private(model, opt, data, spec)
+            per_epoch = len(loader)
+            extra["sample_rate"] = 1.0 / per_epoch
+            epochs = -(-spec.steps // per_epoch)
+            batches = ((xb, yb) for _ in range(epochs) for xb, yb in loader)
+        else:
+            x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
+            batches = ((x_all[i], y_all[i]) for i in _shuffled_batches(len(data), spec.batch_size, spec.steps, spec.seed))
+        for xb, yb in batches:
             xb, yb = xb.to(device), yb.to(device)
-            optimizer.zero_grad(set_to_none=True)
-            if len(yb) == 0:  # empty Poisson batch: Opacus still adds noise on step
+
+            def closure(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
+                optimizer.zero_grad(set_to_none=spec.sam is None)
                 out = module(xb)
-                loss = out.sum() * 0.0
+                loss = loss_fn(out, yb) if len(yb) else out.sum() * 0.0  # empty Poisson batch: noise only
+                reg = _regularization(model) if spec.dp is None else None
+                if reg is not None:
+                    loss = loss + reg
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message="Full backward hook")
+                    loss.backward()
+                return loss.detach()
+
+            if spec.sam is None:
+                loss = closure()
             else:
-                loss = loss_fn(module(xb), yb)
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Full backward hook")
-                loss.backward()
+                loss = sam_gradient(params, closure, spec.sam.rho, spec.sam.adaptive, spec.sam.eta)
             optimizer.step()
-            reg = _regularization(model)
-            if reg is not None:  # data-independent term: its gradient costs no privacy
-                model.zero_grad(set_to_none=True)
-                grads = torch.autograd.grad(reg, [p for p in model.parameters() if p.requires_grad])
-                with torch.no_grad():
-                    for p, g in zip((p for p in model.parameters() if p.requires_grad), grads):
-                        p.add_(g, alpha=-lr)
+            if spec.dp is not None:
+                _data_independent_step(model, params, spec.lr)
             steps += 1
-            total += float(loss.detach())
-    sample_rate = 1.0 / len(loader)
-    # remove Opacus hooks so the plain module can be reused/serialized
-    if hasattr(module, "_close"):
-        module._close()
-    return TrainResult(steps, total / max(steps, 1), time.perf_counter() - start, {"sample_rate": sample_rate})
+            total += float(loss)
+    finally:
+        if module is not model and hasattr(module, "_close"):
+            module._close()  # remove Opacus hooks so the plain module can be reused/serialized
+        for n, p in named.items():
+            p.requires_grad_(saved[n])
+    return TrainResult(steps, total / max(steps, 1), time.perf_counter() - start, extra)
+
+
+def _data_independent_step(model: nn.Module, params: list[torch.Tensor], lr: float) -> None:
+    """A plain step on the model's data-independent regularizer (its gradient costs no privacy)."""
+    reg = _regularization(model)
+    if reg is None:
+        return
+    grads = torch.autograd.grad(reg, params)
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-lr)
 
 
 @torch.no_grad()

@@ -1,28 +1,34 @@
-"""Base Flower ``Strategy`` for DP-FL: sampling, update decoding/validation, weighted
-aggregation of client *updates*, centralized + federated evaluation and the per-round ledger.
+"""Base Flower ``Strategy`` for DP-FL, composed of small collaborators.
 
 Protocol shared by every strategy of this library:
 
 * the server sends the global model θ (``FitIns.parameters``) and a config dict that always
-  carries ``server-round``; family strategies add their own keys (:meth:`fit_config`);
-* a client returns its *update* Δ_i = θ_i − θ (or a family-specific encoding of it, decoded
-  by :meth:`decode_update`) and flat scalar metrics including ``client_id`` and ``status``;
-* the server validates each update (:meth:`validate_update`), computes aggregation weights
-  (:meth:`aggregation_weights`), combines the updates (:meth:`aggregate_updates`) and steps
+  carries ``server-round``; family strategies add their own keys (:meth:`DPFLStrategy.fit_config`);
+* a client returns its *update* Δ_i = θ_i − θ (or a family-specific encoding of it, decoded by
+  :meth:`DPFLStrategy.decode_update`) and flat scalar metrics including ``client_id`` and ``status``;
+* the server validates each update, computes aggregation weights, combines the updates and steps
   θ ← θ + server_lr · aggregate. A rejected or refused update is recorded, never averaged.
 
-Families override the hooks; the round record (``rounds.jsonl``) schema stays one.
+Collaborators (each in its own module, each usable alone):
+
+* :class:`~strategies.server.sampling.ClientSampler` — who trains this round (secret randomness);
+* :class:`~strategies.server.identity.IdentityBinding` — a client id belongs to one authenticated node;
+* :class:`~strategies.server.validation.UpdateValidator` + :class:`~strategies.server.validation.StrikeRecord`
+  — one validator for every family, strikes across rounds;
+* :class:`~strategies.privacy.ledger.PrivacyLedger` — the server's own ε per client;
+* :class:`~strategies.server.records.RoundLog` — the round record (``rounds.jsonl``).
+
+Families override the hooks marked *hook*; the round record schema stays one.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
-from typing import Any, Protocol
+from logging import ERROR, INFO, WARNING
+from typing import Any
 
 import numpy as np
 from flwr.common import (
@@ -41,74 +47,26 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import Strategy
 
 from strategies.aggregate import flatten, normalize_weights, unflatten, weighted_sum
-
-# Per-client fields every round record carries (None when a strategy/client has no value).
-CLIENT_FIELDS = (
-    "client_id", "node_id", "num_examples", "batch_size", "noise_multiplier", "sample_rate", "steps",
-    "epsilon_budget", "epsilon_spent", "delta", "reported_epsilon", "aggregation_weight",
-    "uplink_bytes", "train_seconds", "status", "reason",
+from strategies.privacy import threat_models
+from strategies.privacy.accountants import History
+from strategies.privacy.ledger import PrivacyLedger
+from strategies.server.identity import IdentityBinding
+from strategies.server.records import CLIENT_FIELDS, RoundLog, RoundRecorder, empty_client_record, jsonable
+from strategies.server.sampling import ClientSampler
+from strategies.server.validation import (
+    NUMERIC_METRICS,
+    RejectedUpdate,
+    StrikeRecord,
+    UpdateValidator,
+    metric_problem,
+    parse_client_id,
+    short_repr,
 )
-_METRIC_FIELDS = ("batch_size", "noise_multiplier", "sample_rate", "steps", "epsilon_budget", "epsilon_spent",
-                  "delta", "reported_epsilon", "train_seconds")
-_FLOAT_DTYPES = ("float32", "float64")  # accepted dtypes of dense update arrays
+
+__all__ = ["CLIENT_FIELDS", "LEDGER_CONFIG_KEY", "ClientUpdate", "DPFLStrategy", "RejectedUpdate", "RoundRecorder",
+           "StrategyContext"]
+
 LEDGER_CONFIG_KEY = "dp-ledger"  # fit-config key: JSON {client_id: ε spent so far} from the server's ledger
-
-
-def metric_problem(metrics: Mapping[str, Any]) -> str | None:
-    """Why a client's metrics are malformed (``None`` when they are usable).
-
-    Checks ``client_id`` (a non-negative integer), ``status`` (a string), the numeric privacy
-    fields (finite numbers, ε and δ non-negative) and that ε spent does not exceed the budget.
-    """
-    if "client_id" not in metrics:
-        return "metrics lack 'client_id'"
-    cid = metrics["client_id"]
-    if isinstance(cid, bool) or not isinstance(cid, (int, np.integer)) or int(cid) < 0:
-        if not (isinstance(cid, float) and cid.is_integer() and cid >= 0):
-            return f"malformed metric 'client_id' = {cid!r} (expected an integer >= 0)"
-    if "status" in metrics and not isinstance(metrics["status"], str):
-        return f"malformed metric 'status' = {metrics['status']!r} (expected a string)"
-    for key in _METRIC_FIELDS:
-        if key not in metrics:
-            continue
-        value = metrics[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-            return f"malformed metric {key!r} = {_short(value)} (expected a number)"
-        if not np.isfinite(float(value)):
-            return f"malformed metric {key!r} = {value!r} (not finite)"
-        if float(value) < 0:
-            return f"malformed metric {key!r} = {value!r} (negative)"
-    spent, budget = metrics.get("epsilon_spent"), metrics.get("epsilon_budget")
-    if spent is not None and budget is not None and float(spent) > float(budget) * (1 + 1e-6):
-        return f"epsilon_spent {float(spent):.6g} exceeds the client's epsilon_budget {float(budget):.6g}"
-    return None
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _client_sort_key(pair: tuple[ClientProxy, FitRes]) -> tuple[int, str]:
-    cid = pair[1].metrics.get("client_id", -1)
-    try:
-        return (int(cid), str(pair[0].node_id))
-    except (TypeError, ValueError, OverflowError):
-        return (-1, str(pair[0].node_id))
-
-
-class RoundRecorder(Protocol):
-    """Where round records go (``fedapp.results.ResultsWriter`` implements it)."""
-
-    def open(self) -> None: ...
-
-    def write_round(self, record: dict[str, Any]) -> None: ...
-
-    def finish(self) -> None: ...
-
-
-class RejectedUpdate(Exception):
-    """A client result that must not touch the global model; the message is the reason."""
 
 
 @dataclass
@@ -126,7 +84,7 @@ class ClientUpdate:
 
 @dataclass
 class StrategyContext:
-    """What the Flower app glue hands to a strategy factory."""
+    """What the Flower glue hands to a strategy factory."""
 
     initial_weights: list[np.ndarray]
     evaluate_fn: Callable[[list[np.ndarray]], tuple[float, dict[str, Scalar]]] | None = None
@@ -135,48 +93,25 @@ class StrategyContext:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def common_kwargs(cfg: Mapping[str, Any], ctx: StrategyContext) -> dict[str, Any]:
-    """Constructor arguments of :class:`DPFLStrategy` taken from a run-config mapping."""
-    return {
-        "initial_weights": ctx.initial_weights,
-        "num_rounds": int(cfg["num-server-rounds"]),
-        "seed": int(cfg["seed"]),
-        "clients_per_round": int(cfg["clients-per-round"]),
-        "min_available_clients": int(cfg["min-available-clients"]),
-        "fraction_evaluate": float(cfg["fraction-evaluate"]),
-        "server_lr": float(cfg["server-lr"]),
-        "evaluate_fn": ctx.evaluate_fn,
-        "recorder": ctx.recorder,
-        "prevalidate": ctx.prevalidate,
-    }
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (np.floating, np.integer)):
-        value = value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    return value
-
-
 class DPFLStrategy(Strategy):
     """Common server logic; subclasses override the hooks marked *hook*."""
 
     name = "base"
     #: threat model in one line (README/docs and ``config.json``)
-    privacy = "no formal privacy"
-    #: declared ℓ2 bound of a legitimate update (client-level modes: clip C plus a noise allowance);
-    #: ``None`` = no bound. An update above it is rejected by :meth:`validate_update`.
+    privacy = threat_models.NONE
+    #: declared ℓ2 bound of a legitimate update (None = none; see :meth:`declared_norm_bound`)
     max_update_norm: float | None = None
     #: fewest acceptable updates a round needs; fewer aborts the run with a clear message (0 = none)
     min_fit_clients: int = 0
+    #: send each node the ledger's ε for it (``dp-ledger``) so a client that lost its accountant is caught
+    send_ledger: bool = True
 
     def __init__(self, *, initial_weights: Sequence[np.ndarray], num_rounds: int, seed: int = 0,
                  clients_per_round: int = 0, min_available_clients: int = 2, fraction_evaluate: float = 1.0,
                  server_lr: float = 1.0, evaluate_fn=None, recorder: RoundRecorder | None = None,
-                 prevalidate: Callable[[int], None] | None = None) -> None:
+                 prevalidate: Callable[[int], None] | None = None, sampling: str = "fixed",
+                 secret_sampling: bool = True, accountant: str = "rdp", strike_limit: int = 3,
+                 robust_norm_factor: float = 10.0, max_examples: Mapping[int, int] | None = None) -> None:
         super().__init__()
         self.current_weights = [np.asarray(w, dtype=np.float32) for w in initial_weights]
         self.shapes = [tuple(w.shape) for w in self.current_weights]
@@ -188,18 +123,37 @@ class DPFLStrategy(Strategy):
         self.fraction_evaluate = fraction_evaluate
         self.server_lr = server_lr
         self.evaluate_fn = evaluate_fn
-        self.recorder = recorder
         self.prevalidate = prevalidate
         self.num_available = 0
-        self._pending: dict[str, Any] | None = None
-        self._round_start = 0.0
-        self._run_start = time.perf_counter()
-        self._opened = False
         self.round_offset = 0  # rounds already done before this process (resume from a checkpoint)
-        self.last_round = 0  # last round whose record was flushed
-        self.ledger_epsilon: dict[int, float] = {}  # client_id -> largest ε a client reported spending
-        self.node_clients: dict[int, int] = {}  # node_id -> client_id, learned from the clients' reports
         self.run_fit_config: dict[str, Scalar] = {}  # run-wide fit-config keys (e.g. run-lineage for resume)
+        self.initial_metrics: dict[str, Any] = {}
+        self.sampler = ClientSampler(clients_per_round, sampling, None if secret_sampling else seed)
+        self.identity = IdentityBinding()
+        self.validator = UpdateValidator(self.shapes, self.declared_norm_bound, robust_norm_factor,
+                                         dict(max_examples or {}))
+        self.strikes = StrikeRecord(strike_limit)
+        self.ledger = PrivacyLedger(accountant)
+        self.round_log = RoundLog(recorder)
+        self.declared: dict[int, tuple[float, float]] = {}  # client_id -> declared (z, q) of its DP-SGD
+        self.connected_nodes: set[int] = set()  # node ids connected when the round was configured
+
+    # ------------------------------------------------------------------ collaborators as attributes
+    @property
+    def recorder(self) -> RoundRecorder | None:
+        return self.round_log.recorder
+
+    @recorder.setter
+    def recorder(self, value: RoundRecorder | None) -> None:
+        self.round_log.recorder = value
+
+    @property
+    def last_round(self) -> int:
+        return self.round_log.last_round
+
+    def declared_norm_bound(self, dim: int) -> float | None:
+        """*hook*: the ℓ2 bound a legitimate update of ``dim`` coordinates stays below (None = none)."""
+        return self.max_update_norm
 
     # ------------------------------------------------------------------ Flower API
     def __repr__(self) -> str:
@@ -210,28 +164,26 @@ class DPFLStrategy(Strategy):
 
     def configure_fit(self, server_round: int, parameters: Parameters,
                       client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
-        server_round = self._actual_round(server_round)
-        self._flush_pending()
+        server_round = self.actual_round(server_round)
+        self.flush_round()
         self.current_weights = [np.asarray(a, dtype=np.float32) for a in parameters_to_ndarrays(parameters)]
         client_manager.wait_for(self.min_available_clients)
         self.num_available = client_manager.num_available()
-        if not self._opened:
+        self.connected_nodes = {int(c.node_id) for c in client_manager.all().values()}
+        if not self.round_log.opened:
             if self.num_available < 2:
                 raise ValueError(f"a federation needs at least 2 clients, {self.num_available} connected")
             if self.prevalidate is not None:
                 self.prevalidate(self.num_available)  # raises before any training / any file
-            if self.recorder is not None:
-                self.recorder.open()
-            self._opened = True
-        self._round_start = time.perf_counter()
-        self._pending = {"round": server_round, "metrics": {}, "clients": []}
+            self.round_log.open()
+        self.round_log.start(server_round)
         clients = self.sample_clients(server_round, client_manager)
         config: dict[str, Scalar] = {"server-round": server_round}
         config.update(self.run_fit_config)
         config.update(self.fit_config(server_round))
-        return [(c, FitIns(parameters, self._with_ledger(config, c))) for c in clients]
+        return [(c, FitIns(parameters, self.node_fit_config(config, c))) for c in clients]
 
-    def _with_ledger(self, config: Mapping[str, Scalar], proxy: ClientProxy) -> dict[str, Scalar]:
+    def node_fit_config(self, config: Mapping[str, Scalar], proxy: ClientProxy) -> dict[str, Scalar]:
         """The fit config for one node, with the ε the server's ledger holds for it (``dp-ledger``).
 
         A node whose client the server already knows gets only its own entry, so the message does not
@@ -239,59 +191,39 @@ class DPFLStrategy(Strategy):
         node id) gets the whole ledger, so a client that lost its accountant is still caught.
         """
         out = {k: v for k, v in config.items() if k != LEDGER_CONFIG_KEY}
-        if not self.ledger_epsilon:
+        ledger = {cid: eps for cid, eps in self.ledger.epsilons().items() if eps > 0}
+        if not self.send_ledger or not ledger:
             return out
-        cid = self.node_clients.get(int(proxy.node_id))
-        if cid is not None and cid in self.ledger_epsilon:
-            entries = {cid: self.ledger_epsilon[cid]}
+        cid = self.identity.client_of.get(int(proxy.node_id))
+        if cid is not None and cid in ledger:
+            entries = {cid: ledger[cid]}
         elif cid is not None:
             return out
         else:
-            entries = self.ledger_epsilon
+            entries = ledger
         out[LEDGER_CONFIG_KEY] = json.dumps({str(k): v for k, v in sorted(entries.items())})
         return out
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None, dict[str, Scalar]]:
-        server_round = self._actual_round(server_round)
+        server_round = self.actual_round(server_round)
+        connected = self.connected_nodes | {int(p.node_id) for p, _ in results}
+        claims: dict[int, int] = {}
+        for _, res in results:
+            cid = parse_client_id(res.metrics.get("client_id"))
+            if cid is not None:
+                claims[cid] = claims.get(cid, 0) + 1
+        contested = {cid for cid, n in claims.items() if n > 1}
         accepted: list[ClientUpdate] = []
         records: list[dict[str, Any]] = []
-        seen: set[int] = set()
-        for proxy, res in sorted(results, key=_client_sort_key):
-            metrics = dict(res.metrics)
-            record = self._base_record(proxy, res, metrics)
-            records.append(record)
-            if record["status"] in ("ok", "refused"):  # the client's own accountant, not a server estimate
-                self._ledger_update({"client_id": record["client_id"], "node_id": record.get("node_id"),
-                                    "epsilon_spent": metrics.get("epsilon_spent")})
-            if record["status"] != "ok":
-                continue
-            try:
-                if record["client_id"] in seen:
-                    raise RejectedUpdate(f"duplicate client_id {record['client_id']} in round {server_round}")
-                seen.add(record["client_id"])
-                try:
-                    update = self.decode_update(server_round, res, metrics)
-                except RejectedUpdate:
-                    raise
-                except Exception as exc:  # undecodable bytes, bad encodings: the payload is hostile or broken
-                    raise RejectedUpdate(f"undecodable payload: {type(exc).__name__}: {exc}") from None
-                self.validate_update(update, metrics)
-            except RejectedUpdate as exc:
-                record["status"], record["reason"] = "rejected", str(exc)
-                log(WARNING, "round %d: rejected update of client %s: %s", server_round, record["client_id"], exc)
-                continue
-            accepted.append(ClientUpdate(int(proxy.node_id), int(record["client_id"]), int(res.num_examples),
-                                         update, metrics, int(record["uplink_bytes"]), record))
+        for proxy, res in sorted(results, key=_reply_order):  # a fixed order: sums are reproducible
+            update = self._admit(server_round, proxy, res, connected, contested, records)
+            if update is not None:
+                accepted.append(update)
+        self._screen_outliers(server_round, accepted)
+        accepted = [u for u in accepted if u.record["status"] == "ok"]
         for failure in failures:
-            proxy = failure[0] if isinstance(failure, tuple) else None
-            reason = repr(failure) if isinstance(failure, BaseException) else f"status {failure[1].status.code}"
-            rec = {k: None for k in CLIENT_FIELDS}
-            rec.update(node_id=int(proxy.node_id) if proxy is not None else None, status="failed", reason=reason)
-            cid = _failed_client_id(reason)
-            if cid is not None:
-                rec["client_id"] = cid
-            records.append(rec)
+            records.append(self._failure_record(failure))
 
         round_metrics: dict[str, Any] = {
             "clients_ok": len(accepted),
@@ -300,56 +232,70 @@ class DPFLStrategy(Strategy):
             "clients_failed": sum(r["status"] == "failed" for r in records),
             "uplink_bytes": int(sum(r["uplink_bytes"] or 0 for r in records)),
         }
+        round_metrics.update(self.population_charge(server_round, accepted, records))
+        if round_metrics.get("round_withheld"):
+            accepted = []  # the mechanism cannot pay for this round: nothing of it is released
+            round_metrics["clients_ok"] = 0
+        self._fill_ledger_fields(records)
         if len(accepted) < self.min_fit_clients:
-            if self._pending is not None:
-                self._pending["clients"] = records
-                self._pending["metrics"].update(round_metrics, aborted=True)
-                self._flush_pending()
+            self.round_log.set_clients(records)
+            self.round_log.add_metrics({**round_metrics, "aborted": True})
+            self.flush_round()
             raise RuntimeError(
                 f"round {server_round}: only {len(accepted)} acceptable client update(s) "
                 f"({round_metrics['clients_failed']} failed, {round_metrics['clients_rejected']} rejected, "
                 f"{round_metrics['clients_refused']} refused) < min-fit-clients = {self.min_fit_clients}; "
                 "aborting the run (the global model of the previous round is the last checkpoint)")
         if accepted:
-            weights, round_extra = self.aggregation_weights(server_round, accepted)
-            weights = normalize_weights(weights)
-            aggregate = self.aggregate_updates(server_round, accepted, weights)
-            if aggregate.shape != (self.num_params,) or not np.all(np.isfinite(aggregate)):
-                raise RuntimeError(f"round {server_round}: aggregate is not a finite vector of {self.num_params}")
-            for cu, w in zip(accepted, weights):
-                cu.record["aggregation_weight"] = float(w)
-            round_metrics["mean_update_norm"] = float(np.mean([np.linalg.norm(c.update) for c in accepted]))
-            round_metrics.update(round_extra)
-            new_flat = flatten(self.current_weights) + self.server_lr * aggregate
-            self.current_weights = unflatten(new_flat, self.shapes)
-            self.after_aggregate(server_round, accepted, weights)
+            try:
+                round_metrics.update(self._step(server_round, accepted))
+            except Exception as exc:  # noqa: BLE001 — an aggregation failure must not end the run
+                log(ERROR, "round %d: aggregation failed (%s: %s); the global model is unchanged", server_round,
+                    type(exc).__name__, exc, exc_info=True)
+                round_metrics["aggregation_error"] = f"{type(exc).__name__}: {exc}"
         else:
             log(WARNING, "round %d: no acceptable client update; the global model is unchanged", server_round)
-        if self._pending is not None:
-            self._pending["clients"] = records
-            self._pending["metrics"].update(round_metrics)
+        self.round_log.set_clients(records)
+        self.round_log.add_metrics(round_metrics)
         return ndarrays_to_parameters(self.current_weights), {k: v for k, v in round_metrics.items()
                                                               if isinstance(v, (int, float, str, bool))}
 
+    def _step(self, server_round: int, accepted: list[ClientUpdate]) -> dict[str, Any]:
+        """Weights, aggregate and the server step θ ← θ + server_lr · aggregate; returns round metrics."""
+        weights, extra = self.aggregation_weights(server_round, accepted)
+        weights = normalize_weights(weights)
+        aggregate = self.aggregate_updates(server_round, accepted, weights)
+        new_flat = flatten(self.current_weights) + self.server_lr * aggregate
+        if aggregate.shape != (self.num_params,) or not np.all(np.isfinite(new_flat.astype(np.float32))):
+            # cannot happen with validated updates; refuse to corrupt the model if it does
+            log(WARNING, "round %d: the aggregate is not a finite vector of %d; the model is unchanged",
+                server_round, self.num_params)
+            return {"aggregate_rejected": True}
+        for cu, w in zip(accepted, weights):
+            cu.record["aggregation_weight"] = float(w)
+        self.current_weights = unflatten(new_flat, self.shapes)
+        self.after_aggregate(server_round, accepted, weights)
+        return {"mean_update_norm": float(np.mean([np.linalg.norm(c.update) for c in accepted])), **extra}
+
     def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        server_round = self._actual_round(server_round)
+        server_round = self.actual_round(server_round)
         if self.evaluate_fn is None:
             return None
         loss, metrics = self.evaluate_fn(parameters_to_ndarrays(parameters))
         if server_round == 0:
             log(INFO, "initial model: loss=%.4f accuracy=%.4f", loss, metrics.get("accuracy", float("nan")))
-            self.initial_metrics = {"loss": loss, **metrics}
-        elif self._pending is not None:
-            self._pending["metrics"].update({"loss": loss, **metrics})
+            self.initial_metrics.update({"loss": loss, **metrics})
+        else:
+            self.round_log.add_metrics({"loss": loss, **metrics})
         return loss, metrics
 
     def configure_evaluate(self, server_round: int, parameters: Parameters,
                            client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
-        server_round = self._actual_round(server_round)
+        server_round = self.actual_round(server_round)
         if self.fraction_evaluate <= 0:
-            self._flush_pending()
+            self.flush_round()
             return []
-        nodes = self._sorted_clients(client_manager)
+        nodes = self.sorted_clients(client_manager)
         k = max(1, int(round(self.fraction_evaluate * len(nodes))))
         if k < len(nodes):
             rng = np.random.default_rng([self.seed, 302, server_round])
@@ -360,18 +306,21 @@ class DPFLStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]) -> tuple[float | None, dict[str, Scalar]]:
-        server_round = self._actual_round(server_round)
-        accs = [float(r.metrics["accuracy"]) for _, r in results if "accuracy" in r.metrics]
-        losses = [float(r.loss) for _, r in results]
+        server_round = self.actual_round(server_round)
+        accs, losses = [], []
+        for _, r in results:
+            acc = r.metrics.get("accuracy")
+            if isinstance(acc, (int, float)) and not isinstance(acc, bool) and 0 <= float(acc) <= 1:
+                accs.append(float(acc))
+            if isinstance(r.loss, (int, float)) and np.isfinite(r.loss):
+                losses.append(float(r.loss))
         metrics: dict[str, Scalar] = {}
         if accs:
             metrics["client_accuracy"] = float(np.mean(accs))
             metrics["client_accuracy_std"] = float(np.std(accs))
-        extra = self.evaluate_metrics(server_round, results)
-        metrics.update(extra)
-        if self._pending is not None:
-            self._pending["metrics"].update(metrics)
-        self._flush_pending()
+        metrics.update(self.evaluate_metrics(server_round, results))
+        self.round_log.add_metrics(metrics)
+        self.flush_round()
         return (float(np.mean(losses)) if losses else None), metrics
 
     # ------------------------------------------------------------------ hooks
@@ -385,27 +334,10 @@ class DPFLStrategy(Strategy):
 
     def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]) -> np.ndarray:
         """*hook*: the flat update vector of a client result. Default: dense arrays of the model's shapes."""
-        arrays = parameters_to_ndarrays(res.parameters)
-        if len(arrays) != len(self.shapes):
-            raise RejectedUpdate(f"expected {len(self.shapes)} arrays, got {len(arrays)}")
-        for i, (a, shape) in enumerate(zip(arrays, self.shapes)):
-            if tuple(a.shape) != shape:
-                raise RejectedUpdate(f"array {i} has shape {tuple(a.shape)}, expected {shape}")
-            if a.dtype.name not in _FLOAT_DTYPES:
-                raise RejectedUpdate(f"array {i} has dtype {a.dtype}, expected one of {list(_FLOAT_DTYPES)}")
-        return flatten(arrays)
+        return self.validator.decode_dense(parameters_to_ndarrays(res.parameters))
 
     def validate_update(self, update: np.ndarray, metrics: Mapping[str, Scalar]) -> None:
-        """*hook*: raise :class:`RejectedUpdate` for an update that must not be aggregated."""
-        if update.shape != (self.num_params,):
-            raise RejectedUpdate(f"update has {update.size} entries, the model has {self.num_params}")
-        if not np.all(np.isfinite(update)):
-            raise RejectedUpdate("update contains NaN or Inf")
-        bound = self.max_update_norm
-        if bound is not None:
-            norm = float(np.linalg.norm(update))
-            if norm > bound * (1 + 1e-6):
-                raise RejectedUpdate(f"update norm {norm:.6g} exceeds the declared bound {bound:.6g}")
+        """*hook*: raise :class:`RejectedUpdate` for an update that must not be aggregated (extra family checks)."""
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         """*hook*: raw weights (normalized by the caller) and extra round metrics. Default w_i ∝ N_i."""
@@ -423,64 +355,194 @@ class DPFLStrategy(Strategy):
         return {}
 
     def sample_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
-        """*hook*: clients of this round; default all, or ``clients_per_round`` uniformly without replacement."""
-        nodes = self._sorted_clients(client_manager)
-        r = self.clients_per_round
-        if 0 < r < len(nodes):
-            rng = np.random.default_rng([self.seed, 301, server_round])
-            nodes = [nodes[i] for i in sorted(rng.choice(len(nodes), size=r, replace=False))]
-        return nodes
+        """*hook*: clients of this round (the :class:`ClientSampler`'s choice), minus excluded clients."""
+        nodes = [c for c in self.sorted_clients(client_manager)
+                 if not self.strikes.excluded(self.identity.client_of.get(int(c.node_id)))]
+        return self.sampler.sample(server_round, nodes)
 
-    # ------------------------------------------------------------------ internals
-    @staticmethod
-    def _sorted_clients(client_manager: ClientManager) -> list[ClientProxy]:
-        clients = client_manager.all()
-        return [clients[k] for k in sorted(clients, key=str)]
-
-    def _base_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
-        rec: dict[str, Any] = {k: None for k in CLIENT_FIELDS}
-        problem = metric_problem(metrics)
-        cid = metrics.get("client_id")
-        try:
-            rec["client_id"] = int(cid) if cid is not None and not isinstance(cid, (str, bytes)) else None
-        except (TypeError, ValueError, OverflowError):
-            rec["client_id"] = None
+    def client_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
+        """*hook*: the round record of one reply (families add fields)."""
+        rec = empty_client_record()
+        rec["client_id"] = parse_client_id(metrics.get("client_id"))
         rec["node_id"] = int(proxy.node_id)
         rec["num_examples"] = int(res.num_examples)
         rec["uplink_bytes"] = int(sum(len(t) for t in res.parameters.tensors))
-        for key in _METRIC_FIELDS:
+        for key in NUMERIC_METRICS:
             if key in metrics and isinstance(metrics[key], (int, float, np.integer, np.floating)):
-                rec[key] = _jsonable(metrics[key])
+                rec[key] = jsonable(metrics[key])
+        rec["client_epsilon_spent"] = rec.pop("epsilon_spent")  # the client's word; the ledger's value replaces it
+        rec["epsilon_spent"] = None
         status = metrics.get("status", "ok")
         rec["status"] = status if status in ("ok", "refused") else "rejected"
         rec["reason"] = str(metrics.get("reason", "")) or None
         if status not in ("ok", "refused"):
-            rec["reason"] = f"unknown status {_short(status)}"
-        elif problem is not None and status == "ok":
-            rec["status"], rec["reason"] = "rejected", problem
-        elif status == "ok" and int(res.num_examples) <= 0:
-            rec["status"], rec["reason"] = "rejected", f"num_examples = {int(res.num_examples)} (expected > 0)"
+            rec["reason"] = f"unknown status {short_repr(status)}"
         return rec
+
+    def privacy_charge(self, server_round: int, record: Mapping[str, Any],
+                       metrics: Mapping[str, Scalar]) -> tuple[History, float] | None:
+        """*hook*: (history, δ) the server charges to the client of an ``ok`` reply (None = nothing).
+
+        Default, record-level DP-SGD: the declared (z, q) and the round's steps, with z and q fixed
+        for the run at first contact (a client cannot lower its noise later).
+        """
+        z, q = metrics.get("noise_multiplier"), metrics.get("sample_rate")
+        steps, delta = metrics.get("steps_round"), metrics.get("delta")
+        values = (z, q, steps, delta)
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            return None
+        z, q, steps, delta = float(z), float(q), int(steps), float(delta)
+        if not (z > 0 and 0 < q <= 1 and steps > 0 and 0 < delta < 1):
+            raise RejectedUpdate(f"declared mechanism (noise_multiplier={z}, sample_rate={q}, steps_round={steps}, "
+                                 f"delta={delta}) is not a valid subsampled Gaussian")
+        cid = int(record["client_id"])
+        first = self.declared.setdefault(cid, (z, q))
+        if first != (z, q):
+            raise RejectedUpdate(f"declared (noise_multiplier, sample_rate) = ({z}, {q}) differs from the "
+                                 f"{first} client {cid} declared first")
+        return [(z, q, steps)], delta
+
+    def population_charge(self, server_round: int, accepted: list[ClientUpdate],
+                          records: list[dict[str, Any]]) -> dict[str, Any]:
+        """*hook*: charge a round-wide mechanism to the whole population (client-level DP); returns round metrics.
+        Returning ``round_withheld: True`` releases nothing of the round."""
+        return {}
+
+    # ------------------------------------------------------------------ internals
+    def _admit(self, server_round: int, proxy: ClientProxy, res: FitRes, connected: set[int], contested: set[int],
+               records: list[dict[str, Any]]) -> ClientUpdate | None:
+        """Record one reply; decode, validate and charge it; the accepted update or None. Never raises."""
+        metrics = dict(res.metrics)
+        try:
+            record = self.client_record(proxy, res, metrics)
+        except Exception as exc:  # a family hook choking on hostile metrics must not end the run
+            record = {**empty_client_record(), "node_id": int(proxy.node_id), "status": "rejected",
+                      "reason": f"unreadable reply: {type(exc).__name__}: {exc}"}
+        records.append(record)
+        if record["status"] == "rejected":
+            self._strike(server_round, record)
+            return None
+        problem = metric_problem(metrics)
+        cid = record["client_id"]
+        try:
+            if problem is not None:
+                raise RejectedUpdate(problem)
+            reason = self.identity.check(int(proxy.node_id), cid, connected)
+            if reason is not None:
+                raise RejectedUpdate(reason)
+            if cid in contested and self.identity.node_of.get(cid) != int(proxy.node_id):
+                raise RejectedUpdate(f"client_id {cid} is claimed by several nodes this round and bound to none of "
+                                     "them: every claim is rejected")
+            if self.strikes.excluded(cid):
+                raise RejectedUpdate(f"client {cid} is excluded after {self.strikes.limit} rejected updates")
+            self.identity.bind(int(proxy.node_id), cid)
+            self.ledger.register(cid)
+            if record["status"] != "ok":
+                return None
+            charge = self.privacy_charge(server_round, record, metrics)
+            if charge is not None:  # the client trained and released its update: charge before validating it
+                self.ledger.charge(cid, *charge)
+            self.validator.check_examples(cid, int(res.num_examples))
+            try:
+                update = self.decode_update(server_round, res, metrics)
+            except RejectedUpdate:
+                raise
+            except Exception as exc:  # undecodable bytes, bad encodings: the payload is hostile or broken
+                raise RejectedUpdate(f"undecodable payload: {type(exc).__name__}: {exc}") from None
+            update = np.asarray(update, dtype=np.float64)
+            self.validator.check_values(update)
+            self.validate_update(update, metrics)
+        except RejectedUpdate as exc:
+            record["status"], record["reason"] = "rejected", str(exc)
+            self._strike(server_round, record)
+            return None
+        except Exception as exc:  # noqa: BLE001 — one client's payload never ends the run
+            record["status"], record["reason"] = "rejected", f"server error on this payload: {type(exc).__name__}: {exc}"
+            self._strike(server_round, record)
+            return None
+        return ClientUpdate(int(proxy.node_id), cid, int(res.num_examples), update, metrics,
+                            int(record["uplink_bytes"]), record)
+
+    def _screen_outliers(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        """Reject updates far above the round's median norm (mechanisms without a declared bound)."""
+        reasons = self.validator.robust_outliers([float(np.linalg.norm(u.update)) for u in updates])
+        for u, reason in zip(updates, reasons):
+            if reason is not None:
+                u.record["status"], u.record["reason"] = "rejected", reason
+                self._strike(server_round, u.record)
+
+    def _strike(self, server_round: int, record: dict[str, Any]) -> None:
+        log(WARNING, "round %d: rejected reply of node %s (client %s): %s", server_round, record.get("node_id"),
+            record.get("client_id"), record.get("reason"))
+        cid = record.get("client_id")
+        owner = self.identity.node_of.get(cid) if cid is not None else None
+        if owner is not None and owner != record.get("node_id"):
+            return  # a spoofer's strike must not count against the client it impersonates
+        if self.strikes.add(cid, str(record.get("reason"))):
+            log(WARNING, "client %s is excluded from later rounds after %d rejected updates", cid, self.strikes.limit)
+            record["excluded"] = True
+
+    def _failure_record(self, failure: tuple[ClientProxy, FitRes] | BaseException) -> dict[str, Any]:
+        proxy = failure[0] if isinstance(failure, tuple) else None
+        reason = repr(failure) if isinstance(failure, BaseException) else f"status {failure[1].status.code}"
+        rec = empty_client_record()
+        rec.update(node_id=int(proxy.node_id) if proxy is not None else None, status="failed", reason=reason)
+        node_cid = self.identity.client_of.get(int(proxy.node_id)) if proxy is not None else None
+        rec["client_id"] = node_cid if node_cid is not None else _failed_client_id(reason)
+        return rec
+
+    def _fill_ledger_fields(self, records: list[dict[str, Any]]) -> None:
+        """The server's ε into every record; a disagreeing client report is flagged."""
+        for rec in records:
+            cid = rec.get("client_id")
+            if cid is None or rec.get("status") == "failed" and cid not in self.ledger.histories:
+                continue
+            rec["epsilon_spent"] = self.ledger.epsilon(cid)
+            note = self.ledger.mismatch(cid, rec.get("client_epsilon_spent")) if rec.get("status") == "ok" else None
+            if note is not None:
+                rec["epsilon_mismatch"] = note
+                log(WARNING, "client %s: %s", cid, note)
+
+    # ------------------------------------------------------------------ helpers for families
+    @staticmethod
+    def sorted_clients(client_manager: ClientManager) -> list[ClientProxy]:
+        clients = client_manager.all()
+        return [clients[k] for k in sorted(clients, key=str)]
+
+    def actual_round(self, flower_round: int) -> int:
+        """Flower counts rounds from 1 in every process; a resumed run continues after ``round_offset``."""
+        return flower_round + self.round_offset if flower_round > 0 else flower_round
+
+    def flush_round(self) -> None:
+        """Write the record of the round in progress (once) and log its headline."""
+        record = self.round_log.flush(self.num_rounds)
+        if record is None:
+            return
+        eps = [c["epsilon_spent"] for c in record["clients"] if c.get("epsilon_spent") is not None]
+        m = record["metrics"]
+        log(INFO, "[round %d/%d] accuracy=%s loss=%s client_accuracy=%s max_epsilon=%s clients ok=%s (%.1fs)",
+            record["round"], self.num_rounds, _fmt(m.get("accuracy")), _fmt(m.get("loss")),
+            _fmt(m.get("client_accuracy")), _fmt(max(eps) if eps else None), m.get("clients_ok"),
+            record["wall_seconds"])
 
     # ------------------------------------------------------------------ checkpoint / resume
     def checkpoint_state(self) -> dict[str, Any]:
-        """*hook*: family server state to checkpoint (numpy arrays and JSON values, nested freely),
-        e.g. SoteriaFL's shift s or Robust-HDP's frozen weights. Default: nothing."""
+        """*hook*: family server state to checkpoint (numpy arrays and JSON values, nested freely)."""
         return {}
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         """*hook*: restore what :meth:`checkpoint_state` returned."""
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue after :attr:`last_round`: global weights, ledger of ε per
-        client, every ``numpy.random.Generator`` attribute's state, and the family's state."""
+        """Everything needed to continue after :attr:`last_round`: weights, ledger, identities, strikes,
+        the sampler's generator, every ``numpy.random.Generator`` attribute and the family's state."""
         rngs = {name: value.bit_generator.state for name, value in vars(self).items()
                 if isinstance(value, np.random.Generator)}
         return {"round": int(self.last_round), "weights": [w.copy() for w in self.current_weights],
-                "ledger_epsilon": {str(k): v for k, v in self.ledger_epsilon.items()},
-                "node_clients": {str(k): v for k, v in self.node_clients.items()},
-                "initial_metrics": dict(getattr(self, "initial_metrics", {}) or {}),
-                "num_available": int(self.num_available), "rngs": rngs, "family": self.checkpoint_state()}
+                "ledger": self.ledger.state(), "node_clients": self.identity.state(), "strikes": self.strikes.state(),
+                "declared": {str(k): list(v) for k, v in self.declared.items()}, "sampler": self.sampler.state(),
+                "initial_metrics": dict(self.initial_metrics), "num_available": int(self.num_available),
+                "rngs": rngs, "family": self.checkpoint_state()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`; Flower's rounds 1, 2, … then continue at ``state['round'] + 1``."""
@@ -489,11 +551,13 @@ class DPFLStrategy(Strategy):
         if shapes != self.shapes:
             raise ValueError(f"checkpoint weights have shapes {shapes}, the model has {self.shapes}")
         self.current_weights = weights
-        self.round_offset = self.last_round = int(state["round"])
-        self.ledger_epsilon = {int(k): float(v) for k, v in dict(state.get("ledger_epsilon", {})).items()}
-        self.node_clients = {int(k): int(v) for k, v in dict(state.get("node_clients", {})).items()}
-        if state.get("initial_metrics"):
-            self.initial_metrics = dict(state["initial_metrics"])
+        self.round_offset = self.round_log.last_round = int(state["round"])
+        self.ledger.load(dict(state.get("ledger", {})))
+        self.identity.load(dict(state.get("node_clients", {})))
+        self.strikes.load(dict(state.get("strikes", {})))
+        self.declared = {int(k): (float(v[0]), float(v[1])) for k, v in dict(state.get("declared", {})).items()}
+        self.sampler.load(dict(state.get("sampler", {})))
+        self.initial_metrics = dict(state.get("initial_metrics") or {})
         for name, rng_state in dict(state.get("rngs", {})).items():
             gen = getattr(self, name, None)
             if isinstance(gen, np.random.Generator):
@@ -502,42 +566,11 @@ class DPFLStrategy(Strategy):
         if family:
             self.load_checkpoint_state(family)
 
-    def _actual_round(self, flower_round: int) -> int:
-        """Flower counts rounds from 1 in every process; a resumed run continues after ``round_offset``."""
-        return flower_round + self.round_offset if flower_round > 0 else flower_round
 
-    def _ledger_update(self, rec: Mapping[str, Any]) -> None:
-        cid, eps = rec.get("client_id"), rec.get("epsilon_spent")
-        if cid is None or eps is None or isinstance(eps, (str, bytes, bool)):
-            return
-        if rec.get("node_id") is not None:
-            self.node_clients[int(rec["node_id"])] = int(cid)
-        try:
-            value = float(eps)
-        except (TypeError, ValueError):
-            return
-        if np.isfinite(value):
-            self.ledger_epsilon[int(cid)] = max(value, self.ledger_epsilon.get(int(cid), 0.0))
-
-    def _flush_pending(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is None:
-            return
-        pending["wall_seconds"] = time.perf_counter() - self._round_start
-        pending["elapsed_seconds"] = time.perf_counter() - self._run_start
-        pending["metrics"] = {k: _jsonable(v) for k, v in pending["metrics"].items()}
-        pending["clients"] = [{k: _jsonable(v) for k, v in c.items()} for c in pending["clients"]]
-        eps = [c["epsilon_spent"] for c in pending["clients"] if c.get("epsilon_spent") is not None]
-        m = pending["metrics"]
-        log(INFO, "[round %d/%d] accuracy=%s loss=%s client_accuracy=%s max_epsilon=%s clients ok=%s (%.1fs)",
-            pending["round"], self.num_rounds, _fmt(m.get("accuracy")), _fmt(m.get("loss")),
-            _fmt(m.get("client_accuracy")), _fmt(max(eps) if eps else None), m.get("clients_ok"),
-            pending["wall_seconds"])
-        self.last_round = max(self.last_round, int(pending["round"]))
-        if self.recorder is not None:
-            self.recorder.write_round(pending)
-            if pending["round"] >= self.num_rounds:
-                self.recorder.finish()
+def _reply_order(pair: tuple[ClientProxy, FitRes]) -> tuple[int, int]:
+    """Replies in claimed-client-id order (node ids change between processes; client ids do not)."""
+    cid = parse_client_id(pair[1].metrics.get("client_id"))
+    return (cid if cid is not None else 2**62, int(pair[0].node_id))
 
 
 def _failed_client_id(reason: str) -> int | None:

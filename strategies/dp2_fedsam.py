@@ -3,7 +3,7 @@
 What it protects: **client-level DP** — the participation and whole dataset of one client — for the
 *shared* part of the model that leaves the client. Each sampled client clips its update Δφ to
 ‖Δ‖ ≤ C and adds Gaussian noise itself (local noising, honest-but-curious server, Sec. 3.1), via the
-shared :class:`strategies.client_dp.ClientLevelDP`. The personal head h_i never leaves the client
+shared :class:`strategies.privacy.mechanisms.ClientLevelDP`. The personal head h_i never leaves the client
 and is not protected by DP (it is only ever used locally). The FT variants fine-tune the downloaded
 global model locally for evaluation only; nothing of the fine-tuned model is sent.
 
@@ -19,9 +19,9 @@ like ``client_dp.py`` it is the guarantee of the aggregate (secure aggregation a
 seeing single updates gets multiplier σ/√(rN) (reported as ``epsilon_individual``).
 
 Framework-free math (numpy/torch only): φ/h split by parameter-name prefix
-(:func:`head_parameter_names`), the SAM/ASAM step of Eq. 11–12 (:func:`sam_gradient`) and the local
-training loops (:func:`train_local`). The Flower server strategy aggregates only φ (personalized
-variants) or the whole model (DP-FedSAM, FT variants) with uniform weights 1/r.
+(:func:`head_parameter_names`) and the SAM/ASAM step of Eq. 11–12 (:func:`sam_gradient`); the local
+training loop that uses them is ``fedapp.training``. The Flower server strategy aggregates only φ
+(personalized variants) or the whole model (DP-FedSAM, FT variants) with uniform weights 1/r.
 
 Variants (Sec. 5): ``dp2-fedsam`` (head SGD τ_h epochs then SAM on φ τ_φ epochs), ``centaur``
 (same with SGD instead of SAM), ``dp-fedsam`` (full model, SAM), ``dp-fedsam-ft`` and
@@ -37,14 +37,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.common import Scalar
 from flwr.server.client_manager import ClientManager
 from torch import nn
 
-from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, StrategyContext, common_kwargs
-from strategies.client_dp import ClientLevelDP, cached_epsilon, mechanism_from_config
-
-NORM_SLACK_SIGMAS = 10.0  # ‖noise‖ ≤ s(√d + t) fails with probability ≤ exp(−t²/2)
+from strategies.base import ClientUpdate
+from strategies.client_level import ClientLevelDPStrategy
+from strategies.privacy import threat_models
 
 
 @dataclass(frozen=True)
@@ -142,119 +140,26 @@ def sam_gradient(params: Sequence[torch.Tensor], closure: Callable[[], torch.Ten
     return loss
 
 
-@dataclass
-class LocalResult:
-    steps: int
-    loss: float
-
-
-def train_local(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, train_names: Sequence[str], epochs: int,
-                batch_size: int, lr: float, momentum: float = 0.0, sam_rho: float | None = None,
-                adaptive: bool = False, sam_eta: float = 0.01, seed: int = 0) -> LocalResult:
-    """``epochs`` epochs of shuffled minibatch SGD (or SAM when ``sam_rho`` is set) on the parameters
-    ``train_names`` only, the others held fixed (Alg. 2 lines 6–9 for h, 11–15 for φ)."""
-    named = dict(model.named_parameters())
-    missing = [n for n in train_names if n not in named]
-    if missing:
-        raise ValueError(f"no trainable parameters named {missing}")
-    params = [named[n] for n in train_names]
-    if epochs <= 0 or not params:
-        return LocalResult(0, float("nan"))
-    saved = {n: p.requires_grad for n, p in named.items()}
-    for n, p in named.items():
-        p.requires_grad_(n in set(train_names))
-    model.train()
-    opt = torch.optim.SGD(params, lr=lr, momentum=momentum)
-    loss_fn = nn.CrossEntropyLoss()
-    gen = torch.Generator().manual_seed(int(seed) % (2**63))
-    steps, total = 0, 0.0
-    try:
-        for _ in range(epochs):
-            perm = torch.randperm(len(y), generator=gen)
-            for start in range(0, len(y), batch_size):
-                idx = perm[start:start + batch_size]
-                xb, yb = x[idx], y[idx]
-
-                def closure(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
-                    opt.zero_grad(set_to_none=False)
-                    loss = loss_fn(model(xb), yb)
-                    loss.backward()
-                    return loss.detach()
-
-                loss = closure() if sam_rho is None else sam_gradient(params, closure, sam_rho, adaptive, sam_eta)
-                opt.step()
-                steps += 1
-                total += float(loss)
-    finally:
-        for n, p in named.items():
-            p.requires_grad_(saved[n])
-    return LocalResult(steps, total / max(steps, 1))
-
-
-# ---------------------------------------------------------------------------------- privacy
-def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLevelDP:
-    """The run's mechanism from the shared client-level keys (one implementation for the whole project:
-    :func:`strategies.client_dp.mechanism_from_config`): r = clients-per-round (0 → all N),
-    T = dp-rounds (0 → num-server-rounds), δ = client-delta (0 → N^-1.1, stricter than the paper's
-    1/N; the benchmark passes 1/N), σ = noise-multiplier or, when 0, calibrated by the accountant so
-    that T rounds at q = r/N spend target-epsilon. Server and clients derive the same σ."""
-    from fedapp.config import ConfigError
-
-    n = int(num_clients)
-    if n < 2:
-        raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
-    try:
-        return mechanism_from_config(cfg, n)
-    except ValueError as exc:
-        raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={cfg['target-epsilon']}, "
-                          f"noise-multiplier={cfg['noise-multiplier']}, client-delta={cfg['client-delta']}, "
-                          f"clients-per-round={cfg['clients-per-round']} of {n}: {exc}") from None
-
-
-epsilon_after = cached_epsilon  # ε of the aggregate after t rounds (memoized; the mechanism is frozen)
-
-
-def noisy_norm_bound(dp: ClientLevelDP, dim: int) -> float:
-    """A norm no honest clipped + noised update exceeds (except with probability ≤ e⁻⁵⁰)."""
-    return dp.clip + dp.per_client_std * (math.sqrt(dim) + NORM_SLACK_SIGMAS)
-
-
 # ---------------------------------------------------------------------------------- server
-class DP2FedSAMStrategy(DPFLStrategy):
+class DP2FedSAMStrategy(ClientLevelDPStrategy):
     """Server of the family: holds the shared part only, φ ← φ + (1/r) Σ Δ̂_i (Alg. 2 line 25)."""
 
-    privacy = ("client-level DP (clip C + Gaussian noise added by each client, σ on the sum of r updates, "
-               "q = r/N, Opacus accountant); honest-but-curious server; personal heads never leave the client")
+    privacy = threat_models.CLIENT_LEVEL_PERSONALIZED
 
-    def __init__(self, *, name: str, cfg: Mapping[str, Any], eval_every: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *, name: str, eval_every: int = 1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.name = name
         self.variant = get_variant(name)
-        self.cfg = dict(cfg)
         self.eval_every = max(1, int(eval_every))
-        self.dp: ClientLevelDP | None = None
 
-    def configure_fit(self, server_round: int, parameters, client_manager: ClientManager):
-        if self.dp is None:  # before round 1: calibration errors stop the run before any training
-            client_manager.wait_for(self.min_available_clients)
-            self.dp = client_level_mechanism(self.cfg, client_manager.num_available())
-        return super().configure_fit(server_round, parameters, client_manager)
-
-    def validate_update(self, update: np.ndarray, metrics: Mapping[str, Scalar]) -> None:
-        super().validate_update(update, metrics)
-        if self.dp is not None:
-            bound = noisy_norm_bound(self.dp, update.size)
-            norm = float(np.linalg.norm(update))
-            if norm > bound:
-                raise RejectedUpdate(f"update norm {norm:.4g} exceeds {bound:.4g} = C + noise bound "
-                                     f"(C={self.dp.clip}, per-client noise std {self.dp.per_client_std:.4g})")
+    def decode_update(self, server_round: int, res, metrics: Mapping[str, Any]) -> np.ndarray:
+        self.check_sigma(metrics)
+        return super().decode_update(server_round, res, metrics)
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         extra: dict[str, Any] = {}
         if self.dp is not None:
-            extra.update(noise_multiplier=self.dp.noise_multiplier, clip_norm=self.dp.clip,
-                         epsilon=epsilon_after(self.dp, server_round), epsilon_individual=self.dp.epsilon_individual(server_round),
-                         delta=self.dp.delta, sample_rate=self.dp.sample_rate)
+            extra["clip_norm"] = self.dp.clip
         norms = [float(u.metrics["local_update_norm"]) for u in updates if "local_update_norm" in u.metrics]
         if norms:  # Figure 5 diagnostic, only present when clients opt in (dp2-report-norms)
             extra.update(mean_local_update_norm=float(np.mean(norms)), std_local_update_norm=float(np.std(norms)),
@@ -262,40 +167,8 @@ class DP2FedSAMStrategy(DPFLStrategy):
         return np.ones(len(updates)), extra  # uniform 1/r (Alg. 1 line 13, Alg. 2 line 25)
 
     def configure_evaluate(self, server_round: int, parameters, client_manager: ClientManager):
-        actual = self._actual_round(server_round)  # run-wide round (continues after a resume)
+        actual = self.actual_round(server_round)  # run-wide round (continues after a resume)
         if actual % self.eval_every and actual != self.num_rounds:
-            self._flush_pending()
+            self.flush_round()
             return []
         return super().configure_evaluate(server_round, parameters, client_manager)
-
-
-def build_variant(name: str, cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    from fedapp.clients.dp2_fedsam import shared_weights
-
-    variant = get_variant(name)
-    kwargs = common_kwargs(cfg, ctx)
-    kwargs["initial_weights"] = shared_weights(cfg, ctx.initial_weights, variant.personalized)
-    if variant.personalized:
-        kwargs["evaluate_fn"] = None  # no global head: accuracy is the personalized client_accuracy
-    return DP2FedSAMStrategy(name=name, cfg=cfg, eval_every=int(cfg["dp2-eval-every"]), **kwargs)
-
-
-def build_dp2_fedsam(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return build_variant("dp2-fedsam", cfg, ctx)
-
-
-def build_centaur(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return build_variant("centaur", cfg, ctx)
-
-
-def build_dp_fedsam(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return build_variant("dp-fedsam", cfg, ctx)
-
-
-def build_dp_fedsam_ft(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return build_variant("dp-fedsam-ft", cfg, ctx)
-
-
-def build_dp_fedavg_ft(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
-    return build_variant("dp-fedavg-ft", cfg, ctx)
-

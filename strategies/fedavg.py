@@ -9,10 +9,10 @@ of already-private updates.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
-from strategies.base import DPFLStrategy, StrategyContext, common_kwargs
+from strategies.base import DPFLStrategy
+from strategies.privacy import threat_models
 from strategies.robust_hdp import OracleDiagnostics
 
 
@@ -20,7 +20,7 @@ class FedAvg(DPFLStrategy):
     """w_i ∝ N_i over non-private updates."""
 
     name = "fedavg"
-    privacy = "none: non-private baseline"
+    privacy = threat_models.NONE
 
 
 class DPSGDFedAvg(OracleDiagnostics, DPFLStrategy):
@@ -30,14 +30,8 @@ class DPSGDFedAvg(OracleDiagnostics, DPFLStrategy):
     """
 
     name = "dpsgd-fedavg"
-    privacy = "record-level local DP: DP-SGD on each client with its own (ε_i, δ_i); untrusted server"
+    privacy = threat_models.RECORD_LOCAL_DPSGD
 
-
-def build_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> FedAvg:
-    return FedAvg(**common_kwargs(cfg, ctx))
-
-
-def build_dpsgd_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> DPSGDFedAvg:
-    strategy = DPSGDFedAvg(**common_kwargs(cfg, ctx))
-    strategy.clip_norm = float(cfg["clip-norm"])
-    return strategy
+    def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.clip_norm = float(clip_norm)

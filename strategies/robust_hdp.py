@@ -14,8 +14,8 @@ updates, so no aggregation rule here changes any client's guarantee; they change
   are split by *reported* ε into public (larger ε) and private (:func:`split_public_private`);
   private updates are projected on the top-k principal subspace of the public updates
   (:func:`project_onto_public_subspace`); the aggregate uses w_i ∝ reported ε_i.
-* ``min-eps``: every client trains with the federation's minimum ε
-  (``fedapp.clients.dpsgd.make_min_eps_client``); w_i ∝ N_i.
+* ``min-eps``: every client trains with the federation's minimum ε (the client factory sets it);
+  w_i ∝ N_i.
 
 Oracle diagnostics (:class:`OracleDiagnostics`, also used by ``dpsgd-fedavg``): from each
 client's reported training parameters (z_i, q_i, N_i, steps, η) and the run's c and p the
@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 
 from strategies.aggregate import aggregate_noise_variance, normalize_weights, weighted_sum
-from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, StrategyContext, common_kwargs
+from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
+from strategies.privacy import threat_models
 from strategies.rpca import column_noise_variances, inverse_variance_weights, thin_right_svd
 
 
@@ -195,7 +196,7 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
     """
 
     name = "robust-hdp"
-    privacy = "record-level local DP: DP-SGD on each client with its own (ε_i, δ_i); untrusted server"
+    privacy = threat_models.RECORD_LOCAL_DPSGD
 
     def __init__(self, *, rpca_options: Mapping[str, Any] | None = None, chunk_rows: int = 0, num_chunks: int = 0,
                  freeze_weights: bool = False, clip_norm: float = 0.0, **kwargs: Any) -> None:
@@ -240,7 +241,7 @@ class WeiAvg(_ReportedEpsilonMixin, OracleDiagnostics, DPFLStrategy):
     """WeiAvg (Liu et al. 2021; Robust-HDP Alg. 2): w_i ∝ reported ε_i. Record-level local DP; untrusted server."""
 
     name = "weiavg"
-    privacy = "record-level local DP: DP-SGD on each client with its own (ε_i, δ_i); untrusted server"
+    privacy = threat_models.RECORD_LOCAL_DPSGD
 
     def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -292,34 +293,8 @@ class MinEpsilon(OracleDiagnostics, DPFLStrategy):
     """
 
     name = "min-eps"
-    privacy = "record-level local DP: DP-SGD on every client at the federation's minimum ε; untrusted server"
+    privacy = threat_models.RECORD_LOCAL_MIN_EPS
 
     def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.clip_norm = float(clip_norm)
-
-
-# ----------------------------------------------------------------------------- factories
-def rpca_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """Solver options of :func:`strategies.rpca.rpca` from the run-config."""
-    return {"tol": float(cfg["rpca-tol"]), "max_iter": int(cfg["rpca-max-iter"]), "svd": str(cfg["rpca-svd"]),
-            "backend": str(cfg["rpca-backend"]), "device": str(cfg["rpca-device"]),
-            "dtype": np.float32 if cfg["rpca-float32"] else np.float64}
-
-
-def build_robust_hdp(cfg: Mapping[str, Any], ctx: StrategyContext) -> RobustHDP:
-    return RobustHDP(rpca_options=rpca_options(cfg), chunk_rows=int(cfg["rpca-chunk-rows"]),
-                     num_chunks=int(cfg["rpca-chunks"]), freeze_weights=bool(cfg["robust-hdp-freeze-weights"]),
-                     clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))
-
-
-def build_weiavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> WeiAvg:
-    return WeiAvg(clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))
-
-
-def build_pfa(cfg: Mapping[str, Any], ctx: StrategyContext) -> PFA:
-    return PFA(components=int(cfg["pfa-components"]), clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))
-
-
-def build_min_eps(cfg: Mapping[str, Any], ctx: StrategyContext) -> MinEpsilon:
-    return MinEpsilon(clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx))

@@ -5,7 +5,7 @@ client's messages — the server included (record-level **local** DP, untrusted 
 client clips per-sample gradients to G, adds Gaussian noise N(0, σ_p² I) to its gradient
 estimator itself (Alg. 2 line 4 / Alg. 3 line 12) and only then compresses; compression and the
 shift are post-processing (paper App. A, Lemma 5). σ_p is calibrated with the standard
-subsampled-Gaussian accountant (Opacus RDP/PRV, ``strategies.accounting``) for ``dp-rounds``
+subsampled-Gaussian accountant (``strategies.privacy``) for ``dp-rounds``
 rounds; :func:`theorem2_sigma` gives the paper's Eq. (4) value for comparison only. See
 ``docs/privacy_soteriafl.md`` for the sensitivity analysis of each estimator.
 
@@ -35,9 +35,12 @@ from flwr.common import FitRes, Scalar, parameters_to_ndarrays
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedapp.config import ConfigError
-from strategies.accounting import History, epsilon_of
-from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, StrategyContext, common_kwargs
+from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
+from strategies.compression import rand_k_compress, rand_k_decompress
+from strategies.errors import ConfigError
+from strategies.privacy import threat_models
+from strategies.privacy.accountants import History, epsilon_of
+from strategies.privacy.calibration import calibrate
 
 # ---------------------------------------------------------------------------------- methods
 
@@ -79,36 +82,9 @@ def default_k(d: int) -> int:
     return max(1, d // 20)
 
 
-def randk_omega(d: int, k: int) -> float:
-    """ω = d/k − 1 of random-k sparsification with scaling d/k (Example 1)."""
-    if not 1 <= k <= d:
-        raise ValueError(f"random-k needs 1 <= k <= d, got k={k}, d={d}")
-    return d / k - 1.0
-
-
 def shift_stepsize(omega: float) -> float:
     """γ = sqrt((1 + 2ω) / (2(1 + ω)³)) (Theorem 3 / Corollaries 1-3); γ = 1/2 for ω = 0."""
     return math.sqrt((1.0 + 2.0 * omega) / (2.0 * (1.0 + omega) ** 3))
-
-
-def randk_indices(d: int, k: int, seed: int) -> np.ndarray:
-    """The k coordinates (sorted) of the random-k mask drawn from ``seed`` — the receiver redraws them."""
-    if not 1 <= k <= d:
-        raise ValueError(f"random-k needs 1 <= k <= d, got k={k}, d={d}")
-    return np.sort(np.random.default_rng(int(seed)).choice(d, size=k, replace=False))
-
-
-def randk_compress(x: np.ndarray, k: int, seed: int) -> np.ndarray:
-    """The k wire values (d/k)·x[mask] of C(x) = (d/k)(ξ_k ⊙ x) (Example 1), as float32."""
-    d = x.shape[0]
-    return ((d / k) * x[randk_indices(d, k, seed)]).astype(np.float32)
-
-
-def randk_decompress(values: np.ndarray, d: int, seed: int) -> np.ndarray:
-    """Dense C(x) ∈ R^d from the wire values and the mask seed."""
-    out = np.zeros(d)
-    out[randk_indices(d, len(values), seed)] = np.asarray(values, dtype=np.float64)
-    return out
 
 
 def mask_seed(round_seed: int, client_id: int) -> int:
@@ -121,8 +97,8 @@ def shifted_message(g: np.ndarray, shift: np.ndarray, k: int, seed: int, gamma: 
 
     The shift is updated with the *float32 wire values* so client and server shifts stay equal.
     """
-    values = randk_compress(g - shift, k, seed)
-    return values, shift + gamma * randk_decompress(values, g.shape[0], seed)
+    values = rand_k_compress(g - shift, k, seed)
+    return values, shift + gamma * rand_k_decompress(values, g.shape[0], seed)
 
 
 # ---------------------------------------------------------------------------------- privacy
@@ -180,28 +156,11 @@ def calibrate_sigma(estimator: str, epsilon: float, delta: float, clip: float, b
     splits = (1.0,) if estimator in ("sgd", "gd") else _SPLITS
     best: tuple[float, float] | None = None
     for split in splits:
-        def eps(s: float, split: float = split) -> float:
-            return epsilon_of(noise_history(estimator, s, clip, batch_size, m, rounds, split), delta, accountant)
-
-        lo, hi = 0.0, clip / m
-        while eps(hi) > epsilon:
-            lo, hi = hi, hi * 4
-            if hi > 1e6 * clip:
-                raise ValueError(f"cannot reach epsilon {epsilon} at delta {delta} in {rounds} rounds")
-        lo = max(lo, hi / 4)
-        for _ in range(60):  # bisection in log-space: ε(σ) is decreasing
-            mid = math.sqrt(lo * hi)
-            e = eps(mid)
-            if e > epsilon:
-                lo = mid
-            else:
-                hi = mid
-                if e >= epsilon * (1 - rtol):
-                    break
-            if hi / lo < 1 + rtol / 4:
-                break
-        if best is None or hi < best[0]:
-            best = (hi, split)
+        sigma = calibrate(lambda s, split=split: epsilon_of(  # type: ignore[misc]
+            noise_history(estimator, s, clip, batch_size, m, rounds, split), delta, accountant),
+            epsilon, start=clip / m, rtol=rtol, what="noise std sigma_p")
+        if best is None or sigma < best[0]:
+            best = (sigma, split)
     assert best is not None
     return best
 
@@ -404,10 +363,10 @@ def client_step(method: Method, oracle: GradientOracle, x: np.ndarray, state: Cl
         if state.shift is None:
             state.shift = np.zeros(d)  # s_i^0 = 0
         values, state.shift = shifted_message(g, state.shift, k, seed, gamma)
-        message = randk_decompress(values, d, seed)
+        message = rand_k_decompress(values, d, seed)
     elif method.compression == "direct":
-        values = randk_compress(g, k, seed)
-        message = randk_decompress(values, d, seed)
+        values = rand_k_compress(g, k, seed)
+        message = rand_k_decompress(values, d, seed)
     else:
         values = g.astype(np.float32)
         message = values.astype(np.float64)
@@ -479,10 +438,9 @@ class SoteriaFLStrategy(DPFLStrategy):
     """
 
     name = "soteriafl"
-    privacy = ("record-level local DP: each client clips per-sample gradients to G and adds Gaussian noise "
-               "before (shifted) compression; untrusted server")
+    privacy = threat_models.RECORD_LOCAL_SOTERIAFL
 
-    def __init__(self, *, method: Method, eta: float, k: int, gamma: float,
+    def __init__(self, *, method: Method, eta: float, k: int, gamma: float, clip: float = 1.0,
                  metrics_oracle: GradientOracle | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if self.server_lr != 1.0:
@@ -490,6 +448,7 @@ class SoteriaFLStrategy(DPFLStrategy):
                               "(the step size is 'soteriafl-eta')")
         self.method = method
         self.name = method.name
+        self.clip = float(clip)
         self.k = k if method.compression != "none" else self.num_params
         self.server = ServerState(method, self.num_params, eta, gamma)
         self.metrics_oracle = metrics_oracle
@@ -532,7 +491,30 @@ class SoteriaFLStrategy(DPFLStrategy):
         expected = mask_seed(fit_seed(self.seed, server_round), int(metrics["client_id"]))
         if int(metrics.get("mask_seed", -1)) != expected:
             raise RejectedUpdate(f"mask_seed {metrics.get('mask_seed')!r} is not the round's seed {expected}")
-        return randk_decompress(values, self.num_params, expected)
+        return rand_k_decompress(values, self.num_params, expected)
+
+    def privacy_charge(self, server_round: int, record: Mapping[str, Any],
+                       metrics: Mapping[str, Scalar]) -> tuple[History, float] | None:
+        """One round of :func:`noise_history` from the declared (σ_p, b, m, split), fixed at first contact."""
+        values = [metrics.get(k) for k in ("sigma_p", "batch_size", "num_train", "delta")]
+        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+            return None
+        sigma_p, b, m, delta = float(values[0]), int(values[1]), int(values[2]), float(values[3])
+        split = float(metrics.get("noise_split", 1.0))  # type: ignore[arg-type]
+        try:
+            history = noise_history(self.method.estimator, sigma_p, self.clip, b, m, 1, split)
+        except (ValueError, ZeroDivisionError) as exc:
+            raise RejectedUpdate(f"declared mechanism (sigma_p={sigma_p}, batch_size={b}, num_train={m}, "
+                                 f"split={split}) is invalid: {exc}") from None
+        if not (sigma_p > 0 and 1 <= b <= m and 0 < delta < 1):
+            raise RejectedUpdate(f"declared mechanism (sigma_p={sigma_p}, batch_size={b}, num_train={m}, "
+                                 f"delta={delta}) is not a valid subsampled Gaussian")
+        cid = int(record["client_id"])
+        first = self.declared.setdefault(cid, (sigma_p, b / m))
+        if first != (sigma_p, b / m):
+            raise RejectedUpdate(f"declared (sigma_p, b/m) = ({sigma_p}, {b / m}) differs from the {first} client "
+                                 f"{cid} declared first")
+        return history, delta
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         bits = [int(u.metrics.get("payload_bits", payload_bits(self.method, self.k))) for u in updates]
@@ -564,9 +546,9 @@ class SoteriaFLStrategy(DPFLStrategy):
         if self.metrics_oracle is not None:
             extra = self.utility_metrics(parameters_to_ndarrays(parameters))
             if server_round == 0:
-                self.initial_metrics = {**getattr(self, "initial_metrics", {}), **extra}
-            elif self._pending is not None:
-                self._pending["metrics"].update(extra)
+                self.initial_metrics.update(extra)
+            else:
+                self.round_log.add_metrics(extra)
         return out
 
     def utility_metrics(self, weights: list[np.ndarray]) -> dict[str, float]:
@@ -580,45 +562,3 @@ class SoteriaFLStrategy(DPFLStrategy):
         return {"train_loss": loss, "grad_norm_sq": gn, "grad_norm_sq_avg": self.grad_norm_sq_sum / self.grad_norm_count}
 
 
-# ---------------------------------------------------------------------------------- factory
-
-
-def family_params(cfg: Mapping[str, Any], d: int) -> tuple[int, float, float]:
-    """(k, ω, γ) from the run-config for a model of dimension d (validated)."""
-    k = int(cfg.get("soteriafl-k", 0)) or default_k(d)
-    if k > d:
-        raise ConfigError(f"run-config 'soteriafl-k' = {k} exceeds the model dimension d = {d}")
-    omega = randk_omega(d, k)
-    gamma = float(cfg.get("soteriafl-gamma", 0.0)) or shift_stepsize(omega)
-    return k, omega, gamma
-
-
-def build_soteriafl(cfg: Mapping[str, Any], ctx: StrategyContext) -> SoteriaFLStrategy:
-    """Factory for every method of the family; the method is the run-config ``strategy``."""
-    from fedapp.client_data import client_train_sizes, training_pool
-    from fedapp.clients.common import make_model
-
-    method = get_method(str(cfg["strategy"]))
-    d = int(sum(np.asarray(w).size for w in ctx.initial_weights))
-    k, _, gamma = family_params(cfg, d)
-    oracle = None
-    if cfg.get("soteriafl-utility", True):
-        pool = training_pool(cfg)  # type: ignore[arg-type]
-        oracle = GradientOracle(make_model(cfg, pool), pool.x, pool.y)  # type: ignore[arg-type]
-    outer = ctx.prevalidate
-
-    def prevalidate(num_clients: int) -> None:
-        if outer is not None:
-            outer(num_clients)
-        b = int(cfg.get("soteriafl-batch-size", 0))
-        for cid, m in enumerate(client_train_sizes(cfg, num_clients)):  # type: ignore[arg-type]
-            if b > m:
-                raise ConfigError(f"client {cid}: run-config 'soteriafl-batch-size' = {b} > its dataset size m = {m}")
-            if method.estimator == "saga" and 4 * m * d > SAGA_TABLE_LIMIT_BYTES:
-                raise ConfigError(f"client {cid}: SAGA table m·d = {m}·{d} floats exceeds "
-                                  f"{SAGA_TABLE_LIMIT_BYTES // 2**20} MiB; use soteriafl-svrg or fewer samples")
-
-    kwargs = common_kwargs(cfg, StrategyContext(ctx.initial_weights, ctx.evaluate_fn, ctx.recorder, prevalidate,
-                                                ctx.extras))
-    return SoteriaFLStrategy(method=method, eta=float(cfg["soteriafl-eta"]), k=k, gamma=gamma,
-                             metrics_oracle=oracle, **kwargs)

@@ -37,7 +37,7 @@ def run_small_simulation(overrides: dict[str, Any], num_supernodes: int = 4) -> 
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                         "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False}},
     )
-    runs = sorted(set(out.iterdir()) - before) if out.exists() else []
+    runs = sorted(p for p in set(out.iterdir()) - before if not p.name.startswith(".")) if out.exists() else []
     assert len(runs) == 1, f"expected one new results folder under {out}, found {runs}"
     return runs[0]
 

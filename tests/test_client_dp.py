@@ -9,18 +9,15 @@ import pytest
 from flwr.common import Context, RecordDict
 
 from fedapp.client_data import _public_split, public_dataset, training_pool
-from fedapp.clients.client_dp import ClientLevelDPClient, train_local_steps
+from fedapp.clients.client_dp import ClientLevelDPClient
 from fedapp.clients.common import setup_client
 from fedapp.config import ConfigError, resolve_config
-from fedapp.training import get_weights
-from strategies.accounting import calibrate_noise_multiplier
-from strategies.client_dp import (
-    ClientLevelDP,
-    default_client_delta,
-    mechanism_from_config,
-    theorem1_noise_multiplier,
-)
-from strategies.fed_smp import CFG_SIGMA
+from fedapp.privacy_profiles import client_level_mechanism as mechanism_from_config
+from fedapp.training import LocalTraining, get_weights, local_train
+from strategies.client_level import CFG_SIGMA
+from strategies.fed_smp import theorem1_noise_multiplier
+from strategies.privacy.calibration import calibrate_noise_multiplier
+from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta
 
 BASE = {"dataset": "digits", "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 0.5,
         "num-server-rounds": 3, "clients-per-round": 2, "lr": 0.1, "momentum": 0.5, "noise-multiplier": 1.3}
@@ -53,7 +50,7 @@ def test_mechanism_from_config_calibrates_and_defaults():
                               "num-server-rounds": 20})
     dp = mechanism_from_config(cfg, 50)
     assert dp.clients_per_round == 50 and dp.sample_rate == 1.0  # r = 0 means full participation
-    assert dp.delta == pytest.approx(50 ** -1.1)
+    assert dp.delta == pytest.approx(1 / (10 * 50))  # δ ≤ 1/(10 n) by default
     assert 2.0 * (1 - 2e-3) <= dp.epsilon() <= 2.0
     given = mechanism_from_config(resolve_config({}, BASE), 4)
     assert given.noise_multiplier == 1.3 and given.clients_per_round == 2 and given.clip == 0.5
@@ -106,12 +103,12 @@ def test_nonprivate_dense_update_is_clipped_and_private_is_noisy():
     assert np.linalg.norm(flat) == pytest.approx(expected, rel=0.1)
 
 
-def test_train_local_steps_runs_exact_steps_and_is_seeded():
+def test_local_train_runs_exact_steps_and_is_seeded():
     client = make_client(BASE, private=False)
     results = []
     for _ in range(2):
         model = client.s.new_model()
-        res = train_local_steps(model, client.s.train, batch_size=16, steps=7, lr=0.1, momentum=0.5, seed=3)
+        res = local_train(model, client.s.train, LocalTraining(batch_size=16, steps=7, lr=0.1, momentum=0.5, seed=3))
         results.append(np.concatenate([w.ravel() for w in get_weights(model)]))
         assert res.steps == 7
     np.testing.assert_array_equal(results[0], results[1])

@@ -98,3 +98,28 @@ def test_readme_config_table_is_generated_from_schema():
 
     readme = (REPO / "README.md").read_text()
     assert readme == readme_with_table(readme), "run: python -m fedapp.config --write-readme"
+
+
+@pytest.mark.parametrize("strategy,key,value,unused", [
+    ("soteriafl-sgd", "target-epsilon", 5.0, True),  # SoteriaFL reads 'epsilon' under privacy-dist = fixed
+    ("dp-fedavg", "target-epsilon", 5.0, False),
+    ("dp-fedavg", "privacy-dist", "dist4", True),  # record-level budgets mean nothing to client-level DP
+    ("robust-hdp", "rpca-tol", 1e-3, False),
+    ("weiavg", "sam-rho", 0.3, True),
+    ("dp2-fedsam", "compression-ratio", 0.1, True),
+])
+def test_keys_a_strategy_does_not_read_are_reported(strategy, key, value, unused):
+    from fedapp.config import unused_keys
+    from fedapp.registry import get_spec
+
+    cfg = resolve_config({}, {"strategy": strategy, key: value})
+    assert (key in unused_keys(cfg, get_spec(strategy).family)) is unused
+
+
+def test_a_run_where_nothing_trained_is_not_finished():
+    from fedapp.results import summarize
+
+    idle = [{"round": r, "metrics": {"clients_ok": 0}, "clients": []} for r in (1, 2)]
+    summary = summarize(idle, 1.0, done=True)
+    assert not summary["finished"] and summary["rounds_trained"] == 0 and "no client update" in summary["stopped_reason"]
+    assert summarize([{"round": 1, "metrics": {"clients_ok": 2}, "clients": []}], 1.0, done=True)["finished"]

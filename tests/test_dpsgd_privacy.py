@@ -12,7 +12,8 @@ from opacus.accountants import RDPAccountant
 from fedapp.clients.common import setup_client
 from fedapp.clients.dpsgd import STATE_KEY, DPSGDClient
 from fedapp.training import get_weights
-from strategies.accounting import calibrate_noise_multiplier, compact_history, epsilon_of
+from strategies.privacy.accountants import compact_history, epsilon_of
+from strategies.privacy.calibration import calibrate_noise_multiplier
 
 
 @pytest.mark.parametrize("eps,q,steps,kind", [(0.2, 16 / 2400, 150, "rdp"), (1.0, 1 / 38, 38 * 40, "rdp"),

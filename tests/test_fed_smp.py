@@ -13,22 +13,13 @@ from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from fedapp.config import ConfigError, resolve_config
+from fedapp.factories import build_fed_smp_topk
 from fedapp.models import FmnistCNN
 from strategies.base import StrategyContext
-from strategies.client_dp import ClientLevelDP
-from strategies.fed_smp import (
-    CFG_MASK,
-    ClientLevelStrategy,
-    build_fed_smp_topk,
-    check_indices,
-    decode_sparse,
-    dp_spar,
-    encode_sparse,
-    mask_from_config,
-    num_kept,
-    rand_k_indices,
-    top_k_indices,
-)
+from strategies.compression import check_indices, decode_sparse, encode_sparse, num_kept, rand_k_indices, top_k_indices
+from strategies.fed_smp import CFG_MASK, ClientLevelStrategy, dp_spar, mask_from_config
+from strategies.privacy.accountants import DPAccountingRDP, epsilon_of
+from strategies.privacy.mechanisms import ClientLevelDP
 
 SHAPES = [(4, 5), (5,), (3, 5), (3,)]  # d = 43
 D = sum(int(np.prod(s)) for s in SHAPES)
@@ -50,12 +41,17 @@ def manager(n: int) -> SimpleClientManager:
     return cm
 
 
-def strategy(sparsifier="randk", private=True, ratio=0.2, clip=1.0, sigma=1.0, r=3, n=4, **kw) -> ClientLevelStrategy:
+def strategy(sparsifier="randk", private=True, ratio=0.2, clip=1.0, sigma=1.0, r=3, n=4, secagg=False,
+             **kw) -> ClientLevelStrategy:
+    """A server strategy fed plain replies (``secagg=True`` pretends they came through SecAgg+)."""
     weights = [np.zeros(s, dtype=np.float32) for s in SHAPES]
-    dp_factory = (lambda n_: ClientLevelDP(sigma, clip, r, n_, 5, 1e-3)) if private else None
-    return ClientLevelStrategy(initial_weights=weights, num_rounds=5, seed=0, clients_per_round=r,
-                               sparsifier=sparsifier, compression_ratio=ratio, private=private, clip=clip,
-                               dp_factory=dp_factory, **kw)
+    factory = (lambda n_: ClientLevelDP(sigma, clip, r, n_, 5, 1e-3, secure_aggregation=secagg)) if private else None
+    kw.setdefault("sampling", "fixed")  # exact r per round: these tests check the server's arithmetic
+    s = ClientLevelStrategy(initial_weights=weights, num_rounds=5, seed=0, clients_per_round=r,
+                            sparsifier=sparsifier, compression_ratio=ratio, clip=clip,
+                            mechanism_factory=factory, **kw)
+    s.secure_aggregation = secagg
+    return s
 
 
 def fit_res(arrays, cid, sigma=1.0, status="ok"):
@@ -176,12 +172,17 @@ def test_server_averages_with_one_over_r_and_rejects_bad_payloads():
     expected[idx] = (0.1 + 0.2) / 4  # Σ over accepted / r sampled (Alg. 2 line 16)
     np.testing.assert_allclose(new, expected, rtol=1e-6)
     assert metrics["clients_ok"] == 2 and metrics["clients_rejected"] == 1 and metrics["clients_refused"] == 1
-    records = s._pending["clients"]
+    records = s.round_log.clients()
     assert [r["status"] for r in records] == ["ok", "ok", "rejected", "refused"]
     assert "shape" in records[2]["reason"]
-    eps1 = ClientLevelDP(1.0, 1.0, 4, 5, 5, 1e-3).epsilon(1)
-    assert all(r["epsilon_spent"] == pytest.approx(eps1) for r in records)  # server ledger for every client
-    assert metrics["epsilon"] == pytest.approx(eps1)
+    # without secure aggregation the headline is one update's ε (multiplier σ/√r), for every client;
+    # 2 of the 4 sampled updates were aggregated, so the sum carried σ·√(2/4), and the server's ledger says so
+    eps_ind = epsilon_of([(1.0 / math.sqrt(4), 4 / 5, 1)], 1e-3)
+    eps_sum = epsilon_of([(1.0 * math.sqrt(2 / 4), 4 / 5, 1)], 1e-3)
+    assert all(r["epsilon_spent"] == pytest.approx(eps_ind) for r in records)  # server ledger for every client
+    assert metrics["epsilon"] == pytest.approx(eps_ind) and metrics["epsilon_individual"] == pytest.approx(eps_ind)
+    assert metrics["epsilon_aggregate"] == pytest.approx(eps_sum) and eps_sum < eps_ind
+    assert metrics["noise_multiplier_effective"] == pytest.approx(math.sqrt(0.5))
 
 
 def test_server_rejects_out_of_bound_norm_and_wrong_sigma():
@@ -190,12 +191,12 @@ def test_server_rejects_out_of_bound_norm_and_wrong_sigma():
     k = len(s.round_mask(1))
     results = [(ins[0][0], fit_res([np.full(k, 10.0, np.float32)], 0))]
     s.aggregate_fit(1, results, [])
-    assert s._pending["clients"][0]["status"] == "rejected" and "declared bound" in s._pending["clients"][0]["reason"]
+    assert s.round_log.clients()[0]["status"] == "rejected" and "declared bound" in s.round_log.clients()[0]["reason"]
     assert all(np.all(w == 0) for w in s.current_weights)  # the global model is untouched
     p = strategy("randk", ratio=0.5, sigma=1.0)
     ins = p.configure_fit(1, ndarrays_to_parameters(p.current_weights), manager(4))
     p.aggregate_fit(1, [(ins[0][0], fit_res([np.zeros(k, np.float32)], 0, sigma=0.1))], [])
-    assert "noise multiplier" in p._pending["clients"][0]["reason"]
+    assert "noise multiplier" in p.round_log.clients()[0]["reason"]
 
 
 def test_topk_needs_public_samples():
@@ -215,7 +216,8 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
 
     ov = {"strategy": "fed-smp-topk", "num-server-rounds": 2, "output-dir": str(tmp_path), "compression-ratio": 0.05,
           "public-samples": 100, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 1.0,
-          "clients-per-round": 3, "noise-multiplier": 1.0, "fraction-evaluate": 0.0}
+          "clients-per-round": 3, "noise-multiplier": 1.0, "fraction-evaluate": 0.0,
+          "secure-aggregation": False}  # the plain wire format (SecAgg+: tests/test_secure_aggregation.py)
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=4,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 2, "logging_level": "ERROR"}})
@@ -223,26 +225,46 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
     rounds = [json.loads(line) for line in open(path)]
     assert [r["round"] for r in rounds] == [1, 2]
     cfg = resolve_config({}, ov)
-    from strategies.client_dp import mechanism_from_config
+    from fedapp.privacy_profiles import client_level_mechanism
 
-    dp = mechanism_from_config(cfg, 4)
+    dp = client_level_mechanism(cfg, 4)
     k = rounds[0]["metrics"]["k"]
     assert rounds[0]["metrics"]["compression_ratio"] == pytest.approx(0.05, rel=0.01)
     for r in rounds:
         ok = [c for c in r["clients"] if c["status"] == "ok"]
-        assert len(ok) == 3 and r["metrics"]["clients_sampled"] == 3
+        assert len(ok) == r["metrics"]["clients_sampled"]  # Poisson sampling with q = 3/4
         assert all(4 * k <= c["uplink_bytes"] <= 4 * k + 256 for c in ok)
-        assert all(c["epsilon_spent"] == pytest.approx(dp.epsilon(r["round"])) for c in r["clients"])
         assert r["metrics"]["accuracy"] is not None
-    assert rounds[1]["metrics"]["epsilon"] == pytest.approx(dp.epsilon(2)) and dp.noise_multiplier == 1.0
+    # recompute the ledger from rounds.jsonl with Google's dp_accounting, for the Poisson client sampling the
+    # server ran (q = 3/4). Without secure aggregation the server sees each update, noised with the fixed
+    # C·σ/√r: the headline ε composes multiplier σ/√r per released round; the sum of r' updates had σ·√(r'/r)
+    released = [r for r in rounds if r["metrics"].get("clients_ok")]
+    expected = DPAccountingRDP().epsilon([(1.0 / math.sqrt(3), dp.sample_rate, len(released))], dp.delta)
+    aggregate = DPAccountingRDP().epsilon([(math.sqrt(r["metrics"]["clients_ok"] / 3), dp.sample_rate, 1)
+                                           for r in released], dp.delta)
+    assert rounds[1]["metrics"]["epsilon"] == pytest.approx(expected, rel=0.01) and dp.noise_multiplier == 1.0
+    assert rounds[1]["metrics"]["epsilon_aggregate"] == pytest.approx(aggregate, rel=0.01)
+    assert all(c["epsilon_spent"] == pytest.approx(expected, rel=0.01) for c in rounds[1]["clients"])
     assert all(c["noise_multiplier"] == 1.0 for c in rounds[1]["clients"])
     assert rounds[1]["metrics"]["uplink_bytes_cumulative"] == sum(r["metrics"]["uplink_bytes"] for r in rounds)
 
 
-def test_ledger_stops_at_planned_rounds():
+def test_server_samples_nobody_past_the_planned_rounds():
     s = strategy("randk", ratio=0.2, sigma=1.0, r=3, n=4)  # dp planned for T = 5 rounds
     ins = s.configure_fit(7, ndarrays_to_parameters(s.current_weights), manager(4))
-    s.aggregate_fit(7, [(ins[0][0], fit_res([], 0, status="refused"))], [])
-    eps_t = ClientLevelDP(1.0, 1.0, 3, 4, 5, 1e-3).epsilon(5)
-    assert s._pending["clients"][0]["epsilon_spent"] == pytest.approx(eps_t)
-    assert s._pending["clients"][0]["epsilon_budget"] == pytest.approx(eps_t)
+    assert ins == [] and s.budget_exhausted and s.round_log.metrics()["budget_exhausted"]
+
+
+def test_dropouts_never_push_the_ledger_over_the_budget():
+    s = strategy("randk", ratio=0.2, sigma=1.0, r=3, n=4, secagg=True)
+    statuses = []
+    for rnd in range(1, 6):
+        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), manager(4))
+        if ins:  # one survivor of three every round: each round costs more than a planned one
+            s.aggregate_fit(rnd, [(ins[0][0], fit_res([np.zeros(9, np.float32)], int(ins[0][0].node_id) - 1))], [])
+            statuses += [r["status"] for r in s.round_log.clients()]
+        s.flush_round()
+    planned = ClientLevelDP(1.0, 1.0, 3, 4, 5, 1e-3, secure_aggregation=True).epsilon()
+    # the first rounds are paid at the higher (dropout) cost; the round the budget cannot pay is withheld
+    assert statuses[0] == "ok" and "withheld" in statuses
+    assert s.ledger.population_epsilon() <= planned < s.epsilon_after(s.ledger.population * 2)

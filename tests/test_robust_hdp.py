@@ -16,7 +16,7 @@ from fedapp.clients.dpsgd import min_epsilon_profile
 from fedapp.config import resolve_config
 from fedapp.data import ArrayDataset
 from fedapp.privacy_profiles import federation_profiles
-from fedapp.training import dpsgd_sample_rate, train_dp_sgd
+from fedapp.training import LocalTraining, PerSampleDP, dpsgd_sample_rate, epochs_to_steps, local_train
 from strategies.base import ClientUpdate, RejectedUpdate
 from strategies.fedavg import DPSGDFedAvg
 from strategies.robust_hdp import (
@@ -152,7 +152,8 @@ def test_oracle_sigma2_matches_opacus_dpsgd():
     model = torch.nn.Linear(d, 100)
     p = sum(t.numel() for t in model.parameters())
     before = torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()
-    res = train_dp_sgd(model, data, batch_size=b, epochs=2, lr=lr, noise_multiplier=z, clip=clip, seed=3)
+    res = local_train(model, data, LocalTraining(batch_size=b, steps=epochs_to_steps(n, b, 2), lr=lr, seed=3,
+                                                 dp=PerSampleDP(z, clip)))
     delta = torch.nn.utils.parameters_to_vector(model.parameters()).detach() - before
     expected = oracle_sigma2(noise_multiplier=z, clip=clip, num_train=n, sample_rate=dpsgd_sample_rate(n, b),
                              steps=res.steps, lr=lr, num_params=p)

@@ -108,7 +108,7 @@ def _heterogeneous_updates(p: int = 6000, n: int = 20, seed: int = 3) -> tuple[n
 def test_run_config_default_solver_gives_the_tight_solve_weights():
     """Robust-HDP's defaults (float32, rpca-tol) stay within 1 % of a float64, tol 1e-9 solve's weights."""
     from fedapp.config import resolve_config
-    from strategies.robust_hdp import rpca_options
+    from fedapp.factories import rpca_options
 
     m, _ = _heterogeneous_updates()
     opts = rpca_options(resolve_config())

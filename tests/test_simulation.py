@@ -8,7 +8,7 @@ import math
 import pytest
 from conftest import read_rounds, run_small_simulation
 
-from strategies.accounting import epsilon_of
+from strategies.privacy.accountants import DPAccountingRDP, epsilon_of
 
 
 @pytest.mark.slow
@@ -35,6 +35,11 @@ def test_dpsgd_fedavg_simulation_writes_consistent_results(tmp_path):
             assert c["epsilon_spent"] <= c["epsilon_budget"] * (1 + 1e-9)
             assert math.isclose(c["epsilon_spent"], epsilon_of([(c["noise_multiplier"], c["sample_rate"], c["steps"])],
                                                                c["delta"]), rel_tol=1e-9)
+            # the server's ledger (epsilon_spent) agrees with the client's own accountant and with Google's
+            # dp_accounting for the Poisson sampling Opacus ran
+            assert math.isclose(c["epsilon_spent"], c["client_epsilon_spent"], rel_tol=1e-9) and "epsilon_mismatch" not in c
+            dpa = DPAccountingRDP().epsilon([(c["noise_multiplier"], c["sample_rate"], c["steps"])], c["delta"])
+            assert math.isclose(c["epsilon_spent"], dpa, rel_tol=0.01)
             assert c["uplink_bytes"] > 4 * 6058  # dense float32 update of the digits CNN + framing
     last = {c["client_id"]: c for c in rounds[-1]["clients"]}
     first = {c["client_id"]: c for c in rounds[0]["clients"]}

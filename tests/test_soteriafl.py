@@ -14,25 +14,22 @@ from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_p
 from fedapp.clients.common import setup_client
 from fedapp.clients.soteriafl import ARRAYS_KEY, SoteriaFLClient
 from fedapp.config import ConfigError
+from fedapp.factories import build_soteriafl
 from fedapp.models import build_model
-from strategies.accounting import epsilon_of
 from strategies.base import RejectedUpdate, StrategyContext
+from strategies.compression import rand_k_compress, rand_k_decompress, rand_k_indices, rand_k_omega
+from strategies.privacy.accountants import DPAccountingRDP, epsilon_of
 from strategies.soteriafl import (
     METHODS,
     ClientState,
     GradientOracle,
     ServerState,
-    build_soteriafl,
     calibrate_sigma,
     client_step,
     fit_seed,
     mask_seed,
     noise_history,
     payload_bits,
-    randk_compress,
-    randk_decompress,
-    randk_indices,
-    randk_omega,
     shift_stepsize,
     shifted_message,
     theorem2_sigma,
@@ -50,7 +47,7 @@ def test_shift_update_hand_computed_identity_compressor():
 
 def test_shift_update_hand_computed_random_k():
     g, s = np.array([1.0, -2.0, 3.0, 0.0]), np.array([0.0, 1.0, 1.0, 1.0])
-    idx = randk_indices(4, 2, seed=7)
+    idx = rand_k_indices(4, 2, seed=7)
     values, s_new = shifted_message(g, s, k=2, seed=7, gamma=0.25)
     diff = g - s  # [1, -3, 2, -1]
     np.testing.assert_allclose(values, 2.0 * diff[idx])  # d/k = 2
@@ -60,7 +57,7 @@ def test_shift_update_hand_computed_random_k():
 
 
 def test_gamma_and_omega_formulas():
-    assert randk_omega(124, 6) == pytest.approx(124 / 6 - 1)
+    assert rand_k_omega(124, 6) == pytest.approx(124 / 6 - 1)
     assert shift_stepsize(19.0) == pytest.approx(math.sqrt(39 / (2 * 20**3)))  # 0.049371
     assert shift_stepsize(0.0) == pytest.approx(math.sqrt(0.5))
 
@@ -79,10 +76,10 @@ def test_random_k_unbiased_with_omega_variance():
     rng = np.random.default_rng(0)
     d, k, trials = 10, 2, 4000
     x = rng.normal(size=d)
-    samples = np.stack([randk_decompress(randk_compress(x, k, s), d, s) for s in range(trials)])
+    samples = np.stack([rand_k_decompress(rand_k_compress(x, k, s), d, s) for s in range(trials)])
     assert np.abs(samples.mean(0) - x).max() < 0.1 * np.abs(x).max()
     var = np.mean(np.sum((samples - x) ** 2, axis=1))
-    assert var == pytest.approx(randk_omega(d, k) * x @ x, rel=0.1)  # E‖C(x) − x‖² = ω‖x‖² exactly for rand-k
+    assert var == pytest.approx(rand_k_omega(d, k) * x @ x, rel=0.1)  # E‖C(x) − x‖² = ω‖x‖² exactly for rand-k
 
 
 def test_shifted_compression_reaches_optimum_direct_compression_stalls():
@@ -91,7 +88,7 @@ def test_shifted_compression_reaches_optimum_direct_compression_stalls():
     n, d, k = 4, 20, 4
     c = rng.normal(size=(n, d)) * 3
     x_star = c.mean(0)
-    omega = randk_omega(d, k)
+    omega = rand_k_omega(d, k)
     gamma = shift_stepsize(omega)
     errors = {}
     for name in ("soteriafl-gd", "cdp-sgd"):
@@ -107,8 +104,8 @@ def test_shifted_compression_reaches_optimum_direct_compression_stalls():
                 if method.compression == "shifted":
                     values, shifts[i] = shifted_message(g, shifts[i], k, seed, gamma)
                 else:
-                    values = randk_compress(g, k, seed)
-                msgs.append(randk_decompress(values, d, seed))
+                    values = rand_k_compress(g, k, seed)
+                msgs.append(rand_k_decompress(values, d, seed))
             x = srv.step(x, msgs, n)
         errors[name] = float(np.linalg.norm(x - x_star))
     assert errors["soteriafl-gd"] < 1e-6  # linear convergence to x*
@@ -251,7 +248,7 @@ def test_client_state_persists_in_context_and_budget_is_enforced():
         assert metrics["payload_bits"] == 32 * k + 64 == payload_bits(METHODS["soteriafl-gd"], k)
         seed = mask_seed(fit_seed(42, rnd), 0)
         assert metrics["mask_seed"] == seed
-        shift = shift + shift_stepsize(randk_omega(d, k)) * randk_decompress(values[0], d, seed)
+        shift = shift + shift_stepsize(rand_k_omega(d, k)) * rand_k_decompress(values[0], d, seed)
         np.testing.assert_allclose(ctx.state[ARRAYS_KEY]["shift"].numpy(), shift, rtol=1e-12)
         eps_seen.append(metrics["epsilon_spent"])
     assert eps_seen[0] < eps_seen[1] <= 5.0 and eps_seen[1] >= 5.0 * 0.99
@@ -323,3 +320,10 @@ def test_flower_simulation_bits_state_and_refusal(tmp_path):
     assert rounds[0]["metrics"]["train_loss"] > rounds[1]["metrics"]["train_loss"]
     assert all(c["status"] == "refused" for c in rounds[2]["clients"])  # dp-rounds = 2 exhausted
     assert max(c["epsilon_spent"] for c in rounds[1]["clients"]) <= 5.0
+    for r in rounds:  # the server composed each client's ε itself, and it agrees with the client's accountant
+        for c in r["clients"]:
+            assert "epsilon_mismatch" not in c and c["epsilon_spent"] == pytest.approx(c["client_epsilon_spent"])
+    # and with Google's dp_accounting for the GD estimator's mechanism (q = 1, z = σ_p m / G), two rounds
+    c = rounds[1]["clients"][0]
+    assert c["epsilon_spent"] == pytest.approx(DPAccountingRDP().epsilon([(c["noise_multiplier"], 1.0, 2)], c["delta"]),
+                                               rel=0.01)

@@ -9,10 +9,10 @@ client runs τ local momentum-SGD steps from the global model θ (momentum reset
   only the k masked values (``strategies.fed_smp.encode_sparse``);
 * non-private (``fedavg-randk/topk``): the same sparsify + clip, no noise.
 
-The noise is sized so that the *sum* over the r sampled clients carries σC; the ε reported
-is that of the sum (secure-aggregation threat model; see ``strategies/fed_smp.py``). σ comes
-from ``strategies.client_dp.mechanism_from_config`` — the same function the server uses —
-and a client refuses to train in a round whose ε would exceed the planned budget ε(T).
+The noise is sized so that the *sum* over the r_t clients sampled this round (``dp-round-clients``)
+carries σC; see ``strategies/client_level.py`` for the threat model and the server's ledger. σ comes
+from ``fedapp.privacy_profiles.client_level_mechanism`` — the same function the server uses — and a
+client refuses to train in a round whose ε would exceed the planned budget ε(T).
 
 Reuse (DP2-FedSAM): subclass :class:`ClientLevelDPClient` and override :meth:`local_train`
 (e.g. a SAM optimizer); clipping, noise, masks, budget refusal and metrics stay here.
@@ -21,24 +21,23 @@ Reuse (DP2-FedSAM): subclass :class:`ClientLevelDPClient` and override :meth:`lo
 from __future__ import annotations
 
 import math
-import time
 from typing import Any
 
 import numpy as np
-import torch
-from flwr.client import Client, NumPyClient
+from flwr.client import NumPyClient
 from flwr.common import Context
 from torch import nn
 
-from fedapp.clients.common import ClientSetup, evaluate_on_local_test, noise_seed, round_lr, round_seed, setup_client
+from fedapp.clients.common import ClientSetup, evaluate_on_local_test, noise_seed, round_lr, round_seed
 from fedapp.config import RunConfig
-from fedapp.data import ArrayDataset
-from fedapp.training import TrainResult, get_weights, set_weights, steps_per_epoch
+from fedapp.privacy_profiles import client_level_mechanism
+from fedapp.training import LocalTraining, TrainResult, get_weights, local_train, set_weights, steps_per_epoch
 from strategies.aggregate import flatten, unflatten
-from strategies.client_dp import ClientLevelDP, cached_epsilon, mechanism_from_config
-from strategies.fed_smp import CFG_SIGMA, dp_dense, dp_spar, encode_sparse, mask_from_config
-
-EPS_SLACK = 1e-9
+from strategies.client_level import CFG_ROUND_CLIENTS, CFG_SIGMA
+from strategies.compression import encode_sparse
+from strategies.fed_smp import dp_dense, dp_spar, mask_from_config
+from strategies.privacy.budget import budget_refusal
+from strategies.privacy.mechanisms import ClientLevelDP, cached_epsilon
 
 
 def local_steps(cfg: RunConfig, num_examples: int, batch_size: int) -> int:
@@ -46,35 +45,9 @@ def local_steps(cfg: RunConfig, num_examples: int, batch_size: int) -> int:
     return int(cfg["local-steps"]) or int(cfg["local-epochs"]) * steps_per_epoch(num_examples, batch_size)
 
 
-def train_local_steps(model: nn.Module, data: ArrayDataset, *, batch_size: int, steps: int, lr: float,
-                      momentum: float = 0.0, device: torch.device | None = None, seed: int = 0) -> TrainResult:
-    """τ = ``steps`` minibatch momentum-SGD steps (fresh optimizer, so momentum starts at 0 each round).
-
-    Minibatches walk through seeded shuffles of the data (a new shuffle per pass, last partial
-    batch kept), so τ = ⌈N/b⌉ steps is exactly one epoch.
-    """
-    device = device or torch.device("cpu")
-    model.to(device).train()
-    rng = np.random.default_rng(seed)
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    loss_fn = nn.CrossEntropyLoss()
-    x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
-    start, total, order, pos = time.perf_counter(), 0.0, np.empty(0, dtype=np.int64), 0
-    for _ in range(steps):
-        if pos >= len(order):
-            order, pos = rng.permutation(len(data)), 0
-        idx = torch.from_numpy(order[pos:pos + batch_size])
-        pos += batch_size
-        xb, yb = x_all[idx].to(device), y_all[idx].to(device)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(xb), yb)
-        reg = getattr(model, "regularization", None)
-        if callable(reg):
-            loss = loss + reg()
-        loss.backward()
-        opt.step()
-        total += float(loss.detach())
-    return TrainResult(steps, total / max(steps, 1), time.perf_counter() - start)
+def round_clients(config: dict[str, Any], dp: ClientLevelDP) -> int:
+    """r_t of this round as the server sent it (clamped to 1..n; default the planned r)."""
+    return min(max(int(config.get(CFG_ROUND_CLIENTS, dp.clients_per_round)), 1), dp.num_clients)
 
 
 class ClientLevelDPClient(NumPyClient):
@@ -90,35 +63,36 @@ class ClientLevelDPClient(NumPyClient):
         """The run's client-level mechanism (None for the non-private baselines)."""
         if not self.private:
             return None
-        return mechanism_from_config(self.s.cfg, self.s.profile.num_clients)
+        return client_level_mechanism(self.s.cfg, self.s.profile.num_clients)
 
     def budget_check(self, dp: ClientLevelDP, server_round: int) -> tuple[float, str | None]:
         """(ε after this round, refusal reason or None). Budget = ε(T) of the planned ``dp-rounds``."""
         budget = cached_epsilon(dp, None)
         eps_next = cached_epsilon(dp, server_round)
-        if server_round > dp.rounds or eps_next > budget * (1 + EPS_SLACK):
-            return eps_next, (f"budget: round {server_round} would spend client-level epsilon={eps_next:.4f} > "
-                              f"budget {budget:.4f} planned for dp-rounds={dp.rounds}")
-        return eps_next, None
+        if server_round > dp.rounds:
+            return eps_next, f"budget: round {server_round} is past dp-rounds={dp.rounds}, the rounds ε was planned for"
+        return eps_next, budget_refusal(server_round, eps_next, budget, f"client-level, planned for dp-rounds={dp.rounds}")
 
     # ---- hooks -----------------------------------------------------------------------
     def local_steps(self) -> int:
         return local_steps(self.s.cfg, len(self.s.train), self.s.profile.batch_size)
 
     def local_train(self, model: nn.Module, *, lr: float, seed: int, config: dict[str, Any]) -> TrainResult:
-        """*hook*: τ local steps in place on ``model`` (DP2-FedSAM overrides with SAM)."""
-        return train_local_steps(model, self.s.train, batch_size=self.s.profile.batch_size, steps=self.local_steps(),
-                                 lr=lr, momentum=float(self.s.cfg["momentum"]), device=self.s.device, seed=seed)
+        """*hook*: τ local steps in place on ``model``."""
+        spec = LocalTraining(batch_size=self.s.profile.batch_size, steps=self.local_steps(), lr=lr,
+                             momentum=float(self.s.cfg["momentum"]), seed=seed)
+        return local_train(model, self.s.train, spec, self.s.device)
 
     def privatize(self, update: np.ndarray, shapes: list[tuple[int, ...]], config: dict[str, Any],
                   dp: ClientLevelDP | None, rng: np.random.Generator) -> tuple[list[np.ndarray], dict[str, Any]]:
         """*hook*: Δ (flat) → wire arrays + metrics. Dense per-layer arrays, or the k masked values."""
         sparsifier, indices = mask_from_config(config, update.size)
         clip = float(self.s.cfg["clip-norm"])
+        r_t = round_clients(config, dp) if dp is not None else None
         if indices is None:
-            noisy, norm = dp_dense(update, clip=clip, dp=dp, rng=rng)
+            noisy, norm = dp_dense(update, clip=clip, dp=dp, rng=rng, round_clients=r_t)
             return unflatten(noisy, shapes), {"update_norm": norm, "k": update.size}
-        values, norm = dp_spar(update, indices, sparsifier, clip=clip, dp=dp, rng=rng)
+        values, norm = dp_spar(update, indices, sparsifier, clip=clip, dp=dp, rng=rng, round_clients=r_t)
         return encode_sparse(values), {"update_norm": norm, "k": len(indices)}
 
     # ---- Flower API ------------------------------------------------------------------
@@ -161,17 +135,8 @@ class ClientLevelDPClient(NumPyClient):
             metrics["train_loss"] = result.loss
         else:
             metrics.pop("update_norm", None)
-        return arrays, len(self.s.train), metrics
+        # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
+        return arrays, 1 if dp is not None and self.s.cfg["secure-aggregation"] else len(self.s.train), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         return evaluate_on_local_test(self.s, parameters)
-
-
-def make_client_dp_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    """DP-FedAvg / Fed-SMP client (client-level DP)."""
-    return ClientLevelDPClient(setup_client(context, overrides), context, private=True).to_client()
-
-
-def make_compressed_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    """FedAvg-randk / FedAvg-topk client (sparsified + clipped, no noise)."""
-    return ClientLevelDPClient(setup_client(context, overrides), context, private=False).to_client()

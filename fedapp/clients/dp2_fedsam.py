@@ -23,18 +23,21 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.client import Client, NumPyClient
+from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, Context
 
-from fedapp.clients.common import ClientSetup, make_model, noise_seed, round_lr, round_seed, setup_client
-from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.clients.client_dp import round_clients
+from fedapp.clients.common import ClientSetup, make_model, noise_seed, round_lr, round_seed
+from fedapp.config import ConfigError, RunConfig
 from fedapp.data import load_dataset
-from fedapp.training import evaluate_model, get_weights, set_weights
+from fedapp.privacy_profiles import client_level_mechanism
+from fedapp.training import SAM, LocalTraining, epochs_to_steps, evaluate_model, get_weights, local_train, set_weights
 from strategies.aggregate import flatten, unflatten
-from strategies.dp2_fedsam import Variant, client_level_mechanism, epsilon_after, get_variant, shared_mask, train_local
+from strategies.dp2_fedsam import Variant, shared_mask
+from strategies.privacy.budget import budget_refusal
+from strategies.privacy.mechanisms import cached_epsilon
 
 HEAD_KEY = "dp2-head"
-EPS_SLACK = 1e-9
 
 
 def run_model(cfg: RunConfig) -> torch.nn.Module:
@@ -93,9 +96,6 @@ class DP2FedSAMClient(NumPyClient):
         it_s, it_h = iter(shared), iter(self.head())
         return [next(it_s) if m else next(it_h) for m in self.mask]
 
-    def tensors(self, data) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.from_numpy(data.x).to(self.s.device), torch.from_numpy(data.y).to(self.s.device)
-
     # ---- Flower API ----------------------------------------------------------------------
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
         return [w for w, m in zip(self.initial, self.mask) if m]
@@ -108,41 +108,44 @@ class DP2FedSAMClient(NumPyClient):
         if n_train == 0:
             return [], 0, {**metrics, "status": "refused", "reason": "empty local training set"}
         dp = client_level_mechanism(cfg, p.num_clients)
-        budget = self.budget(epsilon_after(dp, dp.rounds))
-        eps_now, eps_next = epsilon_after(dp, rnd - 1), epsilon_after(dp, rnd)
+        budget = self.budget(cached_epsilon(dp, dp.rounds))
+        eps_now, eps_next = cached_epsilon(dp, rnd - 1), cached_epsilon(dp, rnd)
         metrics.update({"noise_multiplier": dp.noise_multiplier, "sample_rate": dp.sample_rate, "delta": dp.delta,
                         "epsilon_budget": budget, "reported_epsilon": budget, "steps": rnd - 1})
-        if eps_next > budget * (1 + EPS_SLACK):
-            return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": (
-                f"budget: round {rnd} would spend client-level epsilon={eps_next:.4f} > budget {budget:.4f} "
-                f"(sigma={dp.noise_multiplier:.4f}, q={dp.sample_rate:.4f}, planned T={dp.rounds})")}
+        reason = budget_refusal(rnd, eps_next, budget, f"client-level, sigma={dp.noise_multiplier:.4f}, "
+                                f"q={dp.sample_rate:.4f}, planned T={dp.rounds}")
+        if reason is not None:
+            return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         start = time.perf_counter()
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
-        x, y = self.tensors(self.s.train)
         lr, lr_h = round_lr(cfg, rnd), round_lr(cfg, rnd, "dp2-lr-head")
         seed, mom = round_seed(cfg, p.client_id, rnd), float(cfg["momentum"])
-        sam = float(cfg["sam-rho"]) if self.variant.sam else None
-        sam_kw = {"adaptive": bool(cfg["sam-adaptive"]), "sam_eta": float(cfg["sam-eta"])}
-        if self.variant.personalized:  # Alg. 2 lines 5–16
-            train_local(model, x, y, train_names=self.head_names, epochs=int(cfg["dp2-tau-h"]), batch_size=p.batch_size,
-                        lr=lr_h, momentum=mom, seed=seed)
-            res = train_local(model, x, y, train_names=self.shared_names, epochs=int(cfg["dp2-tau-phi"]),
-                              batch_size=p.batch_size, lr=lr, momentum=mom, sam_rho=sam, seed=seed + 1, **sam_kw)
+        sam = SAM(float(cfg["sam-rho"]), bool(cfg["sam-adaptive"]), float(cfg["sam-eta"])) if self.variant.sam else None
+
+        def spec(names: list[str], epochs: int, rate: float, seed: int, sam: SAM | None = None) -> LocalTraining:
+            return LocalTraining(batch_size=p.batch_size, steps=epochs_to_steps(n_train, p.batch_size, epochs),
+                                 lr=rate, momentum=mom, seed=seed, trainable=tuple(names), sam=sam)
+
+        if self.variant.personalized:  # Alg. 2 lines 5–16: head h with φ fixed, then φ with h fixed
+            local_train(model, self.s.train, spec(self.head_names, int(cfg["dp2-tau-h"]), lr_h, seed), self.s.device)
+            res = local_train(model, self.s.train, spec(self.shared_names, int(cfg["dp2-tau-phi"]), lr, seed + 1, sam),
+                              self.s.device)
         else:  # DP-FedSAM / DP-FedAvg local training on the full model
-            res = train_local(model, x, y, train_names=self.shared_names, epochs=p.local_epochs,
-                              batch_size=p.batch_size, lr=lr, momentum=mom, sam_rho=sam, seed=seed, **sam_kw)
+            res = local_train(model, self.s.train, spec(self.shared_names, p.local_epochs, lr, seed, sam),
+                              self.s.device)
         new = get_weights(model)
         delta = flatten([w for w, m in zip(new, self.mask) if m]) - flatten(parameters)
         rng = np.random.default_rng(noise_seed(cfg, p.client_id, rnd))
-        noisy, norm = dp.privatize(delta, rng)  # Alg. 2 lines 18–19
+        noisy, norm = dp.privatize(delta, rng, round_clients(config, dp))  # Alg. 2 lines 18–19
         if self.variant.personalized:
             self.save_head([w for w, m in zip(new, self.mask) if not m])  # Alg. 2 line 10: h_i^{t+1} stays here
         metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rnd, "lr": lr,  # no train loss: not private
                         "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
         if cfg["dp2-report-norms"]:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
             metrics["local_update_norm"] = norm
-        return unflatten(noisy, self.shared_shapes), n_train, metrics
+        # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
+        return unflatten(noisy, self.shared_shapes), 1 if cfg["secure-aggregation"] else n_train, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         cfg, cid = self.s.cfg, self.s.profile.client_id
@@ -151,16 +154,9 @@ class DP2FedSAMClient(NumPyClient):
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
         if self.variant.finetune and int(cfg["ft-epochs"]) > 0 and len(self.s.train) > 0:
-            rnd = int(config.get("server-round", 1))
-            x, y = self.tensors(self.s.train)
-            train_local(model, x, y, train_names=self.names, epochs=int(cfg["ft-epochs"]),
-                        batch_size=self.s.profile.batch_size, lr=round_lr(cfg, rnd), momentum=float(cfg["momentum"]),
-                        seed=round_seed(cfg, cid, rnd, stream=612))
+            rnd, b = int(config.get("server-round", 1)), self.s.profile.batch_size
+            local_train(model, self.s.train, LocalTraining(
+                batch_size=b, steps=epochs_to_steps(len(self.s.train), b, int(cfg["ft-epochs"])), lr=round_lr(cfg, rnd),
+                momentum=float(cfg["momentum"]), seed=round_seed(cfg, cid, rnd, stream=612)), self.s.device)
         loss, acc = evaluate_model(model, self.s.test, batch_size=int(cfg["eval-batch-size"]), device=self.s.device)
         return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": cid}
-
-
-def make_dp2_fedsam_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    """Client factory of every strategy of the family; the variant comes from run-config ``strategy``."""
-    cfg = resolve_config(context.run_config, overrides)
-    return DP2FedSAMClient(setup_client(context, overrides), context, get_variant(cfg["strategy"])).to_client()

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 import numpy as np
-from flwr.client import Client, NumPyClient
+from flwr.client import NumPyClient
 from flwr.common import Context
 
 from fedapp.clients.common import (
@@ -27,21 +27,22 @@ from fedapp.clients.common import (
     read_record,
     round_lr,
     round_seed,
-    setup_client,
     write_record,
 )
 from fedapp.training import (
+    LocalTraining,
+    PerSampleDP,
     dpsgd_sample_rate,
     get_weights,
+    local_train,
     set_weights,
     steps_per_epoch,
-    train_dp_sgd,
-    train_plain,
 )
-from strategies.accounting import calibrate_noise_multiplier, compact_history, epsilon_of
+from strategies.privacy.accountants import compact_history, epsilon_of
+from strategies.privacy.budget import budget_refusal
+from strategies.privacy.calibration import calibrate_noise_multiplier
 
 STATE_KEY = "dpsgd-accountant"
-EPS_SLACK = 1e-9  # relative tolerance when comparing spent ε with the budget
 
 
 class DPSGDClient(NumPyClient):
@@ -113,14 +114,13 @@ class DPSGDClient(NumPyClient):
             eps_next = epsilon_of(hist + [(z, q, steps)], p.delta, cfg["accountant"])
             metrics.update({"noise_multiplier": z, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
                             "reported_epsilon": p.reported_epsilon, "steps": sum(h[2] for h in hist)})
-            if eps_next > p.epsilon * (1 + EPS_SLACK):
-                metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": (
-                    f"budget: training round {server_round} would spend epsilon={eps_next:.4f} > "
-                    f"budget {p.epsilon:.4f} (spent {eps_now:.4f} in {rounds_done} rounds)")})
+            reason = budget_refusal(server_round, eps_next, p.epsilon, f"spent {eps_now:.4f} in {rounds_done} rounds")
+            if reason is not None:
+                metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
                 return [], 0, metrics
-            result = train_dp_sgd(model, self.s.train, batch_size=p.batch_size, epochs=p.local_epochs, lr=lr,
-                                  noise_multiplier=z, clip=float(cfg["clip-norm"]), momentum=float(cfg["momentum"]),
-                                  device=self.s.device, seed=seed, grad_sample_mode=cfg["grad-sample-mode"])
+            spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=float(cfg["momentum"]),
+                                 seed=seed, dp=PerSampleDP(z, float(cfg["clip-norm"]), cfg["grad-sample-mode"]))
+            result = local_train(model, self.s.train, spec, self.s.device)
             if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:
                 raise RuntimeError(f"DP-SGD ran q={result.extra['sample_rate']}, {result.steps} steps; "
                                    f"accountant expected q={q}, {steps} steps")
@@ -129,8 +129,9 @@ class DPSGDClient(NumPyClient):
             metrics.update({"epsilon_spent": epsilon_of(hist, p.delta, cfg["accountant"]),
                             "steps": sum(h[2] for h in hist)})
         else:
-            result = train_plain(model, self.s.train, batch_size=p.batch_size, epochs=p.local_epochs, lr=lr,
-                                 momentum=float(cfg["momentum"]), device=self.s.device, seed=seed)
+            spec = LocalTraining(batch_size=p.batch_size, steps=self.steps_per_round(), lr=lr,
+                                 momentum=float(cfg["momentum"]), seed=seed)
+            result = local_train(model, self.s.train, spec, self.s.device)
             metrics["steps"] = result.steps
         update = [new - old for new, old in zip(get_weights(model), parameters)]
         metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps})
@@ -142,12 +143,6 @@ class DPSGDClient(NumPyClient):
         return evaluate_on_local_test(self.s, parameters)
 
 
-def make_dpsgd_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    return DPSGDClient(setup_client(context, overrides), context, private=True).to_client()
-
-
-def make_plain_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    return DPSGDClient(setup_client(context, overrides), context, private=False).to_client()
 
 
 def min_epsilon_profile(setup: ClientSetup) -> ClientSetup:
@@ -164,8 +159,3 @@ def min_epsilon_profile(setup: ClientSetup) -> ClientSetup:
     eps_min = min([q.epsilon for q in federation_profiles(setup.cfg, p.num_clients)] + [p.epsilon])
     reported = eps_min if p.reported_epsilon == p.epsilon else p.reported_epsilon
     return dataclasses.replace(setup, profile=dataclasses.replace(p, epsilon=eps_min, reported_epsilon=reported))
-
-
-def make_min_eps_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    """Record-level DP-SGD client that trains with the federation's minimum ε (``min-eps``)."""
-    return DPSGDClient(min_epsilon_profile(setup_client(context, overrides)), context, private=True).to_client()

@@ -17,10 +17,11 @@ metrics.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from flwr.client import Client, NumPyClient
+from flwr.client import NumPyClient
 from flwr.common import Array, ArrayRecord, Context
 
 from fedapp.clients.common import (
@@ -29,29 +30,42 @@ from fedapp.clients.common import (
     make_model,
     noise_seed,
     read_record,
-    setup_client,
     write_record,
 )
+from fedapp.config import ConfigError
 from fedapp.training import get_weights, set_weights
-from strategies.accounting import epsilon_of
+from strategies.compression import rand_k_omega
+from strategies.privacy.accountants import epsilon_of
+from strategies.privacy.budget import budget_refusal
 from strategies.soteriafl import (
     ClientState,
     GradientOracle,
     calibrate_sigma,
     client_step,
     default_batch_size,
-    family_params,
+    default_k,
     get_method,
     mask_seed,
     noise_history,
     payload_bits,
+    shift_stepsize,
     snapshot_coin,
     theorem2_sigma,
 )
 
 PRIVACY_KEY = "soteriafl-privacy"
 ARRAYS_KEY = "soteriafl-arrays"
-EPS_SLACK = 1e-9
+
+
+def soteriafl_params(cfg: Mapping[str, Any], d: int) -> tuple[int, float, float]:
+    """(k, ω, γ) from the run-config for a model of dimension d: k = ``soteriafl-k`` (0 → d/20),
+    γ = ``soteriafl-gamma`` (0 → Theorem 3's value for ω = d/k − 1)."""
+    k = int(cfg.get("soteriafl-k", 0)) or default_k(d)
+    if k > d:
+        raise ConfigError(f"run-config 'soteriafl-k' = {k} exceeds the model dimension d = {d}")
+    omega = rand_k_omega(d, k)
+    gamma = float(cfg.get("soteriafl-gamma", 0.0)) or shift_stepsize(omega)
+    return k, omega, gamma
 
 
 def load_state(context: Context) -> ClientState:
@@ -83,7 +97,7 @@ class SoteriaFLClient(NumPyClient):
 
     def dims(self) -> tuple[int, int, float, float]:
         d = int(sum(w.size for w in get_weights(self.s.new_model())))
-        k, omega, gamma = family_params(self.s.cfg, d)
+        k, omega, gamma = soteriafl_params(self.s.cfg, d)
         return d, k, omega, gamma
 
     def batch_size(self, d: int, omega: float) -> int:
@@ -142,10 +156,9 @@ class SoteriaFLClient(NumPyClient):
                                                           float(cfg["clip-norm"]), b, self.m, 1,
                                                           float(rec["split"]))[0][0]})
         eps_now, eps_next = self.epsilon_after(rec, done), self.epsilon_after(rec, done + 1)
-        if eps_next > p.epsilon * (1 + EPS_SLACK):
-            return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": (
-                f"budget: round {server_round} would spend epsilon={eps_next:.4f} > budget {p.epsilon:.4f} "
-                f"(spent {eps_now:.4f} in {done} rounds)")}
+        reason = budget_refusal(server_round, eps_next, p.epsilon, f"spent {eps_now:.4f} in {done} rounds")
+        if reason is not None:
+            return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         x = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in parameters])
         model = make_model(cfg, self.s.train)
         set_weights(model, parameters)
@@ -171,7 +184,3 @@ class SoteriaFLClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         return evaluate_on_local_test(self.s, parameters)
-
-
-def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
-    return SoteriaFLClient(setup_client(context, overrides), context).to_client()

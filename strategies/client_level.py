@@ -1,0 +1,219 @@
+"""Server side of client-level DP (DP-FedAvg, Fed-SMP, DP2-FedSAM and their baselines).
+
+The mechanism (:class:`~strategies.privacy.mechanisms.ClientLevelDP`): each sampled client clips its
+update to C and adds Gaussian noise. With secure aggregation (Flower SecAgg+, ``fedapp.secure_aggregation``)
+the server sees only the sum: each client adds N(0, C²σ²/r_t), r_t the round's sampled count (sent as
+``dp-round-clients``), so the sum carries σC whatever r_t is, and the budget is the aggregate's ε.
+Without it the server sees every update: each client adds the fixed N(0, C²σ²/r), one update carries
+multiplier σ/√r, and the budget (σ calibrated for it) is that individual ε.
+
+Sampling matches the accountant: clients are Poisson-sampled with q = r/n (every client independently,
+secret randomness), which is what the subsampled-Gaussian accountant composes (add/remove-one
+neighbours, sensitivity C).
+
+Accounting is the server's own (:class:`~strategies.privacy.ledger.PrivacyLedger`): after each round
+the population is charged with the noise that was actually released — for the aggregate σ·√(r'/r_t)
+when only r' of the r_t sampled updates were summed (dropouts, rejections) — so dropouts never lower
+the noise silently, and a resume that recalibrates σ is composed exactly (heterogeneous composition).
+A round the budget cannot pay for is withheld (nothing released), and once a planned round no longer
+fits, nobody is sampled. Round records carry
+
+* ``epsilon`` — the headline: the guarantee against the server as deployed (the aggregate's with secure
+  aggregation, one update's without), the one the budget is for;
+* ``epsilon_aggregate`` / ``epsilon_individual`` — both views, composed by the server.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from logging import WARNING
+from typing import Any
+
+from flwr.common import FitRes, Scalar, log
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+
+from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
+from strategies.errors import ConfigError
+from strategies.privacy import threat_models
+from strategies.privacy.accountants import History, epsilon_of
+from strategies.privacy.budget import exceeds_budget
+from strategies.privacy.ledger import PrivacyLedger
+from strategies.privacy.mechanisms import ClientLevelDP, noisy_norm_bound
+
+CFG_SIGMA = "dp-noise-multiplier"  # fit-config: the mechanism's σ (clients cross-check it)
+CFG_ROUND_CLIENTS = "dp-round-clients"  # fit-config: r_t, the number of clients sampled this round
+
+MechanismFactory = Callable[[int], ClientLevelDP]
+
+
+class ClientLevelDPStrategy(DPFLStrategy):
+    """Client-level DP server: Poisson sampling, σ cross-check, noise-aware norm bound, the server's ledger."""
+
+    privacy = threat_models.CLIENT_LEVEL_LOCAL_NOISE
+    send_ledger = False  # ε is a property of the mechanism and the round, not of a client's state
+    #: True when the updates arrive through secure aggregation (every reply then carries the survivors' mean)
+    secure_aggregation = False
+
+    def __init__(self, *, mechanism_factory: MechanismFactory | None = None, clip: float | None = None,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("sampling", "poisson")
+        super().__init__(**kwargs)
+        self.mechanism_factory = mechanism_factory
+        self.clip = clip
+        self.dp: ClientLevelDP | None = None
+        self.other_view = PrivacyLedger(self.ledger.accountant)  # the view the budget is not for
+        self.sampled: dict[int, int] = {}
+        self.budget_exhausted = False
+
+    @property
+    def private(self) -> bool:
+        return self.mechanism_factory is not None
+
+    def setup_privacy(self, num_clients: int) -> None:
+        """Build the mechanism for n = ``num_clients`` once (before round 1: errors stop the run early)."""
+        if self.mechanism_factory is not None and self.dp is None:
+            self.dp = self.mechanism_factory(num_clients)
+
+    def configure_fit(self, server_round: int, parameters, client_manager: ClientManager):
+        if self.private and self.dp is None:
+            client_manager.wait_for(self.min_available_clients)
+            self.setup_privacy(client_manager.num_available())
+            if self.dp is not None and self.dp.secure_aggregation != self.secure_aggregation:
+                raise ConfigError(
+                    f"run-config 'secure-aggregation' = {str(self.dp.secure_aggregation).lower()} but this server "
+                    f"{'runs' if self.secure_aggregation else 'does not run'} SecAgg+: the budget would be claimed for "
+                    "a guarantee the run does not give (in-process loops cannot run SecAgg+; set it to false there)")
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    # ---- sampling and budget -------------------------------------------------------------
+    def round_charge(self, survivors: int, sampled: int) -> tuple[float, float]:
+        """(aggregate, individual) noise multipliers of a round with ``survivors`` of ``sampled`` updates summed:
+        the sum of r' updates each carrying std s = C·σ_t has multiplier s√r'/C; one update has s/C."""
+        assert self.dp is not None
+        per_update = self.dp.noise_std(sampled) / self.dp.clip
+        return per_update * math.sqrt(survivors), per_update
+
+    def headline_charge(self, survivors: int, sampled: int) -> tuple[float, float]:
+        """(the multiplier the budget is for, the other view's) of such a round."""
+        z_sum, z_ind = self.round_charge(survivors, sampled)
+        return (z_sum, z_ind) if self.dp is not None and self.dp.secure_aggregation else (z_ind, z_sum)
+
+    def sample_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
+        if self.dp is not None:
+            planned = self.ledger.population + [(self.dp.budget_noise_multiplier, self.dp.sample_rate, 1)]
+            if server_round > self.dp.rounds or exceeds_budget(self.epsilon_after(planned), self.dp.epsilon()):
+                if not self.budget_exhausted:
+                    log(WARNING, "round %d: the planned client-level budget epsilon=%.4f cannot pay for another "
+                        "round; no client is sampled", server_round, self.dp.epsilon())
+                self.budget_exhausted = True
+                self.sampled[server_round] = 0
+                self.round_log.add_metrics({"budget_exhausted": True})
+                return []
+        nodes = super().sample_clients(server_round, client_manager)
+        self.sampled[server_round] = len(nodes)
+        return nodes
+
+    def epsilon_after(self, history: History) -> float:
+        assert self.dp is not None
+        return epsilon_of(history, self.dp.delta, self.ledger.accountant)
+
+    def fit_config(self, server_round: int) -> dict[str, Scalar]:
+        cfg: dict[str, Scalar] = {CFG_ROUND_CLIENTS: max(self.sampled.get(server_round, 1), 1)}
+        if self.dp is not None:
+            cfg[CFG_SIGMA] = float(self.dp.noise_multiplier)
+        return cfg
+
+    # ---- validation ------------------------------------------------------------------------
+    def round_clients(self) -> int:
+        rnd = self.round_log.round
+        return max(self.sampled.get(rnd, 1), 1) if rnd is not None else 1
+
+    def declared_norm_bound(self, dim: int) -> float | None:
+        """‖Δ̂‖ ≤ C plus, when private, the norm allowance of the round's noise N(0, C²σ²/r_t) on ``dim`` coordinates."""
+        if self.dp is not None:
+            return noisy_norm_bound(self.dp.clip, self.dp.noise_std(self.round_clients()), dim)
+        return None if self.clip is None else self.clip * (1 + 1e-5)
+
+    def secagg_clipping_range(self) -> float:
+        """Per-coordinate range of SecAgg+'s quantizer this round: C plus 12 stds of the round's noise."""
+        if self.dp is None:
+            return float(self.clip or 1.0)
+        return self.dp.clip + 12.0 * self.dp.noise_std(self.round_clients())
+
+    def check_sigma(self, metrics: Mapping[str, Scalar]) -> None:
+        """Reject a reply whose declared σ is not the mechanism's (the client ran another mechanism)."""
+        if self.dp is not None:
+            reported = metrics.get("noise_multiplier")
+            if (isinstance(reported, bool) or not isinstance(reported, (int, float))
+                    or not math.isclose(float(reported), self.dp.noise_multiplier, rel_tol=1e-9)):
+                raise RejectedUpdate(f"client noise multiplier {reported!r} != mechanism σ = {self.dp.noise_multiplier}")
+
+    def privacy_charge(self, server_round: int, record, metrics):
+        return None  # charged to the population in population_charge
+
+    def population_charge(self, server_round: int, accepted: list[ClientUpdate],
+                          records: list[dict[str, Any]]) -> dict[str, Any]:
+        sampled = self.sampled.get(server_round, len(accepted))
+        out: dict[str, Any] = {"clients_sampled": sampled, "secure_aggregation": self.secure_aggregation}
+        bad = [r for r in records if r.get("status") == "rejected"]
+        if self.secure_aggregation and bad and accepted:
+            # a rejected reply's update is inside the secure sum and cannot be taken out: release nothing
+            reason = (f"secure aggregation: the sum contains the update of node {bad[0].get('node_id')}, rejected "
+                      f"({bad[0].get('reason')}); round withheld")
+            log(WARNING, "round %d: %s", server_round, reason)
+            for u in accepted:
+                u.record["status"], u.record["reason"] = "withheld", reason
+            out["round_withheld"] = True
+            return out
+        if self.dp is None:
+            return out
+        if accepted and sampled > 0:
+            survivors = min(len(accepted), sampled)
+            z_budget, z_other = self.headline_charge(survivors, sampled)
+            charge = [(z_budget, self.dp.sample_rate, 1)]
+            if exceeds_budget(self.epsilon_after(self.ledger.population + charge), self.dp.epsilon()):
+                # too few survivors: their sum carries too little noise for what is left of the budget, so
+                # nothing of this round is released (the model stays as it was; no ε is spent)
+                reason = (f"budget: {survivors} of {sampled} sampled updates release multiplier {z_budget:.4f}, more "
+                          f"ε than the planned budget {self.dp.epsilon():.4f} has left; round withheld")
+                log(WARNING, "round %d: %s", server_round, reason)
+                for u in accepted:
+                    u.record["status"], u.record["reason"] = "withheld", reason
+                out.update(round_withheld=True, epsilon=self.ledger.population_epsilon())
+                return out
+            self.ledger.charge_population(charge, self.dp.delta)
+            self.other_view.charge_population([(z_other, self.dp.sample_rate, 1)], self.dp.delta)
+            if survivors < sampled and self.dp.secure_aggregation:
+                log(WARNING, "round %d: %d of %d sampled clients were aggregated; the sum carried multiplier %.4f, "
+                    "accounted as such", server_round, survivors, sampled, z_budget)
+            out["noise_multiplier_effective"] = self.round_charge(survivors, sampled)[0]
+        aggregate, individual = self.ledger, self.other_view
+        if not self.dp.secure_aggregation:
+            aggregate, individual = individual, aggregate
+        out.update(epsilon=self.ledger.population_epsilon(), epsilon_aggregate=aggregate.population_epsilon(),
+                   epsilon_individual=individual.population_epsilon(), delta=self.dp.delta,
+                   noise_multiplier=self.dp.noise_multiplier, sample_rate=self.dp.sample_rate,
+                   epsilon_budget=self.dp.epsilon(),
+                   epsilon_guarantee="aggregate (secure aggregation)" if self.dp.secure_aggregation
+                   else "individual update (the server sees every update)")
+        return out
+
+    def client_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
+        rec = super().client_record(proxy, res, metrics)
+        secagg_bytes = metrics.get("secagg_uplink_bytes")
+        if self.secure_aggregation and isinstance(secagg_bytes, int) and not isinstance(secagg_bytes, bool):
+            rec["uplink_bytes"] = secagg_bytes  # what the client sent: masked vector plus the protocol's keys
+        if self.dp is not None:  # the mechanism's parameters, as the server knows them
+            rec.update(epsilon_budget=self.dp.epsilon(), delta=self.dp.delta, noise_multiplier=self.dp.noise_multiplier,
+                       sample_rate=self.dp.sample_rate)
+        return rec
+
+    # ---- checkpoint ------------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {"other_view": self.other_view.state(), "sampled": {str(k): v for k, v in self.sampled.items()}}
+
+    def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
+        self.other_view.load(dict(state.get("other_view", {})))
+        self.sampled = {int(k): int(v) for k, v in dict(state.get("sampled", {})).items()}

@@ -1,0 +1,18 @@
+"""The one-line threat model of every strategy (README, ``config.json``, registry): what is protected
+(record- vs client-level), where the noise is added (local vs central) and whom it protects against.
+
+One constant per model, used by the strategy classes and the registry alike; docs/privacy.md expands them.
+"""
+
+from __future__ import annotations
+
+NONE = "none: non-private baseline"
+NONE_SPARSIFIED = "none: non-private baseline (sparsified + clipped updates, no noise)"
+RECORD_LOCAL_DPSGD = ("record-level local DP: DP-SGD on each client with its own (ε_i, δ_i) before anything "
+                      "leaves it; untrusted server")
+RECORD_LOCAL_MIN_EPS = "record-level local DP: DP-SGD on every client at the federation's minimum ε; untrusted server"
+RECORD_LOCAL_SOTERIAFL = ("record-level local DP: each client clips per-sample gradients to G and adds Gaussian "
+                          "noise before (shifted) compression; untrusted server")
+CLIENT_LEVEL_LOCAL_NOISE = ("client-level DP: each sampled client clips its update to C and adds N(0, C²σ²/r); "
+                            "σ protects the sum of r updates (secure aggregation), σ/√r a single update")
+CLIENT_LEVEL_PERSONALIZED = CLIENT_LEVEL_LOCAL_NOISE + "; personal heads and fine-tuned models never leave the client"

@@ -1,0 +1,108 @@
+"""The per-round record every strategy writes (one schema, ``rounds.jsonl``) and where it goes.
+
+:class:`RoundLog` holds the record of the round in progress: the strategy opens it in
+``configure_fit``, fills client records in ``aggregate_fit`` and metrics in ``evaluate`` /
+``aggregate_evaluate``, and :meth:`RoundLog.flush` hands it to a :class:`RoundRecorder`
+(``fedapp.results.ResultsWriter`` implements one) exactly once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import numpy as np
+
+# Per-client fields every round record carries (None when a strategy/client has no value).
+CLIENT_FIELDS = (
+    "client_id", "node_id", "num_examples", "batch_size", "noise_multiplier", "sample_rate", "steps",
+    "epsilon_budget", "epsilon_spent", "delta", "reported_epsilon", "aggregation_weight",
+    "uplink_bytes", "train_seconds", "status", "reason",
+)
+
+
+class RoundRecorder(Protocol):
+    """Where round records go."""
+
+    def open(self) -> None: ...
+
+    def write_round(self, record: dict[str, Any]) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-safe scalar: numpy scalars unwrapped, non-finite floats → None, bytes summarized."""
+    if isinstance(value, (np.floating, np.integer, np.bool_)):
+        value = value.item()
+    if isinstance(value, float) and not np.isfinite(value):
+        return None
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return value
+
+
+def empty_client_record() -> dict[str, Any]:
+    return {k: None for k in CLIENT_FIELDS}
+
+
+class RoundLog:
+    """The record of the round in progress; one per strategy."""
+
+    def __init__(self, recorder: RoundRecorder | None = None) -> None:
+        self.recorder = recorder
+        self.current: dict[str, Any] | None = None
+        self.last_round = 0  # last round whose record was flushed
+        self.opened = False
+        self._round_start = 0.0
+        self._run_start = time.perf_counter()
+
+    @property
+    def active(self) -> bool:
+        return self.current is not None
+
+    @property
+    def round(self) -> int | None:
+        return None if self.current is None else int(self.current["round"])
+
+    def open(self) -> None:
+        """Open the recorder (creates the results folder) once, before round 1 trains."""
+        if not self.opened and self.recorder is not None:
+            self.recorder.open()
+        self.opened = True
+
+    def start(self, server_round: int) -> None:
+        self.current = {"round": int(server_round), "metrics": {}, "clients": []}
+        self._round_start = time.perf_counter()
+
+    def add_metrics(self, metrics: Mapping[str, Any]) -> None:
+        if self.current is not None:
+            self.current["metrics"].update(metrics)
+
+    def set_clients(self, records: list[dict[str, Any]]) -> None:
+        if self.current is not None:
+            self.current["clients"] = records
+
+    def clients(self) -> list[dict[str, Any]]:
+        return [] if self.current is None else self.current["clients"]
+
+    def metrics(self) -> dict[str, Any]:
+        return {} if self.current is None else self.current["metrics"]
+
+    def flush(self, num_rounds: int) -> dict[str, Any] | None:
+        """Close the current record, write it, and ``finish`` the recorder after the last round."""
+        record, self.current = self.current, None
+        if record is None:
+            return None
+        now = time.perf_counter()
+        record["wall_seconds"] = now - self._round_start
+        record["elapsed_seconds"] = now - self._run_start
+        record["metrics"] = {k: jsonable(v) for k, v in record["metrics"].items()}
+        record["clients"] = [{k: jsonable(v) for k, v in c.items()} for c in record["clients"]]
+        self.last_round = max(self.last_round, int(record["round"]))
+        if self.recorder is not None:
+            self.recorder.write_round(record)
+            if record["round"] >= num_rounds:
+                self.recorder.finish()
+        return record

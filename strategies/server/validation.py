@@ -1,0 +1,174 @@
+"""One update validator for every strategy: what a client reply must satisfy before it touches the model.
+
+Checks, in order (each failure raises :class:`RejectedUpdate` with the reason):
+
+* metrics: ``client_id`` a non-negative integer, ``status`` a string, privacy fields finite and
+  non-negative numbers (:func:`metric_problem`);
+* ``num_examples`` > 0 and, where the server knows the client's dataset size, not above it;
+* payload: the expected number of arrays, shapes and float dtypes (:meth:`UpdateValidator.decode_dense`);
+* values: finite *after* the cast to the model dtype (float32: a finite float64 of 1e39 is not);
+* norm: at most the mechanism's declared bound (clip C plus a noise allowance) where one exists,
+  else at most ``robust_factor`` × the median norm of the round's other updates (when ≥ 3 arrived).
+
+:class:`StrikeRecord` remembers rejections across rounds; a client over the limit is excluded from
+sampling and the run says so. Everything here is plain numpy; nothing a client sends can raise
+anything but :class:`RejectedUpdate` out of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from strategies.aggregate import flatten
+
+#: privacy/diagnostic metric fields that must be finite, non-negative numbers when present
+NUMERIC_METRICS = ("batch_size", "noise_multiplier", "sample_rate", "steps", "epsilon_budget", "epsilon_spent",
+                   "delta", "reported_epsilon", "train_seconds")
+FLOAT_DTYPES = ("float32", "float64")
+MODEL_DTYPE = np.float32
+
+
+class RejectedUpdate(Exception):
+    """A client result that must not touch the global model; the message is the reason."""
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def parse_client_id(value: Any) -> int | None:
+    """The integer client id a reply claims, or None when it is not a non-negative integer."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, np.integer)) and int(value) >= 0:
+        return int(value)
+    if isinstance(value, float) and value.is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def metric_problem(metrics: Mapping[str, Any]) -> str | None:
+    """Why a client's metrics are malformed (``None`` when they are usable)."""
+    if "client_id" not in metrics:
+        return "metrics lack 'client_id'"
+    if parse_client_id(metrics["client_id"]) is None:
+        return f"malformed metric 'client_id' = {short_repr(metrics['client_id'])} (expected an integer >= 0)"
+    if "status" in metrics and not isinstance(metrics["status"], str):
+        return f"malformed metric 'status' = {short_repr(metrics['status'])} (expected a string)"
+    for key in NUMERIC_METRICS:
+        if key not in metrics:
+            continue
+        value = metrics[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            return f"malformed metric {key!r} = {short_repr(value)} (expected a number)"
+        if not np.isfinite(float(value)):
+            return f"malformed metric {key!r} = {value!r} (not finite)"
+        if float(value) < 0:
+            return f"malformed metric {key!r} = {value!r} (negative)"
+    spent, budget = metrics.get("epsilon_spent"), metrics.get("epsilon_budget")
+    if spent is not None and budget is not None and float(spent) > float(budget) * (1 + 1e-6):
+        return f"epsilon_spent {float(spent):.6g} exceeds the client's epsilon_budget {float(budget):.6g}"
+    return None
+
+
+@dataclass
+class UpdateValidator:
+    """Validates decoded updates of one model (see the module docstring).
+
+    ``norm_bound(dim)`` gives the mechanism's declared bound (None = none); ``robust_factor`` (0 = off)
+    bounds mechanism-less updates by a multiple of the round's median norm; ``max_examples`` maps a
+    client id to its known dataset size.
+    """
+
+    shapes: list[tuple[int, ...]]
+    norm_bound: Callable[[int], float | None] = lambda dim: None
+    robust_factor: float = 10.0
+    max_examples: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def num_params(self) -> int:
+        return int(sum(int(np.prod(s)) if s else 1 for s in self.shapes))
+
+    def check_examples(self, client_id: int, num_examples: int) -> None:
+        if num_examples <= 0:
+            raise RejectedUpdate(f"num_examples = {num_examples} (expected > 0)")
+        known = self.max_examples.get(client_id)
+        if known is not None and num_examples > known:
+            raise RejectedUpdate(f"num_examples = {num_examples} exceeds client {client_id}'s dataset size {known}")
+
+    def decode_dense(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Dense per-layer arrays of the model's shapes → one flat float64 vector."""
+        if len(arrays) != len(self.shapes):
+            raise RejectedUpdate(f"expected {len(self.shapes)} arrays, got {len(arrays)}")
+        for i, (a, shape) in enumerate(zip(arrays, self.shapes)):
+            if tuple(a.shape) != shape:
+                raise RejectedUpdate(f"array {i} has shape {tuple(a.shape)}, expected {shape}")
+            if a.dtype.name not in FLOAT_DTYPES:
+                raise RejectedUpdate(f"array {i} has dtype {a.dtype}, expected one of {list(FLOAT_DTYPES)}")
+        return flatten(arrays)
+
+    def check_values(self, update: np.ndarray) -> float:
+        """Shape, finiteness after the cast to the model dtype and the declared norm bound; returns the norm."""
+        if update.shape != (self.num_params,):
+            raise RejectedUpdate(f"update has {update.size} entries, the model has {self.num_params}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            finite = np.all(np.isfinite(update)) and np.all(np.isfinite(update.astype(MODEL_DTYPE)))
+            norm = float(np.linalg.norm(update)) if finite else float("inf")
+        if not finite:
+            raise RejectedUpdate("update contains NaN or Inf (or values beyond float32 range)")
+        if not np.isfinite(norm):
+            raise RejectedUpdate("update norm overflows")
+        bound = self.norm_bound(update.size)
+        if bound is not None and norm > bound * (1 + 1e-6):
+            raise RejectedUpdate(f"update norm {norm:.6g} exceeds the declared bound {bound:.6g}")
+        return norm
+
+    def robust_outliers(self, norms: Sequence[float]) -> list[str | None]:
+        """Per update: a reason when its norm exceeds ``robust_factor`` × the median of the *other* norms.
+
+        Only for mechanisms without a declared bound, and only with at least 3 updates (a median of
+        others needs two); the median excludes the update itself, so one huge update cannot raise it.
+        """
+        out: list[str | None] = [None] * len(norms)
+        if self.robust_factor <= 0 or len(norms) < 3 or self.norm_bound(self.num_params) is not None:
+            return out
+        values = np.asarray(norms, dtype=np.float64)
+        for i, n in enumerate(values):
+            others = float(np.median(np.delete(values, i)))
+            if others > 0 and n > self.robust_factor * others:
+                out[i] = (f"update norm {n:.6g} exceeds {self.robust_factor:g} x the median norm {others:.6g} of the "
+                          "round's other updates")
+        return out
+
+
+@dataclass
+class StrikeRecord:
+    """Rejections per client across rounds; a client with ``limit`` strikes is excluded (0 = never)."""
+
+    limit: int = 3
+    strikes: dict[int, int] = field(default_factory=dict)
+    reasons: dict[int, str] = field(default_factory=dict)
+
+    def add(self, client_id: int | None, reason: str) -> bool:
+        """Record a strike; True when this strike excludes the client."""
+        if client_id is None:
+            return False
+        self.strikes[client_id] = self.strikes.get(client_id, 0) + 1
+        self.reasons[client_id] = reason
+        return self.limit > 0 and self.strikes[client_id] == self.limit
+
+    def excluded(self, client_id: int | None) -> bool:
+        return client_id is not None and self.limit > 0 and self.strikes.get(client_id, 0) >= self.limit
+
+    def state(self) -> dict[str, Any]:
+        return {"strikes": {str(k): v for k, v in self.strikes.items()},
+                "reasons": {str(k): v for k, v in self.reasons.items()}}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.strikes = {int(k): int(v) for k, v in dict(state.get("strikes", {})).items()}
+        self.reasons = {int(k): str(v) for k, v in dict(state.get("reasons", {})).items()}
