@@ -69,14 +69,12 @@ def _torchvision_arrays(name: str, data_dir: str, train: bool) -> ArrayDataset:
     cls_name, mean, std = _TORCHVISION[name]
     cls = getattr(tv.datasets, cls_name)
     try:
-        ds = cls(data_dir, train=train, download=False)
-    except RuntimeError as exc:  # not found locally: download when online
-        try:
-            ds = cls(data_dir, train=train, download=True)
-        except Exception as exc2:  # offline, unwritable, ...
-            raise ConfigError(
-                f"dataset {name!r} not found under data-dir {data_dir!r} and could not be downloaded: {exc2}"
-            ) from exc
+        ds = cls(data_dir, train=train, download=False)  # never downloads: runs are offline and reproducible
+    except RuntimeError:
+        raise ConfigError(
+            f"dataset {name!r} not found under run-config 'data-dir' = {data_dir!r}: the files torchvision's "
+            f"{cls_name} reads are missing there; nothing is downloaded, put them there first"
+        ) from None
     data = ds.data
     data = data.numpy() if hasattr(data, "numpy") else np.asarray(data)
     x = data.astype(np.float32) / 255.0

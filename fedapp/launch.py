@@ -2,9 +2,11 @@
 
 ``flwr run . local`` would start a *detached* SuperLink on fixed ports that outlives the
 command. This launcher instead starts ``flower-superlink --simulation`` itself on a free
-loopback port, writes a Flower config (``$FLWR_HOME/config.toml``) naming it, runs
-``flwr run <app> dpfl --stream``, prints where the results are, and always stops the
-SuperLink and its children by PID (also on Ctrl-C or failure).
+loopback port, writes a Flower config (``$FLWR_HOME/config.toml``, default ``./.flwr``)
+naming it, runs ``flwr run <app> dpfl --stream``, prints where the results are, and always
+stops the SuperLink and its children by PID: when the run ends or fails, on SIGINT (Ctrl-C),
+SIGTERM or SIGHUP (exit code 128 + signal), and — through a parent-death signal and a
+watchdog process — when the launcher itself is killed.
 
     python -m fedapp.launch --num-supernodes 20 --run-config "strategy='robust-hdp' num-server-rounds=5"
 
@@ -16,195 +18,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Any
-
-import tomllib
 
 from fedapp.config import ConfigError, resolve_config
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-CONNECTION = "dpfl"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def venv_bin(name: str) -> str:
-    """An executable next to this interpreter (the project venv), else from PATH."""
-    candidate = Path(sys.executable).parent / name
-    if candidate.exists():
-        return str(candidate)
-    found = shutil.which(name)
-    if found is None:
-        raise FileNotFoundError(f"{name!r} not found next to {sys.executable} or on PATH")
-    return found
-
-
-def flower_env(flwr_home: Path) -> dict[str, str]:
-    """Environment for Flower processes: private FLWR_HOME, no runtime dependency installs, no update check."""
-    env = os.environ.copy()
-    env.update({
-        "FLWR_HOME": str(flwr_home),
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")  # flower-superexec etc.
-    path = env.get("PYTHONPATH", "")
-    env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + path if path else "")
-    return env
+from fedapp.processes import (
+    CONNECTION,
+    PROJECT_ROOT,
+    Interrupted,
+    Processes,
+    absolutize_paths,
+    flower_env,
+    free_port,
+    list_runs,
+    parent_death_preexec,
+    parse_overrides,
+    pyproject_run_config,
+    signals_as_interrupt,
+    simulation_backend,
+    start_superlink,
+    start_watchdog,
+    to_toml_assignments,
+    venv_bin,
+    wait_http_health,
+    write_flower_config,
+)
 
 
-def write_flower_config(flwr_home: Path, address: str, *, root_certificates: str | None = None) -> Path:
-    flwr_home.mkdir(parents=True, exist_ok=True)
-    lines = ["[superlink]", f'default = "{CONNECTION}"', "", f"[superlink.{CONNECTION}]", f'address = "{address}"']
-    lines.append(f'root-certificates = "{root_certificates}"' if root_certificates else "insecure = true")
-    path = flwr_home / "config.toml"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
-def wait_http_health(port: int, timeout: float = 30.0, proc: subprocess.Popen | None = None) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"process exited with code {proc.returncode} before becoming healthy")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).is_success:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing healthy on 127.0.0.1:{port} after {timeout:.0f}s")
-
-
-def stop_process_tree(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Stop ``proc`` and every descendant by PID: SIGTERM, then SIGKILL.
-
-    Flower's SuperLink starts ``flower-superexec`` and simulation processes in sessions of
-    their own, so killing the process group is not enough: descendants are collected first.
-    """
-    import psutil
-
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    _stop_leader(proc, timeout)
-    terminate_processes(descendants)
-
-
-def terminate_processes(procs: list, timeout: float = 5.0) -> list:
-    """SIGTERM each ``psutil.Process``, wait, SIGKILL the survivors; returns those still alive after that."""
-    import psutil
-
-    for p in procs:
-        try:
-            p.terminate()
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    _, still = psutil.wait_procs(alive, timeout=timeout)
-    return still
-
-
-def _stop_leader(proc: subprocess.Popen, timeout: float) -> None:
-    if proc.poll() is not None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # reap leftovers of an exited leader's group
-        except (ProcessLookupError, PermissionError):
-            pass
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
-def start_superlink(flwr_home: Path, port: int, *, simulation: bool = True,
-                    extra_args: list[str] | None = None) -> subprocess.Popen:
-    log_path = flwr_home / f"superlink-{port}.log"
-    cmd = [venv_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
-           "--disable-runtime-dependency-installation", "--log-file", str(log_path)]
-    if simulation:
-        cmd += ["--simulation", "--isolation", "subprocess"]
-    cmd += extra_args if extra_args is not None else ["--insecure"]
-    out = open(flwr_home / f"superlink-{port}.out", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, env=flower_env(flwr_home), stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=str(PROJECT_ROOT))
-    return proc
-
-
-def pyproject_run_config(app: Path) -> dict[str, Any]:
-    data = tomllib.loads((app / "pyproject.toml").read_text(encoding="utf-8"))
-    return dict(data["tool"]["flwr"]["app"]["config"])
-
-
-def parse_overrides(text: str | None) -> dict[str, Any]:
-    if not text:
-        return {}
-    from flwr.common.config import parse_config_args
-
-    try:
-        return dict(parse_config_args([text]))
-    except Exception as exc:  # flwr raises ValueError/TOML errors
-        raise ConfigError(f"cannot parse --run-config {text!r}: {exc}") from None
-
-
-def to_toml_assignments(values: dict[str, Any]) -> str:
-    parts = []
-    for key, value in values.items():
-        if isinstance(value, bool):
-            parts.append(f"{key}={'true' if value else 'false'}")
-        elif isinstance(value, str):
-            escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-            parts.append(f'{key}="{escaped}"')
-        else:
-            parts.append(f"{key}={value!r}")
-    return " ".join(parts)
-
-
-def absolutize_paths(cfg: dict[str, Any], overrides: dict[str, Any], app: Path) -> Path:
-    """Make ``output-dir`` and ``data-dir`` absolute (relative to ``app``) in ``overrides``: the ServerApp and
-    ClientApps run in other working directories. Returns the absolute output folder."""
-    output_dir = Path(cfg["output-dir"])
-    if not output_dir.is_absolute():
-        output_dir = (app / output_dir).resolve()
-    overrides["output-dir"] = str(output_dir)
-    if cfg["data-dir"] and not Path(cfg["data-dir"]).is_absolute():
-        overrides["data-dir"] = str((app / cfg["data-dir"]).resolve())
-    return output_dir
-
-
-def list_runs(output_dir: Path) -> set[Path]:
-    return {p for p in output_dir.iterdir() if p.is_dir()} if output_dir.is_dir() else set()
+def resolve_flwr_home(app: Path, flwr_home: Path | None = None) -> Path:
+    """Flower's home for this launch: ``flwr_home``, else ``$FLWR_HOME``, else ``<app>/.flwr``."""
+    chosen = flwr_home or (Path(os.environ["FLWR_HOME"]) if os.environ.get("FLWR_HOME") else app / ".flwr")
+    return Path(chosen).expanduser().resolve()
 
 
 def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
@@ -215,35 +60,53 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     overrides = parse_overrides(run_config)
     merged = {**pyproject_run_config(app), **overrides}
     cfg = resolve_config(merged)  # raises ConfigError before anything starts
+    from fedapp.faults import check_fault_config
+
+    check_fault_config(cfg)
     if num_supernodes < 2:
         raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
-    from fedapp.server_app import make_prevalidate
+    from fedapp.server_app import dry_run
 
-    make_prevalidate(cfg)(num_supernodes)  # every client's profile vs its data, before anything starts
+    # every config check, before anything starts: the strategy, its mechanism and one client are built
+    for key in dry_run(cfg, num_supernodes):
+        print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg['strategy']!r}; "
+              "it has no effect", file=sys.stderr, flush=True)
     output_dir = absolutize_paths(cfg, overrides, app)
-    flwr_home = (flwr_home or app / ".flwr").resolve()
+    flwr_home = resolve_flwr_home(app, flwr_home)
     before = list_runs(output_dir)
     port = port or free_port()
     write_flower_config(flwr_home, f"127.0.0.1:{port}")
     if ray_address:  # attach the simulation runtime to an existing (multi-node) Ray cluster
-        from fedapp.deploy import simulation_backend
-
         os.environ.update(simulation_backend(num_cpus, num_gpus, ray_address)[1])
-    superlink = start_superlink(flwr_home, port)
-    try:
-        wait_http_health(port, proc=superlink)
-        cpus = int(num_cpus) if float(num_cpus).is_integer() else num_cpus
-        federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} "
-                      f"client-resources-num-gpus={num_gpus} init-args-logging-level=\"ERROR\"")
-        cmd = [venv_bin("flwr"), "run", str(app), CONNECTION, "--stream",
-               "--run-config", to_toml_assignments(overrides), "--federation-config", federation]
-        print(f"[dpfl] SuperLink pid {superlink.pid} on 127.0.0.1:{port}; running: flwr run {app.name} {CONNECTION}",
-              flush=True)
-        result = subprocess.run(cmd, env=flower_env(flwr_home), cwd=str(app), timeout=timeout)
-        if result.returncode != 0:
-            raise RuntimeError(f"flwr run exited with code {result.returncode}")
-    finally:
-        stop_process_tree(superlink)
+    procs = Processes()
+    watchdog = None
+    with signals_as_interrupt():
+        try:
+            superlink = procs.add(start_superlink(flwr_home, port))
+            watchdog = start_watchdog(superlink)  # stops the SuperLink's tree if this process is killed
+            wait_http_health(port, proc=superlink)
+            cpus = int(num_cpus) if float(num_cpus).is_integer() else num_cpus
+            federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} "
+                          f"client-resources-num-gpus={num_gpus} init-args-logging-level=\"ERROR\"")
+            cmd = [venv_bin("flwr"), "run", str(app), CONNECTION, "--stream",
+                   "--run-config", to_toml_assignments(overrides), "--federation-config", federation]
+            print(f"[dpfl] SuperLink pid {superlink.pid} on 127.0.0.1:{port} (FLWR_HOME {flwr_home}); running: "
+                  f"flwr run {app.name} {CONNECTION}", flush=True)
+            flwr = procs.add(subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=str(app), start_new_session=True,
+                                              preexec_fn=parent_death_preexec()))  # own group: stopped by PID
+            procs.watch()
+            try:
+                code = flwr.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"flwr run did not finish within {timeout:.0f}s") from None
+            if code != 0:
+                raise RuntimeError(f"flwr run exited with code {code}")
+        finally:
+            leftovers = procs.stop_all()
+            if watchdog is not None:
+                _stop_watchdog(watchdog)
+            if leftovers:
+                print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
     new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
     if not new_runs or not (new_runs[-1] / "summary.json").exists():
         raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see "
@@ -253,6 +116,15 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
         raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds; partial "
                            f"results in {new_runs[-1]}, server log {flwr_home}/superlink-{port}.log")
     return new_runs[-1]
+
+
+def _stop_watchdog(proc: subprocess.Popen) -> None:
+    """The watchdog exits by itself once the tree is gone; make sure it does, by PID."""
+    try:
+        proc.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
         print(f"[dpfl] run failed: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else 2
+        print(f"[dpfl] interrupted by signal {signum}; the SuperLink and its children were stopped", file=sys.stderr)
+        return 128 + signum
     summary = (run_dir / "summary.json").read_text(encoding="utf-8")
     print(f"[dpfl] results: {run_dir}\n[dpfl] summary.json:\n{summary}")
     return 0

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from fedapp.config import ConfigError
-from fedapp.launch import free_port, run
+from fedapp.launch import resolve_flwr_home, run
+from fedapp.processes import free_port
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _flower_processes(marker: str = "") -> set[int]:
@@ -40,3 +49,128 @@ def test_bad_config_fails_before_anything_starts(tmp_path):
         run(num_supernodes=3, run_config=f"batch-size=400 output-dir='{tmp_path}/out'", flwr_home=tmp_path / "h")
     assert not (tmp_path / "out").exists() and not (tmp_path / "h").exists()
     assert _flower_processes(str(tmp_path)) == set()
+
+
+# ----------------------------------------------------------------------------- the launcher owns its run (#17, #18)
+def test_empty_data_dir_is_a_clear_error_and_nothing_is_downloaded_or_created(tmp_path):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"dataset 'mnist' not found under run-config 'data-dir'.*nothing is downloaded"):
+        run(num_supernodes=2, run_config=f"dataset='mnist' data-dir='{empty}' output-dir='{tmp_path}/out'",
+            flwr_home=tmp_path / "h")
+    assert list(empty.iterdir()) == []  # no MNIST/raw folder
+    assert not (tmp_path / "h").exists() and not (tmp_path / "out").exists()
+
+
+def test_flwr_home_comes_from_the_environment_by_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
+    assert resolve_flwr_home(REPO) == (tmp_path / "home").resolve()
+    assert resolve_flwr_home(REPO, tmp_path / "explicit") == (tmp_path / "explicit").resolve()
+    monkeypatch.delenv("FLWR_HOME")
+    assert resolve_flwr_home(REPO) == REPO / ".flwr"
+
+
+def _start_launcher(tmp_path: Path, rounds: int) -> subprocess.Popen:
+    """``python -m fedapp.launch`` as a user starts it, with its own FLWR_HOME (2 clients, fedavg on digits)."""
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", "2", "--run-config",
+           f"strategy='fedavg' num-server-rounds={rounds} max-samples=300 output-dir='{tmp_path / 'out'}'"]
+    log = open(tmp_path / "launcher.log", "w")  # noqa: SIM115 - closed with the test
+    return subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _rounds_done(out: Path) -> int:
+    files = list(out.glob("*/rounds.jsonl")) if out.is_dir() else []
+    return max((sum(1 for line in f.read_text().splitlines() if '"round"' in line) for f in files), default=0)
+
+
+def _follow_until_training(launcher: subprocess.Popen, tmp_path: Path, timeout: float = 240) -> dict[int, psutil.Process]:
+    """Record every descendant of the launcher (by PID + start time) until a round is recorded."""
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
+        for proc in [psutil.Process(launcher.pid), *list(seen.values())]:
+            try:
+                for child in proc.children(recursive=True):
+                    seen.setdefault(child.pid, child)
+            except psutil.NoSuchProcess:
+                continue
+        if _rounds_done(tmp_path / "out") >= 1 and len(seen) >= 4:
+            return seen
+        time.sleep(0.2)
+    raise AssertionError(f"no round recorded within {timeout}s: {(tmp_path / 'launcher.log').read_text()[-3000:]}")
+
+
+def _cmd(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def _names(procs) -> str:
+    return ", ".join(f"{p.pid}:{_cmd(p)[:100]}" for p in procs)
+
+
+def _alive(procs) -> list[psutil.Process]:
+    live = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                live.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return live
+
+
+def _kill_recorded(procs) -> None:
+    for p in _alive(procs):  # the test stops what it started, by PID, whatever happened
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_signal_to_the_launcher_stops_the_superlink_and_all_its_children(tmp_path, sig):
+    launcher = _start_launcher(tmp_path, rounds=200)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        seen = _follow_until_training(launcher, tmp_path)
+        superlinks = [p for p in seen.values() if "flower-superlink" in _cmd(p)]
+        assert len(superlinks) == 1
+        home = tmp_path / "home"  # $FLWR_HOME honoured: connection config and SuperLink logs are there
+        assert "127.0.0.1:" in (home / "config.toml").read_text() and list(home.glob("superlink-*.log"))
+        launcher.send_signal(sig)
+        code = launcher.wait(timeout=90)
+        assert code == 128 + sig, (tmp_path / "launcher.log").read_text()[-3000:]
+        assert f"interrupted by signal {int(sig)}" in (tmp_path / "launcher.log").read_text()
+        _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
+        alive = _alive(alive)
+        assert not alive, f"left running after signal {sig}: {_names(alive)}"
+        assert _rounds_done(tmp_path / "out") < 200  # the run did not go on without the launcher
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        _kill_recorded(seen.values())
+
+
+@pytest.mark.slow
+def test_superlink_stops_when_the_launcher_is_killed(tmp_path):
+    launcher = _start_launcher(tmp_path, rounds=200)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        seen = _follow_until_training(launcher, tmp_path)
+        superlink = next(p for p in seen.values() if "flower-superlink" in _cmd(p))
+        launcher.kill()  # SIGKILL: no handler, no finally
+        launcher.wait()
+        _, alive = psutil.wait_procs([superlink], timeout=10)
+        assert not _alive(alive), "the SuperLink outlived its launcher"
+        _, alive = psutil.wait_procs(list(seen.values()), timeout=20)  # the watchdog stops the rest by PID
+        alive = _alive(alive)
+        assert not alive, f"left running after kill -9 of the launcher: {_names(alive)}"
+    finally:
+        _kill_recorded(seen.values())
