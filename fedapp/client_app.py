@@ -11,6 +11,7 @@ from flwr.common import Context
 from fedapp.config import resolve_config
 from fedapp.faults import guard_client
 from fedapp.registry import get_spec
+from fedapp.secure_aggregation import secagg_mod
 
 
 def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
@@ -21,7 +22,7 @@ def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
         client = get_spec(cfg["strategy"]).client_factory()(context, overrides)
         return guard_client(client, context, cfg)  # faults, state persistence, lost-accountant guard (issue 7)
 
-    return ClientApp(client_fn=client_fn)
+    return ClientApp(client_fn=client_fn, mods=[secagg_mod])  # SecAgg+ rounds only; others pass through
 
 
 app = build_client_app()

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import Context
+import torch
+from flwr.common import Context, RecordDict, log
 from flwr.server import ServerAppComponents, ServerConfig
-from flwr.serverapp import ServerApp
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid, ServerApp
 
 from fedapp.checkpoint import attach as attach_checkpointing
 from fedapp.client_data import client_train_sizes
 from fedapp.clients.common import make_model
-from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
 from fedapp.data import load_dataset
-from fedapp.privacy_profiles import federation_profiles
+from fedapp.faults import check_fault_config
+from fedapp.privacy_profiles import check_record_delta, client_level_mechanism, federation_profiles
 from fedapp.registry import get_spec
 from fedapp.results import ResultsWriter
+from fedapp.secure_aggregation import run_with_secure_aggregation, uses_secure_aggregation
 from fedapp.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.tv_compat import guard_state
 from strategies.base import StrategyContext
@@ -44,39 +49,116 @@ def make_prevalidate(cfg: RunConfig):
         if cfg["num-clients"] and cfg["num-clients"] != num_clients:
             raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but {num_clients} clients connected")
         sizes = client_train_sizes(cfg, num_clients)
-        for profile, n_i in zip(federation_profiles(cfg, num_clients), sizes):
+        profiles = federation_profiles(cfg, num_clients)
+        for profile, n_i in zip(profiles, sizes):
             if profile.batch_size > n_i:
                 raise ConfigError(f"client {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                                   f"N_i = {n_i}")
+        if get_spec(cfg["strategy"]).privacy.startswith("record-level"):
+            check_record_delta(cfg, profiles, sizes)
+        elif get_spec(cfg["strategy"]).privacy.startswith("client-level"):
+            client_level_mechanism(cfg, int(cfg["num-clients"]) or num_clients)  # δ, σ calibration: fail early
 
     return prevalidate
+
+
+def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
+    """What ``config.json`` says about the guarantee this run can claim."""
+    seeded = bool(cfg["seeded-noise"])
+    out: dict[str, Any] = {
+        "threat_model": threat_model,
+        "ledger": "server-side: the server composes every client's ε from mechanism parameters with the "
+                  f"'{cfg['accountant']}' accountant; clients' reports are only cross-checked",
+        "client_sampling": ("seeded from the run seed: no amplification by sampling against anyone who knows it"
+                            if seeded else "secret (OS entropy); participation stays in the server's records"),
+        "guarantee": ("NONE: seeded-noise = true derives the DP noise from the run seed, which the server knows"
+                      if seeded else "as stated by the threat model"),
+    }
+    if threat_model.startswith("client-level"):
+        out["secure_aggregation"] = (
+            "SecAgg+ (Flower): the server sees only the sum of each round's updates; the budget and the headline "
+            "'epsilon' are the aggregate's" if cfg["secure-aggregation"] else
+            "off: the server sees every update; σ is calibrated so one update meets the budget, and the headline "
+            "'epsilon' is one update's ('epsilon_aggregate' is for observers of the sums and the final model)")
+    return out
 
 
 def build_components(cfg: RunConfig) -> ServerAppComponents:
     spec = get_spec(cfg["strategy"])
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     initial = get_weights(make_model(cfg, test))
+    for key in unused_keys(cfg, spec.family):
+        log(WARNING, "run-config %r = %r is not read by strategy %r (family %s); it has no effect", key, cfg[key],
+            spec.name, spec.family)
     recorder = ResultsWriter(cfg["output-dir"], dict(cfg), meta={
         "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
                      "description": spec.description},
+        "privacy": privacy_meta(cfg, spec.privacy),
+        "unused_keys": unused_keys(cfg, spec.family),
         "num_parameters": int(sum(w.size for w in initial)),
         "torchvision_guard": {k: v for k, v in guard_state().items()},
     })
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
                           prevalidate=make_prevalidate(cfg))
     strategy = spec.strategy_factory()(cfg, ctx)
+    check_fault_config(cfg)
     remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults (issue 7)
     return ServerAppComponents(strategy=strategy, config=ServerConfig(
         num_rounds=remaining, round_timeout=float(cfg["round-timeout"]) or None))
 
 
+def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
+    """Build everything a run builds — strategy, mechanism, resume state, one client — without starting a
+    process or writing a file, so every configuration error surfaces before anything starts. Returns the
+    keys the strategy does not read."""
+    if cfg["min-available-clients"] > num_clients:
+        raise ConfigError(f"run-config 'min-available-clients' = {cfg['min-available-clients']} but only {num_clients} "
+                          "clients will connect: the server would wait for them forever")
+    if cfg["num-clients"] and cfg["num-clients"] != num_clients:
+        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but {num_clients} clients will connect")
+    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    model = make_model(cfg, test)
+    try:
+        model.eval()(torch.from_numpy(test.x[:2]))
+    except Exception as exc:  # noqa: BLE001 — any shape/dtype mismatch of model and data
+        raise ConfigError(f"run-config 'model' = {cfg['model']!r} does not fit dataset {cfg['dataset']!r} "
+                          f"(inputs {tuple(test.x.shape[1:])}): {type(exc).__name__}: {exc}") from None
+    components = build_components(cfg)
+    strategy = components.strategy
+    if getattr(strategy, "prevalidate", None) is not None:
+        strategy.prevalidate(num_clients)
+    setup = getattr(strategy, "setup_privacy", None)
+    if callable(setup):
+        setup(int(cfg["num-clients"]) or num_clients)
+    node = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-partitions": num_clients},
+                   state=RecordDict(), run_config={})
+    get_spec(cfg["strategy"]).client_factory()(node, dict(cfg))  # the client side builds too (model, data, head)
+    return unused_keys(cfg, get_spec(cfg["strategy"]).family)
+
+
+def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = None) -> None:
+    """The ServerApp's main: build the components, then run Flower's round loop — with SecAgg+ as the fit
+    step for client-level DP strategies (``secure-aggregation``), the legacy loop otherwise."""
+    cfg = resolve_config(context.run_config, overrides)
+    components = build_components(cfg)
+    strategy = components.strategy
+    if uses_secure_aggregation(cfg, strategy):
+        strategy.secure_aggregation = True
+        log(INFO, "secure aggregation (SecAgg+) on: the server sees only the sum of each round's updates")
+        run_with_secure_aggregation(grid, context, strategy, components.config, cfg)
+    else:
+        start_grid(grid=grid, config=components.config, strategy=strategy)
+
+
 def build_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
     """A ServerApp whose run-config is Flower's merged with ``overrides`` (used by tests)."""
+    app = ServerApp()
 
-    def server_fn(context: Context) -> ServerAppComponents:
-        return build_components(resolve_config(context.run_config, overrides))
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_server(grid, context, overrides)
 
-    return ServerApp(server_fn=server_fn)
+    return app
 
 
 app = build_server_app()

@@ -97,7 +97,7 @@ def test_invalid_node_config_names_the_key(node: dict[str, Any], pattern: str) -
 
 def test_invalid_payloads_are_rejected_with_named_reasons() -> None:
     s = DPFLStrategy(initial_weights=[np.zeros(3, np.float32)], num_rounds=3)
-    s._pending = {"round": 1, "metrics": {}, "clients": []}
+    s.round_log.start(1)
 
     def res(arrays, metrics):
         return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 4, metrics)
@@ -109,8 +109,75 @@ def test_invalid_payloads_are_rejected_with_named_reasons() -> None:
         "metric": res([np.zeros(3, np.float32)], {"client_id": 3, "epsilon_spent": "lots"}),
     }
     s.aggregate_fit(1, [(SimpleNamespace(node_id=i), r) for i, r in enumerate(bad.values())], [])
-    reasons = [c["reason"] for c in s._pending["clients"]]
-    assert [c["status"] for c in s._pending["clients"]] == ["rejected"] * 4
+    reasons = [c["reason"] for c in s.round_log.clients()]
+    assert [c["status"] for c in s.round_log.clients()] == ["rejected"] * 4
     assert "NaN" in reasons[0] and "shape (4,)" in reasons[1] and "dtype int64" in reasons[2]
     assert "'epsilon_spent' = 'lots'" in reasons[3]
     np.testing.assert_array_equal(s.current_weights[0], np.zeros(3))
+
+
+# ---------------------------------------------------------------- the launcher's dry run (issue 18)
+LATE_FAILURES = {  # configs that used to fail 25-34 s later inside the SuperLink, some without naming the key
+    "soteriafl-k-too-large": ({"strategy": "soteriafl-sgd", "soteriafl-k": 1_000_000}, "soteriafl-k"),
+    "soteriafl-server-lr": ({"strategy": "soteriafl-sgd", "server-lr": 0.5}, "server-lr"),
+    "topk-without-public-set": ({"strategy": "fed-smp-topk"}, "public-samples"),
+    "resume-from-missing": ({"resume-from": "/nonexistent/run"}, "resume-from"),
+    "unknown-dp2-head": ({"strategy": "dp2-fedsam", "dp2-head": "nope"}, "dp2-head"),
+    "cnn-mnist-on-digits": ({"model": "cnn-mnist"}, "'model' = 'cnn-mnist'"),
+    "min-available-above-supernodes": ({"min-available-clients": 10}, "min-available-clients"),
+    "client-delta-too-large": ({"strategy": "dp-fedavg", "client-delta": 0.2}, "client-delta"),
+    "record-delta-too-large": ({"strategy": "dpsgd-fedavg", "delta": 0.05}, "delta"),
+}
+
+
+def test_a_tiny_target_epsilon_calibrates_to_a_non_negative_epsilon() -> None:
+    """target-epsilon 1e-6 once gave ε = -0.113 (RDP conversion below 0) and every client was rejected."""
+    from fedapp.privacy_profiles import client_level_mechanism
+
+    dp = client_level_mechanism(resolve_config(None, {"strategy": "dp-fedavg", "target-epsilon": 1e-6}), 4)
+    assert 0.0 <= dp.epsilon() <= 1e-6 and dp.epsilon(1) >= 0.0
+
+
+@pytest.mark.parametrize("case", sorted(LATE_FAILURES))
+def test_dry_run_names_the_key_before_anything_starts(case: str, tmp_path) -> None:
+    from fedapp.server_app import dry_run
+
+    overrides, key = LATE_FAILURES[case]
+    cfg = resolve_config(None, {"output-dir": str(tmp_path / "out"), "max-samples": 400, **overrides})
+    with pytest.raises(ConfigError, match=key):
+        dry_run(cfg, 4)
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_dry_run_passes_a_good_config_and_reports_unused_keys(tmp_path) -> None:
+    from fedapp.server_app import dry_run
+
+    cfg = resolve_config(None, {"strategy": "soteriafl-sgd", "target-epsilon": 5.0, "output-dir": str(tmp_path / "o"),
+                                "max-samples": 400, "privacy-dist": "fixed", "allow-large-delta": True})
+    assert dry_run(cfg, 4) == ["target-epsilon"]
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("overrides,key", [({"seed": -1}, "'seed' = -1"), ({"device": "cuda"}, "'device' = 'cuda'")])
+def test_more_values_refused_at_resolve_time(overrides, key, tmp_path) -> None:
+    import torch
+
+    if overrides.get("device") == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    with pytest.raises(ConfigError, match=key):
+        resolve_config(None, overrides)
+
+
+def test_output_dir_that_is_a_file_is_refused(tmp_path) -> None:
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(ConfigError, match="output-dir"):
+        resolve_config(None, {"output-dir": str(target)})
+
+
+def test_an_assignment_without_value_is_refused() -> None:
+    from fedapp.processes import parse_overrides
+
+    with pytest.raises(ConfigError, match="'epsilon'"):
+        parse_overrides("strategy='fedavg' epsilon= seed=3")
+    assert parse_overrides("strategy='fedavg' seed=3") == {"strategy": "fedavg", "seed": 3}

@@ -1,0 +1,141 @@
+"""Flower SecAgg+ for the client-level DP families: the server learns only the sum of the sampled updates.
+
+Client-level DP (``strategies/client_level.py``) sizes each client's noise so that the *sum* of the r_t
+sampled updates carries σC. That aggregate guarantee holds against the server only if it never sees an
+individual update; Flower's SecAgg+ (Bell et al. 2020) provides exactly that: clients quantize and mask
+their update with pairwise and private masks, the server sums the masked vectors and removes the masks
+with Shamir shares, and only the weighted average of the survivors reaches ``Strategy.aggregate_fit``.
+
+How the pieces fit:
+
+* clients report ``num_examples = 1`` under SecAgg, so the average is uniform, (1/r') Σ Δ_i over the
+  r' survivors; a client that does not contribute (budget refusal, lost state, fault) raises instead of
+  replying, which SecAgg+ handles as a dropout (its masks are reconstructed from the neighbours' shares),
+  and the reason reaches the server log as the failure message;
+* the clipping range of the quantizer follows the round's mechanism, C + 12 noise stds
+  (:meth:`strategies.client_level.ClientLevelDPStrategy.secagg_clipping_range`), so clipping by the
+  quantizer is a < e⁻⁷² event and the quantization error (unbiased, ≤ 2·range/2²² per coordinate) is far
+  below the DP noise — ``tests/test_secure_aggregation.py`` measures it;
+* the strategy receives every survivor's metrics in the clear (client id, status, declared σ) with the
+  same aggregate as parameters; it validates the metrics, charges the ledger for r' of r_t and, when any
+  contribution is invalid (it cannot be separated from the sum), withholds the whole round.
+
+Metadata SecAgg+ does not hide: who took part (the server samples and talks to each client), timing,
+and the clients' metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from flwr.app import ConfigRecord, Context, Message
+from flwr.app.message_type import MessageType
+from flwr.client.mod import secaggplus_mod
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.compat.common.recorddict_compat import recorddict_to_fitres
+from flwr.server import ServerConfig
+from flwr.server.compat import LegacyContext
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.serverapp.grid import Grid
+
+from fedapp.config import RunConfig
+
+#: SecAgg+ weights each masked update by num_examples / max_weight; clients send 1 (a uniform sum)
+MAX_WEIGHT = 1.0
+
+
+def uses_secure_aggregation(cfg: RunConfig, strategy: Any) -> bool:
+    """SecAgg+ runs for client-level DP strategies unless ``secure-aggregation = false``."""
+    return bool(cfg["secure-aggregation"]) and callable(getattr(strategy, "secagg_clipping_range", None)) \
+        and getattr(strategy, "private", False)
+
+
+class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
+    """Flower's SecAgg+ workflow with the quantizer's clipping range taken from the round's mechanism."""
+
+    def __init__(self, strategy: Any, **kwargs: Any) -> None:
+        self.strategy = strategy
+        super().__init__(**kwargs)
+
+    @property  # type: ignore[override]
+    def clipping_range(self) -> float:
+        return float(self.strategy.secagg_clipping_range())
+
+    @clipping_range.setter
+    def clipping_range(self, value: float) -> None:  # the base class assigns its default; the mechanism rules
+        pass
+
+    def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        """Flower's stage, with each dropped client's failure recorded once (flwr 1.41 appends it twice)."""
+        before = len(state.failures)
+        ok = super().collect_masked_vectors_stage(grid, context, state)
+        new = state.failures[before:]
+        half = len(new) // 2
+        if len(new) % 2 == 0 and [repr(e) for e in new[:half]] == [repr(e) for e in new[half:]]:
+            del state.failures[before + half:]
+        return ok
+
+
+BYTES_KEY = "dpfl-secagg-bytes"  # Context.state: SecAgg+ bytes this client sent so far in the round
+FIT_METRICS = "fitres.metrics"  # the legacy FitRes metrics record of a reply (flwr compat naming)
+
+
+def secagg_mod(msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:
+    """Flower's ``secaggplus_mod`` for SecAgg+ messages only (other strategies' fit messages pass through).
+
+    A fit that does not contribute an update (a refusal) raises, so SecAgg+ treats the client as dropped.
+    The bytes of the protocol's replies up to the masked vector (public keys, encrypted shares, the masked
+    vector itself) are added to the fit metrics as ``secagg_uplink_bytes``; the unmask stage's shares
+    (O(neighbours) × ~100 bytes) come after the fit reply and are not counted.
+    """
+    if msg.metadata.message_type != MessageType.TRAIN or RECORD_KEY_CONFIGS not in msg.content.config_records:
+        return call_next(msg, ctxt)
+    out = secaggplus_mod(msg, ctxt, _contribution_or_dropout(call_next))
+    if out.has_error() or RECORD_KEY_CONFIGS not in out.content.config_records:
+        return out
+    sent = _record_bytes(out.content.config_records[RECORD_KEY_CONFIGS])
+    so_far = int(ctxt.state.config_records[BYTES_KEY]["bytes"]) if BYTES_KEY in ctxt.state.config_records else 0
+    if FIT_METRICS in out.content.config_records:  # the collect stage: the fit reply travels with the masked vector
+        out.content.config_records[FIT_METRICS]["secagg_uplink_bytes"] = so_far + sent
+        so_far, sent = 0, 0
+    ctxt.state.config_records[BYTES_KEY] = ConfigRecord({"bytes": so_far + sent})
+    return out
+
+
+def _record_bytes(record: ConfigRecord) -> int:
+    total = 0
+    for value in record.values():
+        items = value if isinstance(value, list) else [value]
+        total += sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in items)
+    return total
+
+
+class NoContribution(RuntimeError):
+    """A sampled client does not contribute to this round's secure sum (SecAgg+ drops it)."""
+
+
+def _contribution_or_dropout(call_next: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    def inner(msg: Message, ctxt: Context) -> Message:
+        out = call_next(msg, ctxt)
+        if out.has_error():
+            raise NoContribution(f"client error: {out.error}")
+        fitres = recorddict_to_fitres(out.content, keep_input=True)
+        metrics = dict(fitres.metrics)
+        if metrics.get("status", "ok") != "ok" or not fitres.parameters.tensors:
+            raise NoContribution(f"client_id={metrics.get('client_id')} does not contribute: "
+                                 f"{metrics.get('status')}: {metrics.get('reason')}")
+        return out
+
+    return inner
+
+
+def run_with_secure_aggregation(grid: Grid, context: Context, strategy: Any, config: ServerConfig,
+                                cfg: RunConfig) -> None:
+    """Flower's default workflow with SecAgg+ as the fit step (evaluation unchanged)."""
+    shares = float(cfg["secagg-num-shares"])
+    workflow = DefaultWorkflow(fit_workflow=DPSecAggPlusWorkflow(
+        strategy, num_shares=int(shares) if shares > 1 else shares,
+        reconstruction_threshold=float(cfg["secagg-threshold"]), max_weight=MAX_WEIGHT,
+        timeout=float(cfg["round-timeout"]) or None))
+    workflow(grid, LegacyContext(context=context, config=config, strategy=strategy))
