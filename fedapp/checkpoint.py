@@ -1,12 +1,12 @@
-"""Server checkpoints, resume, and client-side state persistence.
+"""Server checkpoints and resume.
 
-Server side. After every ``checkpoint-every`` rounds (and the last) the results folder gets
-``checkpoint.npz``, written atomically (temporary file + fsync + ``os.replace``): global
-parameters, the strategy's :meth:`~strategies.base.DPFLStrategy.state_dict` (family state such
-as SoteriaFL's shift or Robust-HDP's frozen weights via ``checkpoint_state``; the server's ε
-ledger; every ``numpy.random.Generator`` attribute), the round number, the round records so far
-and the run-config. No pickle: arrays are ``.npz`` members, everything else one JSON document,
-so loading a hostile checkpoint cannot run code.
+After every ``checkpoint-every`` rounds (and the last) the results folder gets ``checkpoint.npz``,
+written atomically (stale temporary removed, temporary file + fsync + ``os.replace`` + fsync of the
+directory): global parameters, the strategy's :meth:`~strategies.base.DPFLStrategy.state_dict`
+(family state such as SoteriaFL's shift or Robust-HDP's frozen weights via ``checkpoint_state``;
+the server's ε ledger; every ``numpy.random.Generator`` attribute), the round number, the round
+records so far and the run-config. No pickle: arrays are ``.npz`` members, everything else one
+JSON document, so loading a hostile checkpoint cannot run code.
 
 ``resume-from=<checkpoint.npz or its run folder>`` continues the run: the strategy is restored,
 Flower runs the remaining ``num-server-rounds − round`` rounds (numbered ``round+1 …``) and the
@@ -14,15 +14,9 @@ new results folder holds the *full* ledger (old rounds copied first); ``config.j
 where it resumed from. Keys that change the experiment must match the checkpoint
 (:data:`RESUME_MAY_DIFFER` lists those that may differ).
 
-Client side. A client's privacy state (Opacus accountant history, SoteriaFL shifts, DP2-FedSAM
-personal heads) lives in Flower ``Context.state``, which a *new* run starts empty. With
-``client-state-dir`` set, :class:`ClientStateStore` saves ``Context.state`` after every fit under
-``<dir>/<run-lineage>/client-<id>.npz`` and restores it in a resumed run of the same lineage,
-so ε keeps counting exactly. Without it, a client that lost its accountant must not restart
-its ε at zero: :func:`lost_accountant_reason` compares the ε it reports with the server's
-ledger (``dp-ledger``), and :class:`fedapp.faults.GuardedClient` then withholds the update,
-replies ``status="refused"`` and refuses every later round of that run (privacy: nothing
-computed on the un-accounted state ever leaves the client).
+Commit order: checkpoint first, then ``rounds.jsonl``/``summary.json``, then ``committed-round`` to
+the clients (:class:`CheckpointingRecorder`); the client journal (same file format) is
+:mod:`fedapp.client_state`.
 """
 
 from __future__ import annotations
@@ -31,17 +25,18 @@ import json
 import os
 import zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fedapp.config import ConfigError, RunConfig
+from fedapp.results import write_json_atomic
 
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT = "dpfl-checkpoint-v1"
-LINEAGE_CONFIG_KEY = "run-lineage"
+#: fit-config key: the last round whose checkpoint is durable (clients commit their state up to it)
+COMMITTED_ROUND_KEY = "committed-round"
 #: run-config keys that may differ between the interrupted and the resumed run
 RESUME_MAY_DIFFER = frozenset({
     "num-server-rounds", "output-dir", "run-name", "resume-from", "checkpoint-every", "device", "data-dir",
@@ -76,18 +71,50 @@ def _join(value: Any, arrays: Mapping[str, np.ndarray]) -> Any:
     return value
 
 
+def temp_path(path: str | os.PathLike) -> Path:
+    """The temporary file :func:`save_checkpoint` writes before renaming it to ``path``."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.tmp")
+
+
+def remove_stale_temp(path: str | os.PathLike) -> bool:
+    """Delete the temporary file an interrupted :func:`save_checkpoint` of ``path`` left; True if one was there."""
+    tmp = temp_path(path)
+    try:
+        tmp.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename inside ``directory`` durable (POSIX; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def save_checkpoint(path: str | os.PathLike, payload: Mapping[str, Any]) -> Path:
-    """Atomically write ``payload`` (nested dicts/lists of JSON values and numpy arrays)."""
+    """Atomically and durably write ``payload`` (nested dicts/lists of JSON values and numpy arrays)."""
     path = Path(path)
     arrays: dict[str, np.ndarray] = {}
     doc = _split({"format": FORMAT, **payload}, arrays)
     blob = np.frombuffer(json.dumps(doc).encode("utf-8"), dtype=np.uint8)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = temp_path(path)
+    remove_stale_temp(path)
     with open(tmp, "wb") as fh:
         np.savez(fh, __json__=blob, **arrays)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
+    fsync_dir(path.parent)
     return path
 
 
@@ -131,7 +158,14 @@ def check_resumable(cfg: RunConfig, ckpt: Mapping[str, Any]) -> None:
 
 # ----------------------------------------------------------------------------- server glue
 class CheckpointingRecorder:
-    """A ``RoundRecorder`` that forwards to the results writer and checkpoints the strategy.
+    """A ``RoundRecorder`` that checkpoints the strategy and then forwards to the results writer.
+
+    Commit order of a checkpointed round r (``checkpoint-every`` > 0): (1) ``checkpoint.npz`` with
+    the model, ledger and every round record up to r is written durably; (2) only then are the
+    records of the rounds since the previous checkpoint appended to ``rounds.jsonl`` and
+    ``summary.json`` rewritten; (3) the next fit config tells the clients ``committed-round = r``,
+    and they commit their journaled state up to r (:mod:`fedapp.client_state`). So ``rounds.jsonl``
+    never holds a round the checkpoint lacks, and a client never commits past the checkpoint.
 
     On resume it first replays the checkpoint's round records into the new results folder, so
     ``rounds.jsonl`` of the resumed run is the complete ledger.
@@ -145,6 +179,9 @@ class CheckpointingRecorder:
         self.resumed = resumed
         self.every = int(cfg["checkpoint-every"])
         self.lineage = str(resumed["lineage"]) if resumed else ""
+        self.uncommitted: list[dict[str, Any]] = []  # records of rounds after the last checkpoint
+        if strategy is not None and self.every > 0:
+            strategy.run_fit_config[COMMITTED_ROUND_KEY] = int(resumed["state"]["round"]) if resumed else 0
 
     @property
     def run_dir(self) -> Path | None:
@@ -161,43 +198,61 @@ class CheckpointingRecorder:
             self.inner.meta["resumed_from"] = {"checkpoint": self.resumed["path"],
                                                "round": int(self.resumed["state"]["round"]), "lineage": self.lineage}
         self.inner.open()
+        remove_stale_temp(Path(self.inner.run_dir) / CHECKPOINT_FILE)
         if not self.lineage:
             self.lineage = Path(self.inner.run_dir).name
         if self.strategy is not None:
-            self.strategy.run_fit_config["run-lineage"] = self.lineage
+            self.strategy.run_fit_config["run-lineage"] = self.lineage  # client_state.LINEAGE_CONFIG_KEY
         for record in (self.resumed or {}).get("rounds", []):
             self.inner.write_round(record)
 
     def write_round(self, record: dict[str, Any]) -> None:
         if self.run_dir is None:
             self.open()
-        self.inner.write_round(record)
+        if self.strategy is None or self.every <= 0:
+            self.inner.write_round(record)
+            return
         rnd = int(record["round"])
-        if self.strategy is not None and self.every > 0 and (rnd % self.every == 0 or rnd >= self.cfg.rounds):
-            self.save()
+        self.uncommitted.append(record)
+        if rnd % self.every and rnd < self.cfg.rounds and not record["metrics"].get("aborted"):
+            return  # not a checkpoint round: its record waits for the next checkpoint
+        self.save()  # (1) the commit point
+        for pending in self.uncommitted:  # (2) the results files follow the checkpoint
+            self.inner.write_round(pending)
+        self.uncommitted.clear()
+        self.strategy.run_fit_config[COMMITTED_ROUND_KEY] = rnd  # (3) sent with the next round's fit config
 
     def save(self) -> Path:
         assert self.run_dir is not None and self.strategy is not None
         return save_checkpoint(Path(self.run_dir) / CHECKPOINT_FILE, {
             "lineage": self.lineage, "config": dict(self.cfg), "state": self.strategy.state_dict(),
-            "rounds": list(self.rounds),
+            "rounds": list(self.rounds) + list(self.uncommitted),
         })
 
     def finish(self) -> None:
         self.inner.finish()
+        done = int(self.resumed["state"]["round"]) if self.resumed else 0
+        new = [r for r in self.rounds if int(r["round"]) > done]
+        if self.resumed and self.run_dir is not None and not any((r["metrics"].get("clients_ok") or 0) > 0 for r in new):
+            # the copied rounds trained, this process did not: a resume that cannot train has not finished
+            path = Path(self.run_dir) / "summary.json"
+            summary = json.loads(path.read_text(encoding="utf-8"))
+            summary.update(finished=False, stopped_reason=f"the resumed run aggregated no client update in rounds "
+                           f"{done + 1}..{self.cfg.rounds} (every client refused or failed, e.g. privacy state lost)")
+            write_json_atomic(path, summary)
 
 
 def attach(strategy: Any, cfg: RunConfig, recorder: Any) -> int:
-    """Wire checkpointing, resume and fault settings into a built strategy; returns the number of
-    rounds Flower must still run. Raises ``ConfigError`` before anything is written."""
-    from fedapp.faults import check_fault_config
+    """Wire checkpointing and resume into a built strategy; returns the number of rounds Flower must
+    still run. Raises ``ConfigError`` before anything is written. (The fault keys are checked by
+    :func:`fedapp.faults.check_fault_config`, called by the caller.)"""
     from strategies.base import DPFLStrategy
 
-    check_fault_config(cfg)
     resumed = None
     if cfg["resume-from"]:
         resumed = load_checkpoint(cfg["resume-from"])
         check_resumable(cfg, resumed)
+        remove_stale_temp(resumed["path"])  # left by a write the crash interrupted
     if not isinstance(strategy, DPFLStrategy):
         if resumed is not None:
             raise ConfigError(f"strategy {cfg['strategy']!r} does not support resume-from (not a DPFLStrategy)")
@@ -212,99 +267,3 @@ def attach(strategy: Any, cfg: RunConfig, recorder: Any) -> int:
     if recorder is not None:
         strategy.recorder = CheckpointingRecorder(recorder, cfg, strategy, resumed)
     return cfg.rounds - strategy.round_offset
-
-
-# ----------------------------------------------------------------------------- client side
-def _record_to_dict(record: Any) -> tuple[str, Any]:
-    from flwr.common import ArrayRecord, ConfigRecord, MetricRecord
-
-    if isinstance(record, ArrayRecord):
-        return "arrays", {k: record[k].numpy() for k in record}
-    if isinstance(record, ConfigRecord):
-        return "config", {k: (list(v) if isinstance(v, list) else v) for k, v in record.items()}
-    if isinstance(record, MetricRecord):
-        return "metrics", {k: (list(v) if isinstance(v, list) else v) for k, v in record.items()}
-    raise TypeError(f"cannot persist a {type(record).__name__}")
-
-
-def _dict_to_record(kind: str, values: Mapping[str, Any]) -> Any:
-    from flwr.common import Array, ArrayRecord, ConfigRecord, MetricRecord
-
-    if kind == "arrays":
-        return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in values.items()})
-    if kind == "config":
-        return ConfigRecord(dict(values))
-    if kind == "metrics":
-        return MetricRecord(dict(values))
-    raise ValueError(f"unknown record kind {kind!r}")
-
-
-@dataclass
-class ClientStateStore:
-    """Persists one client's ``Context.state`` under ``<root>/<lineage>/client-<id>.npz``."""
-
-    root: Path
-    client_id: int
-    skipped: list[str] = field(default_factory=list)
-
-    def path(self, lineage: str) -> Path:
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in lineage) or "default"
-        return self.root / safe / f"client-{self.client_id}.npz"
-
-    def save(self, state: Any, lineage: str) -> Path:
-        payload: dict[str, Any] = {}
-        for name in list(state.keys()):
-            try:
-                kind, values = _record_to_dict(state[name])
-            except TypeError:
-                self.skipped.append(name)
-                continue
-            payload[name] = {"kind": kind, "values": values}
-        path = self.path(lineage)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return save_checkpoint(path, {"client_id": self.client_id, "records": payload})
-
-    def restore(self, state: Any, lineage: str) -> bool:
-        """Fill an *empty* ``state`` from disk; True when something was restored."""
-        path = self.path(lineage)
-        if len(list(state.keys())) or not path.is_file():
-            return False
-        doc = load_checkpoint(path)
-        if int(doc.get("client_id", -1)) != self.client_id:
-            raise ValueError(f"{path} holds the state of client {doc.get('client_id')}, not {self.client_id}")
-        for name, rec in doc["records"].items():
-            state[name] = _dict_to_record(rec["kind"], rec["values"])
-        return True
-
-
-def ledger_epsilon(config: Mapping[str, Any], client_id: int) -> float | None:
-    """ε this client reported in earlier rounds, from the server's ``dp-ledger`` fit-config entry."""
-    from strategies.base import LEDGER_CONFIG_KEY
-
-    raw = config.get(LEDGER_CONFIG_KEY)
-    if not raw:
-        return None
-    try:
-        value = json.loads(raw).get(str(client_id))
-    except (ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) else None
-
-
-def lost_accountant_reason(reported: Any, ledger: float | None, rel_tol: float = 1e-9) -> str | None:
-    """Refusal reason when a client that trained reports ε not above what it had already spent.
-
-    Every DP round adds privacy loss, so after training the cumulative ε must exceed the ledger's
-    value; a value at or below it means the accountant restarted (state lost).
-    """
-    if ledger is None or ledger <= 0 or reported is None:
-        return None
-    try:
-        eps = float(reported)
-    except (TypeError, ValueError):
-        return None
-    if eps <= ledger * (1 + rel_tol):
-        return (f"privacy state lost: after training this client's accountant reports epsilon={eps:.6g}, but the "
-                f"server ledger records epsilon={ledger:.6g} already spent; refusing (update withheld) rather than "
-                "restarting the spent epsilon at zero")
-    return None

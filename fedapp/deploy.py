@@ -5,19 +5,23 @@
 1. validates the run-config and every SuperNode's ``--node-config`` (before anything starts);
 2. creates a local CA, the SuperLink's TLS certificate and one EC key pair per SuperNode
    (``scripts/make_certs.py``) unless ``--insecure``;
-3. starts ``flower-superlink`` (TLS, ``--enable-supernode-auth``), registers each SuperNode's
+3. starts ``flower-superlink`` on 127.0.0.1 only (TLS, ``--enable-supernode-auth``; Flower 1.41 serves
+   Fleet, Control and runtime APIs on one port, so the Control API is reachable only from this
+   host) and :mod:`fedapp.fleet_gateway` on ``--public-host``, which forwards only the Fleet API;
+   registers each SuperNode's
    public key with ``flwr supernode register`` (unless ``--no-auth``), starts the SuperNodes,
    each with its own ``--node-config`` (partition-id, num-partitions, and per-node epsilon,
    delta, batch-size, local-epochs, dataset from ``--node-config i:key=value ...``);
 4. runs ``flwr run <app> dpfl --stream`` and prints the new results folder;
 5. stops *every* process it started and every descendant it saw (SIGTERM, then SIGKILL, by PID),
-   also on Ctrl-C, SIGTERM or failure.
+   also on Ctrl-C, SIGTERM, SIGHUP or failure.
 
 ``--unauthorized K`` also starts K SuperNodes whose keys were never registered; the SuperLink
 refuses them (they exit with Flower's code 305) — a check that authentication is on.
 
-What it protects: TLS (server authentication + encryption of the channel) and SuperNode
-authentication (only registered keys join). Differential privacy is the strategy's business;
+What it protects: TLS (server authentication + encryption of the channel), SuperNode
+authentication (only keys the operator registered on the SuperLink host join) and a control plane
+that the SuperNodes' network cannot reach (``--outsider`` checks it). Differential privacy is the strategy's business;
 the run-config decides it exactly as in simulation.
 
 For SuperNodes on other machines see ``docs/deployment.md``.
@@ -29,32 +33,30 @@ import argparse
 import os
 import re
 import shlex
-import signal
 import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedapp.config import ConfigError, RunConfig, resolve_config
-from fedapp.launch import (
+from fedapp.processes import (
     CONNECTION,
     PROJECT_ROOT,
+    Interrupted,
+    Processes,
     absolutize_paths,
     flower_env,
     free_port,
     list_runs,
     parse_overrides,
     pyproject_run_config,
+    signals_as_interrupt,
     start_superlink,
-    stop_process_tree,
-    terminate_processes,
     to_toml_assignments,
     venv_bin,
     write_flower_config,
@@ -119,100 +121,7 @@ def node_config_arg(node: Mapping[str, Any]) -> str:
     return to_toml_assignments(dict(node))
 
 
-def simulation_backend(num_cpus: float = 1.0, num_gpus: float = 0.0, ray_address: str = "") -> tuple[dict, dict]:
-    """Flower simulation backend settings: (``backend_config`` for ``run_simulation``, extra environment).
-
-    ``num_gpus`` < 1 shares a GPU between clients (e.g. 0.25 → four ClientApps per GPU); above 1
-    it must be whole (Ray). ``ray_address`` (``auto``, ``host:port`` or ``ray://host:port``)
-    attaches to an existing multi-node Ray cluster instead of starting one: it goes to
-    ``ray.init(address=...)`` in process and to ``RAY_ADDRESS`` for a SuperLink's simulation runtime.
-    """
-    if not num_cpus > 0:
-        raise ConfigError(f"client num-cpus = {num_cpus!r} must be > 0")
-    if num_gpus < 0 or (num_gpus > 1 and not float(num_gpus).is_integer()):
-        raise ConfigError(f"client num-gpus = {num_gpus!r} must be a fraction in [0, 1] or a whole number")
-    init_args: dict[str, Any] = {"logging_level": "ERROR", "log_to_driver": False}
-    env: dict[str, str] = {}
-    if ray_address:
-        if not re.fullmatch(r"auto|(ray://)?[A-Za-z0-9_.\-]+:\d{1,5}", ray_address):
-            raise ConfigError(f"ray address {ray_address!r} must be 'auto', 'host:port' or 'ray://host:port'")
-        init_args["address"] = ray_address
-        env["RAY_ADDRESS"] = ray_address
-    backend = {"client_resources": {"num_cpus": num_cpus, "num_gpus": num_gpus}, "init_args": init_args}
-    return backend, env
-
-
 # ----------------------------------------------------------------------------- processes
-@dataclass
-class Processes:
-    """Every process this launcher started, plus every descendant it has seen (Flower starts
-    ``flower-superexec``/``flwr-serverapp``/``flwr-clientapp`` children, some in own sessions)."""
-
-    started: list[subprocess.Popen] = field(default_factory=list)
-    seen: dict[int, Any] = field(default_factory=dict)  # pid -> psutil.Process
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def add(self, proc: subprocess.Popen) -> subprocess.Popen:
-        self.started.append(proc)
-        self.snapshot()
-        return proc
-
-    def snapshot(self) -> None:
-        import psutil
-
-        for proc in list(self.started):
-            try:
-                parent = psutil.Process(proc.pid)
-                for p in [parent, *parent.children(recursive=True)]:
-                    self.seen.setdefault(p.pid, p)
-            except psutil.NoSuchProcess:
-                continue
-
-    def watch(self, interval: float = 0.5) -> threading.Thread:
-        def loop() -> None:
-            while not self._stop.wait(interval):
-                self.snapshot()
-
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        return thread
-
-    def stop_all(self) -> list[int]:
-        """Stop everything; returns PIDs still alive afterwards (should be empty)."""
-        self._stop.set()
-        self.snapshot()
-        for proc in reversed(self.started):  # SuperNodes first, the SuperLink last
-            stop_process_tree(proc)
-        terminate_processes([p for p in self.seen.values() if _alive(p)])
-        return [p.pid for p in self.seen.values() if _alive(p)]
-
-
-def _alive(p: Any) -> bool:
-    import psutil
-
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """Turn SIGTERM into KeyboardInterrupt so the cleanup in ``finally`` runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):  # noqa: ARG001
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def wait_https_health(port: int, ca: Path | None, proc: subprocess.Popen, timeout: float = 60.0) -> None:
     import httpx
 
@@ -243,6 +152,37 @@ def start_supernode(work: Path, env: dict[str, str], superlink: str, node: Mappi
                             cwd=str(work))
 
 
+def start_gateway(work: Path, env: dict[str, str], listen: str, upstream: str,
+                  paths: Mapping[str, Path] | None) -> subprocess.Popen:
+    """:mod:`fedapp.fleet_gateway`: the public face of the SuperLink (Fleet API only)."""
+    cmd = [sys.executable, "-m", "fedapp.fleet_gateway", "--listen", listen, "--upstream", upstream]
+    if paths is not None:
+        cmd += ["--ssl-certfile", str(paths["cert"]), "--ssl-keyfile", str(paths["key"]),
+                "--ssl-ca-certfile", str(paths["ca"])]
+    out = open(work / "fleet-gateway.log", "w")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=str(PROJECT_ROOT))
+
+
+def probe_as_outsider(work: Path, public: str, ca: Path | None, public_key: Path, app: Path) -> dict[str, str]:
+    """Play the outsider who holds only ``ca.crt`` and the public address: register a key, list runs,
+    start a run. Returns ``{action: "refused" | "ACCEPTED: ..."}``."""
+    home = work / "outsider-home"
+    write_flower_config(home, public, root_certificates=str(ca) if ca else None)
+    env = flower_env(home)
+    actions = {"register": ["supernode", "register", str(public_key), CONNECTION], "ls": ["ls", CONNECTION],
+               "run": ["run", str(app), CONNECTION, "--run-config", "num-server-rounds=1"]}
+    out: dict[str, str] = {}
+    for name, args in actions.items():
+        res = subprocess.run([venv_bin("flwr"), *args], env=env, capture_output=True, text=True, timeout=120,
+                             cwd=str(work))
+        text = (res.stdout + res.stderr).strip()
+        ok = res.returncode == 0 and not re.search(r"403|not served|error|fail", text, re.IGNORECASE)
+        out[name] = f"ACCEPTED: {text[-300:]}" if ok else "refused"
+        (work / f"outsider-{name}.log").write_text(f"exit {res.returncode}\n{text}\n", encoding="utf-8")
+    return out
+
+
 def register_supernode(env: dict[str, str], public_key: Path) -> None:
     res = subprocess.run([venv_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
                          env=env, capture_output=True, text=True, timeout=120)
@@ -267,11 +207,13 @@ class DeployResult:
     refused: list[str]  # unauthorized SuperNodes the SuperLink refused
     leftover_pids: list[int]
     pids: list[int]  # every PID started or seen
+    outsider: dict[str, str] = field(default_factory=dict)  # probe_as_outsider's verdicts
 
 
 def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overrides: Sequence[str] = (),
            tls: bool = True, auth: bool = True, unauthorized: int = 0, work_dir: Path | None = None,
-           app: Path = PROJECT_ROOT, timeout: float | None = None, log=print) -> DeployResult:
+           app: Path = PROJECT_ROOT, timeout: float | None = None, outsider: bool = False,
+           public_host: str = "127.0.0.1", log=print) -> DeployResult:
     """Validate, start SuperLink + SuperNodes, ``flwr run`` the app, stop everything (see module doc)."""
     app = app.resolve()
     overrides = parse_overrides(run_config)
@@ -280,8 +222,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
     cfg = resolve_config({**pyproject_run_config(app), **overrides})
     if cfg["num-clients"] != num_supernodes:
         raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but --supernodes = {num_supernodes}")
-    if unauthorized and not auth:
-        raise ConfigError("--unauthorized needs SuperNode authentication (drop --no-auth)")
+    if (unauthorized or outsider) and not auth:
+        raise ConfigError("--unauthorized/--outsider need SuperNode authentication (drop --no-auth)")
     nodes = node_configs(num_supernodes, node_overrides)
     validate_nodes(cfg, nodes)
     output_dir = absolutize_paths(cfg, overrides, app)
@@ -291,42 +233,55 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
     flwr_home = work / "flwr-home"
     flwr_home.mkdir(exist_ok=True)
     env = flower_env(flwr_home)
-    port = free_port()
+    port = free_port()  # the SuperLink (Fleet + Control + runtime APIs): loopback only
     address = f"127.0.0.1:{port}"
+    public_port = free_port()  # the fleet gateway, the only thing SuperNodes reach
+    public = f"{'127.0.0.1' if public_host in ('0.0.0.0', '::') else public_host}:{public_port}"
     procs = Processes()
+    verdicts: dict[str, str] = {}
     refused: list[str] = []
     before = list_runs(output_dir)
-    with _sigterm_as_interrupt():
+    with signals_as_interrupt():
         try:
             ca = key_paths = None
             if tls or auth:
-                paths = _make_certs()(work / "certs", ("127.0.0.1", "localhost"), num_supernodes + unauthorized)
+                # the CA key is discarded after signing: nothing on the SuperLink host can mint certificates
+                paths = _make_certs()(work / "certs", ("127.0.0.1", "localhost"),
+                                      num_supernodes + unauthorized + int(outsider), ca_key_dir=None)
                 ca = paths["ca"] if tls else None
                 key_paths = [(paths[f"supernode-{i}"], paths[f"supernode-{i}.pub"])
-                             for i in range(num_supernodes + unauthorized)]
+                             for i in range(num_supernodes + unauthorized + int(outsider))]
             extra = ["--ssl-ca-certfile", str(paths["ca"]), "--ssl-certfile", str(paths["cert"]),
                      "--ssl-keyfile", str(paths["key"])] if tls else ["--insecure"]
             if auth:
                 extra.append("--enable-supernode-auth")
             write_flower_config(flwr_home, address, root_certificates=str(ca) if ca else None)
             superlink = procs.add(start_superlink(flwr_home, port, simulation=False, extra_args=extra))
+            gateway = procs.add(start_gateway(work, env, f"{public_host}:{public_port}", address,
+                                              paths if tls else None))
             procs.watch()
             wait_https_health(port, ca, superlink)
-            log(f"[deploy] SuperLink pid {superlink.pid} on {address} (TLS {'on' if tls else 'off'}, "
+            wait_https_health(public_port, ca, gateway)
+            log(f"[deploy] SuperLink pid {superlink.pid} on {address} (loopback: Control API), fleet gateway pid "
+                f"{gateway.pid} on {public_host}:{public_port} (Fleet API only; TLS {'on' if tls else 'off'}, "
                 f"auth {'on' if auth else 'off'}); work dir {work}")
             if auth:
                 for i in range(num_supernodes):
                     register_supernode(env, key_paths[i][1])
             for i, node in enumerate(nodes):
                 key = key_paths[i][0] if auth else None
-                p = procs.add(start_supernode(work, env, address, node, f"supernode-{i}", ca=ca, key=key))
+                p = procs.add(start_supernode(work, env, public, node, f"supernode-{i}", ca=ca, key=key))
                 log(f"[deploy] SuperNode {i} pid {p.pid}: --node-config '{node_config_arg(node)}'")
             intruders = []
             for j in range(unauthorized):
                 key = key_paths[num_supernodes + j][0]
                 node = {"partition-id": 0, "num-partitions": num_supernodes}
-                intruders.append(procs.add(start_supernode(work, env, address, node, f"unauthorized-{j}", ca=ca,
+                intruders.append(procs.add(start_supernode(work, env, public, node, f"unauthorized-{j}", ca=ca,
                                                            key=key, max_wait=10)))
+            if outsider:
+                spare = key_paths[-1][1]  # a key pair nobody registered
+                verdicts = probe_as_outsider(work, public, ca, spare, app)
+                log(f"[deploy] outsider with ca.crt against {public}: {verdicts}")
             cmd = [venv_bin("flwr"), "run", str(app), CONNECTION, "--stream",
                    "--run-config", to_toml_assignments(overrides)]
             log(f"[deploy] flwr run {app.name} {CONNECTION} --stream --run-config '{to_toml_assignments(overrides)}'")
@@ -350,7 +305,7 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
     new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
     if not new_runs or not (new_runs[-1] / "summary.json").exists():
         raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see {work}")
-    return DeployResult(new_runs[-1], work, refused, leftovers, sorted(procs.seen))
+    return DeployResult(new_runs[-1], work, refused, leftovers, sorted(procs.seen), verdicts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -362,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP on loopback)")
     parser.add_argument("--no-auth", action="store_true", help="no SuperNode authentication")
     parser.add_argument("--unauthorized", type=int, default=0, help="also start K unregistered SuperNodes")
+    parser.add_argument("--outsider", action="store_true",
+                        help="also play an outsider with ca.crt: register a key, list runs, start a run (all refused)")
+    parser.add_argument("--public-host", default="127.0.0.1",
+                        help="interface of the fleet gateway SuperNodes connect to (the SuperLink stays on loopback)")
     parser.add_argument("--work-dir", type=Path, default=None, help="certificates, FLWR_HOME and logs")
     parser.add_argument("--app", type=Path, default=PROJECT_ROOT)
     parser.add_argument("--timeout", type=float, default=None, help="seconds before flwr run is stopped")
@@ -369,19 +328,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         res = deploy(args.supernodes, args.run_config, node_overrides=args.node_config, tls=not args.insecure,
                      auth=not args.no_auth, unauthorized=args.unauthorized, work_dir=args.work_dir, app=args.app,
-                     timeout=args.timeout)
+                     timeout=args.timeout, outsider=args.outsider, public_host=args.public_host)
     except ConfigError as exc:
         print(f"[deploy] configuration error: {exc}", file=sys.stderr)
         return 2
     except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
         print(f"[deploy] run failed: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("[deploy] interrupted; every started process was stopped", file=sys.stderr)
-        return 130
+        return 128 + (exc.signum if isinstance(exc, Interrupted) else 2)
     print(f"[deploy] results: {res.run_dir}")
     if res.refused:
         print(f"[deploy] refused by the SuperLink (unregistered keys): {', '.join(res.refused)}")
+    if res.outsider:
+        print(f"[deploy] outsider with ca.crt: {res.outsider}")
     print((res.run_dir / "summary.json").read_text(encoding="utf-8"))
     return 0
 

@@ -3,19 +3,23 @@
 :class:`GuardedClient` wraps every family's Flower ``Client`` (``fedapp/client_app.py``). On
 ``fit`` it, in order:
 
-1. restores ``Context.state`` from ``client-state-dir`` when this process starts a resumed run
-   with an empty state (:class:`fedapp.checkpoint.ClientStateStore`);
+1. restores ``Context.state`` from the client's journal when this process starts a resumed run
+   with an empty state, commits the journal up to the server's ``committed-round``, and looks for
+   a reply already released for this very request before a crash
+   (:class:`fedapp.client_state.ClientStateStore`; journal folder ``state-dir`` (node-config),
+   else ``client-state-dir``, else ``<output-dir>/.client-state``);
 2. refuses if this client already detected lost privacy state in this run;
 3. injects a fault when this client is among the ``fault-fraction`` failing this round:
    ``raise`` raises *before* training (no ε spent, the server records ``status="failed"``);
    ``timeout`` sleeps ``fault-delay`` seconds, then trains (ε is spent and counted by the
    client's accountant; the server, past ``round-timeout``, records ``failed``);
-4. runs the wrapped client's ``fit``;
+4. returns the replayed reply, if any (a repeat of a released output costs no privacy), else
+   runs the wrapped client's ``fit``;
 5. withholds the update and refuses when the reported cumulative ε is not above the server
    ledger's value for this client (the accountant was lost and restarted; see
-   :func:`fedapp.checkpoint.lost_accountant_reason`) — nothing computed on un-accounted state
+   :func:`fedapp.client_state.lost_accountant_reason`) — nothing computed on un-accounted state
    leaves the client, and every later round of this run is refused too;
-6. saves ``Context.state`` to ``client-state-dir``.
+6. journals the state after the round, the reply and the request digest (pending until committed).
 
 Privacy: the wrapper adds no mechanism; it guarantees that a failure or a restart never
 makes a client's reported (and enforced) ε smaller than what it actually spent.
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +49,21 @@ from flwr.common import (
     GetPropertiesRes,
     Parameters,
     Status,
+    log,
 )
 
-from fedapp.checkpoint import LINEAGE_CONFIG_KEY, ClientStateStore, ledger_epsilon, lost_accountant_reason
+from fedapp.client_state import (
+    COMMITTED_ROUND_KEY,
+    LINEAGE_CONFIG_KEY,
+    ClientStateStore,
+    fit_digest,
+    ledger_epsilon,
+    lost_accountant_reason,
+)
 from fedapp.config import ConfigError, RunConfig
 
 TAINT_KEY = "dpfl-privacy-state-lost"
+DEFAULT_STATE_SUBDIR = ".client-state"  # under output-dir, when no state dir is configured
 
 
 class InjectedFault(RuntimeError):
@@ -87,8 +101,9 @@ class GuardedClient(Client):
     """Wraps a family's ``Client``; see the module docstring for what ``fit`` adds."""
 
     def __init__(self, inner: Client, context: Context, cfg: RunConfig, client_id: int, num_clients: int,
-                 state_dir: str = "") -> None:
+                 state_dir: str = "", best_effort: bool = False) -> None:
         self.inner = inner
+        self.best_effort = best_effort  # a default state dir that cannot be written disables the journal
         self.ctx = context
         self.cfg = cfg
         self.client_id = client_id
@@ -110,10 +125,16 @@ class GuardedClient(Client):
         config = dict(ins.config)
         rnd = int(config.get("server-round", 0))
         lineage = str(config.get(LINEAGE_CONFIG_KEY, ""))
-        if self.store is not None and lineage:
-            self.store.restore(self.ctx.state, lineage)
+        journal = self.store if self.store is not None and lineage else None
+        replay = digest = None
+        if journal is not None:
+            committed = config.get(COMMITTED_ROUND_KEY)
+            journal.commit(lineage, int(committed) if committed is not None else rnd - 1)
+            journal.restore(self.ctx.state, lineage)
+            digest = fit_digest(ins)
+            replay = journal.replay(self.ctx.state, lineage, rnd, digest)
         ledger = ledger_epsilon(config, self.client_id)
-        if TAINT_KEY in self.ctx.state:
+        if replay is None and TAINT_KEY in self.ctx.state:
             reason = str(self.ctx.state[TAINT_KEY].get("reason", "privacy state lost earlier in this run"))
             return _refusal({"client_id": self.client_id, "status": "refused", "reason": reason,
                              **({"epsilon_spent": ledger} if ledger is not None else {})})
@@ -123,6 +144,8 @@ class GuardedClient(Client):
                 raise InjectedFault(f"injected fault: client_id={self.client_id} round={rnd} (fault-fraction="
                                     f"{fraction})")
             time.sleep(float(self.cfg["fault-delay"]))
+        if replay is not None:
+            return replay  # the very reply released for this request before a crash: no new privacy loss
         res = self.inner.fit(ins)
         metrics = dict(res.metrics)
         if metrics.get("status", "ok") == "ok":
@@ -131,9 +154,24 @@ class GuardedClient(Client):
                 self.ctx.state[TAINT_KEY] = ConfigRecord({"reason": reason, "round": rnd})
                 res = _refusal({"client_id": self.client_id, "status": "refused", "reason": reason,
                                 "epsilon_spent": float(ledger or 0.0)})
-        if self.store is not None and lineage:
-            self.store.save(self.ctx.state, lineage)
+        if journal is not None:
+            self._record(journal, lineage, rnd, digest or "", res)
         return res
+
+    def _record(self, journal: ClientStateStore, lineage: str, rnd: int, digest: str, res: FitRes) -> None:
+        try:
+            journal.record(self.ctx.state, lineage, rnd, digest, res)
+        except OSError as exc:
+            if not self.best_effort:
+                raise
+            log(WARNING, "client %d: cannot persist client state under %s (%s); continuing without it",
+                self.client_id, journal.root, exc)
+            self.store = None
+
+
+def default_state_dir(cfg: RunConfig) -> str:
+    """Where clients journal their state when neither ``client-state-dir`` nor ``state-dir`` is set."""
+    return str(Path(cfg["output-dir"]) / DEFAULT_STATE_SUBDIR)
 
 
 def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
@@ -147,4 +185,4 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
     if "dataset" in node and str(node["dataset"]) != cfg["dataset"]:
         raise ConfigError(f"node-config dataset {node['dataset']!r} differs from run-config dataset {cfg['dataset']!r}")
     state_dir = str(node.get("state-dir", "")) or cfg["client-state-dir"]
-    return GuardedClient(inner, context, cfg, cid, n, state_dir)
+    return GuardedClient(inner, context, cfg, cid, n, state_dir or default_state_dir(cfg), best_effort=not state_dir)

@@ -5,7 +5,9 @@ Uses the ``cryptography`` package only (no openssl binary)::
     python scripts/make_certs.py --out certs --hosts 127.0.0.1,localhost --supernodes 3
 
 writes ``certs/ca.crt`` (give it to every SuperNode and to ``flwr``: ``--root-certificates``),
-``certs/ca.key`` (keep offline), ``certs/server.pem`` + ``certs/server.key`` (the SuperLink's
+``certs-ca/ca.key`` (the CA private key, in a folder of its own — ``--ca-key-dir``, default ``<out>-ca`` —
+never in the folder the SuperLink reads; move it offline, or pass ``--ca-key-dir ''`` to discard it
+after signing), ``certs/server.pem`` + ``certs/server.key`` (the SuperLink's
 ``--ssl-certfile/--ssl-keyfile``, valid for every name in ``--hosts``) and, for each SuperNode
 ``i``, an EC P-384 key pair in OpenSSH format ``certs/supernode-i`` / ``certs/supernode-i.pub``
 (``flower-supernode --auth-supernode-private-key``; the ``.pub`` is what the operator
@@ -102,17 +104,26 @@ def make_supernode_keys(out: Path, name: str) -> tuple[Path, Path]:
 
 
 def make_all(out: str | os.PathLike, hosts: Sequence[str] = ("127.0.0.1", "localhost"), supernodes: int = 0,
-             days: int = 30) -> dict[str, Path]:
-    """Write CA, server certificate and ``supernodes`` key pairs under ``out``; returns their paths."""
+             days: int = 30, ca_key_dir: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Write CA certificate, server certificate and ``supernodes`` key pairs under ``out``; returns their paths.
+
+    The CA private key goes to ``ca_key_dir`` (which must not be ``out``), or nowhere when it is None:
+    it is only needed to sign, and must not sit next to what the SuperLink reads."""
     if supernodes < 0:
         raise ValueError(f"--supernodes must be >= 0, got {supernodes}")
     root = Path(out)
+    if ca_key_dir is not None and Path(ca_key_dir).resolve() == root.resolve():
+        raise ValueError(f"--ca-key-dir must differ from --out ({root}): the CA key does not belong next to the "
+                         "SuperLink's certificates")
     root.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = make_ca(days)
     srv_key, srv_cert = make_server_cert(ca_key, ca_cert, list(hosts), days)
-    paths = {"ca": root / "ca.crt", "ca_key": root / "ca.key", "cert": root / "server.pem", "key": root / "server.key"}
+    paths = {"ca": root / "ca.crt", "cert": root / "server.pem", "key": root / "server.key"}
     _write(paths["ca"], ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write(paths["ca_key"], _pem_key(ca_key), private=True)
+    if ca_key_dir is not None:
+        Path(ca_key_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        paths["ca_key"] = Path(ca_key_dir) / "ca.key"
+        _write(paths["ca_key"], _pem_key(ca_key), private=True)
     _write(paths["cert"], srv_cert.public_bytes(serialization.Encoding.PEM))
     _write(paths["key"], _pem_key(srv_key), private=True)
     for i in range(supernodes):
@@ -127,11 +138,19 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="comma-separated IPs/DNS names the SuperLink is reached at (certificate SAN)")
     parser.add_argument("--supernodes", type=int, default=0, help="number of SuperNode auth key pairs to create")
     parser.add_argument("--days", type=int, default=30, help="validity in days")
+    parser.add_argument("--ca-key-dir", default=None,
+                        help="folder for the CA private key (default: <out>-ca; '' = discard it after signing)")
     args = parser.parse_args(argv)
     hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    paths = make_all(args.out, hosts, args.supernodes, args.days)
+    ca_key_dir = f"{args.out.rstrip('/')}-ca" if args.ca_key_dir is None else (args.ca_key_dir or None)
+    paths = make_all(args.out, hosts, args.supernodes, args.days, ca_key_dir=ca_key_dir)
     for name, path in paths.items():
         print(f"{name:>16}: {path}")
+    if "ca_key" in paths:
+        print(f"\nThe CA private key is in {paths['ca_key']}: move it off the SuperLink host (offline storage); it is "
+              f"needed only to sign new certificates. The SuperLink reads only {args.out}/ca.crt, server.pem, server.key.")
+    else:
+        print("\nThe CA private key was discarded after signing: new certificates need a new CA.")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -10,9 +11,11 @@ import pytest
 
 from fedapp.checkpoint import (
     CHECKPOINT_FILE,
+    attach,
     check_resumable,
     load_checkpoint,
     save_checkpoint,
+    temp_path,
 )
 from fedapp.config import ConfigError, resolve_config
 from strategies.base import DPFLStrategy
@@ -49,24 +52,89 @@ def test_save_load_round_trip_is_atomic_and_pickle_free(tmp_path) -> None:
         assert "__json__" in npz.files
 
 
+def test_stale_temporary_file_is_removed_before_writing_and_on_resume(tmp_path, monkeypatch) -> None:
+    import fedapp.checkpoint as ckpt
+    from fedapp.client_state import ClientStateStore
+
+    target = tmp_path / CHECKPOINT_FILE
+    stale = temp_path(target)
+    assert stale.name == f".{CHECKPOINT_FILE}.tmp"
+    stale.write_bytes(b"")  # the 0-byte leftover of a write killed mid-way
+    opened: list[str] = []
+    real_open = open
+
+    def spy_open(file, mode="r", *args, **kwargs):
+        if Path(file) == stale:
+            opened.append(f"{mode}:{stale.exists()}")
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "open", spy_open, raising=False)  # only the checkpoint module's open is observed
+    save_checkpoint(target, {"state": {"round": 1}})
+    monkeypatch.delattr(ckpt, "open")
+    assert opened == ["wb:False"]  # the stale file was gone before the new one was written
+    assert sorted(p.name for p in tmp_path.iterdir()) == [CHECKPOINT_FILE]
+
+    stale.write_bytes(b"")  # on start of a resume the interrupted run's leftover goes too
+    cfg = resolve_config(overrides={"resume-from": str(tmp_path), "num-server-rounds": 3})
+    state = _strategy().state_dict()
+    state["round"] = 1
+    save_checkpoint(target, {"config": dict(cfg), "state": state, "rounds": [], "lineage": "x"})
+    stale.write_bytes(b"")
+    assert attach(_strategy(), cfg, None) == 2 and not stale.exists()
+
+    store = ClientStateStore(tmp_path / "clients", 4)  # client-side state: its own leftover on start
+    leftover = temp_path(store.path("runA") / "pending-3.npz")
+    leftover.parent.mkdir(parents=True)
+    leftover.write_bytes(b"")
+    other = temp_path(ClientStateStore(tmp_path / "clients", 5).path("runA") / "committed.npz")
+    other.parent.mkdir(parents=True)
+    other.write_bytes(b"x")  # another client's file in flight is not touched
+    assert store.restore({}, "runA") is False
+    assert not leftover.exists() and other.exists()
+
+
+def test_directory_is_fsynced_after_the_rename(tmp_path, monkeypatch) -> None:
+    import os
+    import stat
+
+    events: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd: int) -> None:
+        events.append("fsync-dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "fsync-file")
+        real_fsync(fd)
+
+    def replace(src, dst) -> None:
+        events.append("replace")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    save_checkpoint(tmp_path / CHECKPOINT_FILE, {"state": {"round": 1}})
+    assert events == ["fsync-file", "replace", "fsync-dir"]
+
+
 def test_strategy_state_round_trip_restores_weights_ledger_rng_and_family_state(tmp_path) -> None:
     a = _strategy()
     a.current_weights = [np.full((2, 2), 3.0, np.float32)]
-    a.ledger_epsilon = {0: 0.4, 3: 1.25}
-    a.node_clients = {11: 0, 17: 3}
+    a.ledger.charge(0, [(1.5, 0.1, 20)], 1e-5)
+    a.ledger.charge(3, [(1.0, 0.2, 30)], 1e-5)
+    a.identity.bind(11, 0)
+    a.identity.bind(17, 3)
+    a.strikes.add(3, "bad payload")
     a.shift[:] = [1, 2, 3, 4]
     a.rng.normal(size=7)  # advance
-    a.last_round = 2
+    a.round_log.last_round = 2
     save_checkpoint(tmp_path / "c.npz", {"state": a.state_dict()})
     b = _strategy()
     b.load_state_dict(load_checkpoint(tmp_path / "c.npz")["state"])
     np.testing.assert_array_equal(b.current_weights[0], a.current_weights[0])
-    assert b.ledger_epsilon == {0: 0.4, 3: 1.25} and b.round_offset == 2
-    assert b.node_clients == {11: 0, 17: 3}
+    assert b.ledger.epsilons() == a.ledger.epsilons() and b.round_offset == 2 and b.ledger.epsilon(3) > 0
+    assert b.identity.client_of == {11: 0, 17: 3} and b.strikes.strikes == {3: 1}
     np.testing.assert_array_equal(b.shift, [1, 2, 3, 4])
     np.testing.assert_array_equal(b.nested["arr"][0], np.arange(3))
     assert b.rng.normal() == a.rng.normal()  # the generator continues where it stopped
-    assert b._actual_round(1) == 3 and b._actual_round(0) == 0
+    assert b.actual_round(1) == 3 and b.actual_round(0) == 0
 
 
 class _Node:
@@ -79,13 +147,15 @@ def test_ledger_entry_is_per_node_once_the_node_is_known() -> None:
     from strategies.base import LEDGER_CONFIG_KEY
 
     a = _strategy()
-    assert LEDGER_CONFIG_KEY not in a._with_ledger({"server-round": 1}, _Node(11))  # empty ledger: no key
-    for node, cid, eps in ((11, 0, 0.4), (17, 3, 1.25), (19, 4, 0.9)):
-        a._ledger_update({"client_id": cid, "node_id": node, "epsilon_spent": eps})
-    assert json.loads(a._with_ledger({}, _Node(17))[LEDGER_CONFIG_KEY]) == {"3": 1.25}
-    assert json.loads(a._with_ledger({}, _Node(99))[LEDGER_CONFIG_KEY]) == {"0": 0.4, "3": 1.25, "4": 0.9}
-    a.node_clients[23] = 7  # known node, client without a ledger entry yet
-    assert LEDGER_CONFIG_KEY not in a._with_ledger({LEDGER_CONFIG_KEY: "{}"}, _Node(23))
+    assert LEDGER_CONFIG_KEY not in a.node_fit_config({"server-round": 1}, _Node(11))  # empty ledger: no key
+    for node, cid, steps in ((11, 0, 10), (17, 3, 20), (19, 4, 30)):
+        a.identity.bind(node, cid)
+        a.ledger.charge(cid, [(1.0, 0.1, steps)], 1e-5)
+    eps = {str(k): v for k, v in a.ledger.epsilons().items()}
+    assert json.loads(a.node_fit_config({}, _Node(17))[LEDGER_CONFIG_KEY]) == {"3": eps["3"]}
+    assert json.loads(a.node_fit_config({}, _Node(99))[LEDGER_CONFIG_KEY]) == eps
+    a.identity.bind(23, 7)  # known node, client without a ledger entry yet
+    assert LEDGER_CONFIG_KEY not in a.node_fit_config({LEDGER_CONFIG_KEY: "{}"}, _Node(23))
 
 
 def test_configure_fit_sends_each_known_node_only_its_own_ledger_entry() -> None:
@@ -111,11 +181,13 @@ def test_configure_fit_sends_each_known_node_only_its_own_ledger_entry() -> None
 
     a = _strategy()
     for node, cid in ((11, 0), (17, 3)):
-        a._ledger_update({"client_id": cid, "node_id": node, "epsilon_spent": 0.5 + cid})
+        a.identity.bind(node, cid)
+        a.ledger.charge(cid, [(1.0, 0.1, 10 + cid)], 1e-5)
+    e0, e3 = a.ledger.epsilon(0), a.ledger.epsilon(3)
     nodes = [_Node(11), _Node(17), _Node(99)]
     ins = a.configure_fit(1, ndarrays_to_parameters(a.current_weights), Manager(nodes))
     sent = {c.node_id: json.loads(fi.config[LEDGER_CONFIG_KEY]) for c, fi in ins}
-    assert sent == {11: {"0": 0.5}, 17: {"3": 3.5}, 99: {"0": 0.5, "3": 3.5}}
+    assert sent == {11: {"0": e0}, 17: {"3": e3}, 99: {"0": e0, "3": e3}}
 
 
 def test_load_state_dict_rejects_a_different_model() -> None:
@@ -171,7 +243,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path) -> None:
     assert a["state"]["round"] == b["state"]["round"] == 3
     for wa, wb in zip(a["state"]["weights"], b["state"]["weights"]):
         np.testing.assert_array_equal(wa, wb)
-    assert a["state"]["ledger_epsilon"] == b["state"]["ledger_epsilon"]
+    assert a["state"]["ledger"] == b["state"]["ledger"]
     ra, rb = read_rounds(full), read_rounds(resumed)
     assert _ledger(ra) == _ledger(rb)  # the same ε per client per round, the full ledger in the new folder
     assert [r["metrics"]["accuracy"] for r in ra] == [r["metrics"]["accuracy"] for r in rb]

@@ -12,7 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding
 
 from fedapp.config import ConfigError, resolve_config
-from fedapp.deploy import node_config_arg, node_configs, parse_node_config, simulation_backend, validate_nodes
+from fedapp.deploy import node_config_arg, node_configs, parse_node_config, validate_nodes
+from fedapp.processes import simulation_backend
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +88,12 @@ def test_tls_authenticated_federation_of_three_supernodes(tmp_path) -> None:
     res = deploy(3, f"strategy='robust-hdp' num-server-rounds=2 max-samples=300 batch-size=16 "
                     f"fraction-evaluate=0.0 output-dir='{out}'",
                  node_overrides=["0:epsilon=0.8 dataset='digits'"], unauthorized=1, work_dir=tmp_path / "work",
-                 timeout=900, log=lambda *_: None)
+                 timeout=900, outsider=True, log=lambda *_: None)
+    # the outsider holds only ca.crt and the public (gateway) address: each Control API action is refused ...
+    assert res.outsider == {"register": "refused", "ls": "refused", "run": "refused"}, res.outsider
+    assert "403" in (res.work_dir / "outsider-register.log").read_text() or "not served" in (
+        res.work_dir / "outsider-register.log").read_text()
+    assert not list((res.work_dir / "certs").glob("ca.key")) and not list(res.work_dir.rglob("ca.key"))
     assert res.run_dir.parent == out
     summary = json.loads((res.run_dir / "summary.json").read_text())
     assert summary["finished"] and summary["rounds_completed"] == 2
@@ -106,4 +112,14 @@ def test_tls_authenticated_federation_of_three_supernodes(tmp_path) -> None:
     assert res.leftover_pids == []
     alive = [pid for pid in res.pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"processes left running: {alive}"
-    assert len(res.pids) >= 5  # SuperLink + 3 SuperNodes + intruder at least
+    assert len(res.pids) >= 6  # SuperLink + gateway + 3 SuperNodes + intruder at least
+
+
+def test_fleet_gateway_forwards_only_the_fleet_api() -> None:
+    from fedapp.fleet_gateway import allowed
+
+    assert allowed("POST", "/v1/fleet/pull-messages") and allowed("GET", "/health")
+    for method, path in (("POST", "/v1/control/start-run"), ("POST", "/v1/control/list-runs"),
+                         ("POST", "/v1/control/register-supernode"), ("POST", "/v1/runtime/x"),
+                         ("GET", "/v1/fleet/pull-messages"), ("POST", "/v1/fleetx")):
+        assert not allowed(method, path), (method, path)

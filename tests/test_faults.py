@@ -13,8 +13,8 @@ from flwr.common import Code, Context, FitIns, FitRes, RecordDict, Status, ndarr
 
 from fedapp.config import ConfigError, resolve_config
 from fedapp.faults import TAINT_KEY, InjectedFault, check_fault_config, failing_clients, guard_client
-from strategies.accounting import epsilon_of
 from strategies.base import LEDGER_CONFIG_KEY
+from strategies.privacy.accountants import epsilon_of
 
 
 def test_failing_clients_exact_fraction_deterministic_and_varying() -> None:
@@ -171,7 +171,7 @@ def test_family_strategies_aggregate_the_returned_subset(name: str) -> None:
     _, test = load_dataset("digits", "")
     weights = get_weights(make_model(cfg, test))
     strat = get_spec(name).strategy_factory()(cfg, StrategyContext(initial_weights=weights))
-    strat._pending = {"round": 1, "metrics": {}, "clients": []}
+    strat.round_log.start(1)
     rng = np.random.default_rng(0)
     results = []
     for cid in (0, 1, 3):
@@ -182,8 +182,88 @@ def test_family_strategies_aggregate_the_returned_subset(name: str) -> None:
                                                              50, metrics)))
     failure = ValueError("Message contains an Error (reason: InjectedFault:<injected fault: client_id=2 round=1>)")
     strat.aggregate_fit(1, results, [failure])
-    recs = strat._pending["clients"]
+    recs = strat.round_log.clients()
     assert sorted((r["client_id"], r["status"]) for r in recs) == [(0, "ok"), (1, "ok"), (2, "failed"), (3, "ok")]
-    assert strat._pending["metrics"]["clients_ok"] == 3 and strat._pending["metrics"]["clients_failed"] == 1
+    assert strat.round_log.metrics()["clients_ok"] == 3 and strat.round_log.metrics()["clients_failed"] == 1
     assert math.isclose(sum(r["aggregation_weight"] for r in recs if r["status"] == "ok"), 1.0, rel_tol=1e-9)
     assert any(np.any(a != b) for a, b in zip(weights, strat.current_weights))
+
+
+# ----------------------------------------------------------------------------- crash-consistent client journal (#17)
+def _journal_ins(rnd: int, weights: float, committed: int | None) -> FitIns:
+    config = {"server-round": rnd, "run-lineage": "runJ"}
+    if committed is not None:
+        config["committed-round"] = committed
+    return FitIns(ndarrays_to_parameters([np.full(2, weights, np.float32)]), config)
+
+
+def _journal_client(tmp_path, ctx: Context | None = None):
+    from flwr.common import ConfigRecord
+
+    ctx = ctx or _ctx()
+    cfg = resolve_config(overrides={"client-state-dir": str(tmp_path)})
+    inner = FakeClient(ctx)
+    ctx.state["dp2-head"] = ctx.state["dp2-head"] if "dp2-head" in ctx.state else ConfigRecord({"r": 0})
+    real_fit = inner.fit
+
+    def fit(ins: FitIns) -> FitRes:  # training state moves with every round it trains
+        ctx.state["dp2-head"] = ConfigRecord({"r": int(ins.config["server-round"])})
+        return real_fit(ins)
+
+    inner.fit = fit
+    return guard_client(inner, ctx, cfg), inner, ctx
+
+
+def test_journal_replays_released_rounds_and_keeps_the_spend_of_discarded_ones(tmp_path) -> None:
+    """Rounds 1-3 trained, the server committed round 1 only (then crashed): a resume that asks round 2
+    with the same model gets the very same reply (no new ε); one that asks with another model trains
+    afresh from the committed training state, but its accountant keeps the released rounds' spend."""
+    from fedapp.client_state import TRAINING_RECORDS
+
+    client, inner, ctx = _journal_client(tmp_path)
+    replies = [client.fit(_journal_ins(r, float(r), committed=r - 1 if r < 3 else 1)) for r in (1, 2, 3)]
+    folder = tmp_path / "runJ" / "client-2"
+    assert sorted(p.name for p in folder.iterdir()) == ["committed.npz", "pending-2.npz", "pending-3.npz"]
+
+    same, inner2, fresh = _journal_client(tmp_path, Context(run_id=2, node_id=9, node_config=ctx.node_config,
+                                                              state=RecordDict(), run_config={}))
+    again = same.fit(_journal_ins(2, 2.0, committed=1))  # resumed from the round-1 checkpoint
+    assert inner2.calls == 0 and again.metrics == replies[1].metrics
+    assert again.parameters.tensors == replies[1].parameters.tensors
+    assert fresh.state["acct"]["rounds"] == 2 and fresh.state["dp2-head"]["r"] == 2  # state of round 2
+    third = same.fit(_journal_ins(3, 3.0, committed=2))
+    assert inner2.calls == 0 and third.metrics["epsilon_spent"] == replies[2].metrics["epsilon_spent"]
+
+    other, inner3, ctx3 = _journal_client(tmp_path / "x")
+    for r in (1, 2, 3):
+        other.fit(_journal_ins(r, float(r), committed=r - 1 if r < 3 else 1))
+    diverged, inner4, ctx4 = _journal_client(tmp_path / "x", Context(run_id=3, node_id=9, node_config=ctx.node_config,
+                                                                      state=RecordDict(), run_config={}))
+    res = diverged.fit(_journal_ins(2, 7.0, committed=1))  # a different model: the old round 2 is void
+    assert inner4.calls == 1 and res.metrics["status"] == "ok"
+    assert res.metrics["epsilon_spent"] == 0.25 * 4  # rounds 1, 2, 3 released + this one: never rolled back
+    assert ctx4.state["dp2-head"]["r"] == 2 and "dp2-head" in TRAINING_RECORDS  # training state: committed + 1
+    names = sorted(p.name for p in (tmp_path / "x" / "runJ" / "client-2").iterdir())
+    assert names == ["committed.npz", "pending-2.npz"]  # round 3's entry is void; its spend lives in round 2's
+
+
+def test_training_records_name_the_families_state_keys() -> None:
+    from fedapp.client_state import _VOLATILE_KEYS, TRAINING_RECORDS
+    from fedapp.clients.dp2_fedsam import HEAD_KEY
+    from fedapp.clients.soteriafl import ARRAYS_KEY
+
+    assert TRAINING_RECORDS == {HEAD_KEY, ARRAYS_KEY} and LEDGER_CONFIG_KEY in _VOLATILE_KEYS
+
+
+def test_default_state_dir_lives_under_the_output_dir(tmp_path) -> None:
+    cfg = resolve_config(overrides={"output-dir": str(tmp_path / "out")})
+    ctx = _ctx()
+    client = guard_client(FakeClient(ctx), ctx, cfg)
+    client.fit(_ins(1, lineage="runD"))
+    assert (tmp_path / "out" / ".client-state" / "runD" / "client-2" / "pending-1.npz").is_file()
+    blocked = tmp_path / "file"
+    blocked.write_text("")  # not a folder: the default journal is best effort, an explicit one is not
+    ctx = _ctx()
+    res = guard_client(FakeClient(ctx), ctx, resolve_config(overrides={"output-dir": str(blocked / "o")})).fit(
+        _ins(1, lineage="runD"))
+    assert res.metrics["status"] == "ok"
