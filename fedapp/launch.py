@@ -113,7 +113,8 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
                            f"{flwr_home}/superlink-{port}.log")
     summary = json.loads((new_runs[-1] / "summary.json").read_text(encoding="utf-8"))
     if not summary.get("finished"):
-        raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds; partial "
+        why = f" ({summary['stopped_reason']})" if summary.get("stopped_reason") else ""
+        raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds{why}; partial "
                            f"results in {new_runs[-1]}, server log {flwr_home}/superlink-{port}.log")
     return new_runs[-1]
 

@@ -210,7 +210,7 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
 def _data_independent_step(model: nn.Module, params: list[torch.Tensor], lr: float) -> None:
     """A plain step on the model's data-independent regularizer (its gradient costs no privacy)."""
     reg = _regularization(model)
-    if reg is None:
+    if reg is None or not reg.requires_grad:  # e.g. λ = 0: a constant, nothing to step on
         return
     grads = torch.autograd.grad(reg, params)
     with torch.no_grad():

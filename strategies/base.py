@@ -495,7 +495,7 @@ class DPFLStrategy(Strategy):
         """The server's ε into every record; a disagreeing client report is flagged."""
         for rec in records:
             cid = rec.get("client_id")
-            if cid is None or rec.get("status") == "failed" and cid not in self.ledger.histories:
+            if cid is None or not self.ledger.charged(cid):  # non-private: no ε at all, which is not ε = 0
                 continue
             rec["epsilon_spent"] = self.ledger.epsilon(cid)
             note = self.ledger.mismatch(cid, rec.get("client_epsilon_spent")) if rec.get("status") == "ok" else None

@@ -70,6 +70,10 @@ class PrivacyLedger:
             return 0.0
         return epsilon_of(self.population, self.population_delta, self.accountant)
 
+    def charged(self, client_id: int) -> bool:
+        """Whether any mechanism was charged to the client (False: no privacy accounting, not ε = 0)."""
+        return bool(self.population or self.histories.get(client_id))
+
     def epsilons(self) -> dict[int, float]:
         return {cid: self.epsilon(cid) for cid in sorted(self.histories)}
 

@@ -1,0 +1,216 @@
+"""Seeded sweeps: one command runs a grid of run-configs through the same path as ``flwr run``.
+
+A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
+
+    [sweep]
+    name = "robust-hdp-table12"
+    paper = "Robust-HDP Table 12"           # what is reproduced
+    paper-scale = "20 clients x 2400 samples, 200 rounds"
+    num-supernodes = 20
+    base = "configs/main.toml"              # optional run-config file the cells start from
+    tune = ["lr"]                           # keys chosen per group on the clients' validation split
+
+    [sweep.config]                          # run-config shared by every cell
+    num-server-rounds = 40
+
+    [sweep.grid]                            # the cartesian product of these lists is the set of cells
+    strategy = ["robust-hdp", "weiavg"]
+    seed = [1, 2, 3]
+
+    [[sweep.claims]]                        # verdicts for fedapp.report
+    text = "Robust-HDP beats WeiAvg"
+    metric = "final_accuracy"
+    better = { strategy = "robust-hdp" }
+    worse = { strategy = "weiavg" }
+
+    [scales.quick]                          # named overrides of [sweep] / [sweep.config] / [sweep.grid]
+    config = { max-samples = 6000 }
+
+``python -m fedapp.sweep FILE [--scale quick] [--parallel 2] [--out DIR]`` runs every cell with
+:func:`fedapp.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
+``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes). A
+finished cell is skipped when the sweep runs again, so an interrupted sweep resumes. ``--engine
+inprocess`` drives the same server and client components in this process (no transport; faster, for
+notebooks and tests); it cannot run SecAgg+.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from fedapp.config import ConfigError, resolve_config
+from fedapp.results import write_json_atomic
+
+ENGINES = ("flwr", "inprocess")
+
+
+@dataclass
+class Sweep:
+    """A parsed sweep file at one scale."""
+
+    name: str
+    path: Path
+    num_supernodes: int
+    config: dict[str, Any]
+    grid: dict[str, list[Any]]
+    tune: list[str] = field(default_factory=list)
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def cells(self) -> list[dict[str, Any]]:
+        """Every combination of the grid, in file order."""
+        keys = list(self.grid)
+        return [dict(zip(keys, values)) for values in itertools.product(*(self.grid[k] for k in keys))]
+
+
+def cell_id(assignments: Mapping[str, Any]) -> str:
+    """A short stable id of a cell's assignments (its results folder name)."""
+    blob = json.dumps(dict(sorted(assignments.items())), sort_keys=True, default=str).encode()
+    readable = "_".join(f"{k}={v}" for k, v in assignments.items() if k in ("strategy", "seed"))
+    return f"{readable}_{hashlib.sha1(blob).hexdigest()[:8]}".replace("/", "-")
+
+
+def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
+    """Parse and validate a sweep file; every cell's run-config is resolved before anything runs."""
+    path = Path(path)
+    doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    if "sweep" not in doc:
+        raise ConfigError(f"{path}: no [sweep] table")
+    sw = dict(doc["sweep"])
+    config, grid = dict(sw.pop("config", {})), dict(sw.pop("grid", {}))
+    claims = list(sw.pop("claims", []))
+    if scale is not None:
+        scales = dict(doc.get("scales", {}))
+        if scale not in scales:
+            raise ConfigError(f"{path}: no scale {scale!r}; scales: {sorted(scales)}")
+        over = dict(scales[scale])
+        config.update(over.pop("config", {}))
+        grid.update(over.pop("grid", {}))
+        sw.update(over)
+    base = sw.pop("base", "")
+    if base:
+        base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
+        if not base_path.is_file():
+            base_path = Path(base)
+        config = {**tomllib.loads(base_path.read_text(encoding="utf-8")), **config}
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{path}: [sweep.grid] {key!r} must be a non-empty list, got {values!r}")
+    sweep = Sweep(name=str(sw.pop("name", path.stem)), path=path, num_supernodes=int(sw.pop("num-supernodes", 10)),
+                  config=config, grid=grid, tune=list(sw.pop("tune", [])), claims=claims,
+                  meta={**sw, "scale": scale or "default"})
+    for t in sweep.tune:
+        if t not in grid:
+            raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] key")
+    for cell in sweep.cells():
+        resolve_config(None, {**config, **cell})  # ConfigError names the key before anything runs
+    return sweep
+
+
+# ----------------------------------------------------------------------------- running
+class Index:
+    """``index.json``: the sweep, and per cell its assignments, status, results folder and summary."""
+
+    def __init__(self, out: Path, sweep: Sweep) -> None:
+        self.path = out / "index.json"
+        self.lock = threading.Lock()
+        old = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        self.doc = {"sweep": sweep.name, "file": str(sweep.path), "meta": sweep.meta, "num_supernodes":
+                    sweep.num_supernodes, "config": sweep.config, "grid": sweep.grid, "tune": sweep.tune,
+                    "claims": sweep.claims, "cells": dict(old.get("cells", {}))}
+
+    def done(self, cid: str) -> bool:
+        cell = self.doc["cells"].get(cid, {})
+        return cell.get("status") == "finished" and Path(cell.get("run_dir", "")).joinpath("summary.json").is_file()
+
+    def record(self, cid: str, entry: dict[str, Any]) -> None:
+        with self.lock:
+            self.doc["cells"][cid] = entry
+            write_json_atomic(self.path, self.doc)
+
+
+def _run_cell(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str) -> Path:
+    cid = cell_id(cell)
+    overrides = {**sweep.config, **cell, "output-dir": str(out / "cells" / cid), "run-name": cid}
+    if engine == "inprocess":
+        from fedapp.notebook_utils import run_federation
+
+        return run_federation(overrides, num_clients=sweep.num_supernodes)
+    from fedapp.launch import run
+    from fedapp.processes import to_toml_assignments
+
+    return run(sweep.num_supernodes, to_toml_assignments(overrides), flwr_home=out / ".flwr" / cid)
+
+
+def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr",
+              only: Mapping[str, Any] | None = None) -> Path:
+    """Run every unfinished cell (``only``: those matching these assignments); returns ``index.json``."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    index = Index(out, sweep)
+    todo = [c for c in sweep.cells() if not index.done(cell_id(c))
+            and all(c.get(k) == v for k, v in (only or {}).items())]
+    print(f"[sweep] {sweep.name}: {len(sweep.cells())} cells, {len(todo)} to run, {parallel} at a time", flush=True)
+
+    def one(cell: dict[str, Any]) -> None:
+        cid, start = cell_id(cell), time.time()
+        index.record(cid, {"assignments": cell, "status": "running"})
+        try:
+            run_dir = _run_cell(sweep, cell, out, engine)
+        except Exception as exc:  # noqa: BLE001 — one failing cell is recorded; the others still run
+            index.record(cid, {"assignments": cell, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                               "seconds": time.time() - start})
+            print(f"[sweep] {cid}: FAILED {exc}", file=sys.stderr, flush=True)
+            return
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        index.record(cid, {"assignments": cell, "status": "finished" if summary.get("finished") else "stopped",
+                           "run_dir": str(run_dir), "summary": summary, "seconds": time.time() - start})
+        print(f"[sweep] {cid}: final accuracy {summary.get('final_accuracy')} ({time.time() - start:.0f}s)", flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        list(pool.map(one, todo))
+    return index.path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a sweep file's grid of run-configs (resumable).")
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--scale", default=None, help="a [scales.<name>] table of the file, e.g. quick or paper")
+    parser.add_argument("--out", type=Path, default=None, help="sweep folder (default results/sweeps/<name>-<scale>)")
+    parser.add_argument("--parallel", type=int, default=1, help="cells at a time (each uses its own SuperLink)")
+    parser.add_argument("--engine", choices=ENGINES, default="flwr")
+    parser.add_argument("--report", action="store_true", help="write the report when the sweep is done")
+    args = parser.parse_args(argv)
+    try:
+        sweep = load_sweep(args.file, args.scale)
+    except ConfigError as exc:
+        print(f"[sweep] configuration error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out or Path("results") / "sweeps" / f"{sweep.name}-{sweep.meta['scale']}"
+    index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine)
+    if args.report:
+        from fedapp.report import write_report
+
+        print(f"[sweep] report: {write_report(index)}")
+    doc = json.loads(index.read_text(encoding="utf-8"))
+    failed = [cid for cid, c in doc["cells"].items() if c.get("status") != "finished"]
+    print(f"[sweep] index: {index}; {len(doc['cells']) - len(failed)} finished, {len(failed)} not")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
