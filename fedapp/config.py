@@ -36,6 +36,7 @@ class Key:
     expect: str = ""  # human-readable constraint used in error messages
     choices: tuple[str, ...] | None = None
     section: str = "general"
+    prefix: str = ""  # values starting with it are accepted besides the choices (dataset = 'hf:...')
 
 
 def _positive(v: Any) -> bool:
@@ -61,14 +62,16 @@ def _prob(v: Any) -> bool:
 _KEYS: list[Key] = [
     # --- general -------------------------------------------------------------------
     Key("strategy", str, "dpsgd-fedavg", "Strategy from the registry (`fedapp.registry`)."),
-    Key("dataset", str, "digits", "Dataset: digits (embedded), mnist, fmnist, cifar10, cifar100, a9a.", choices=DATASETS),
-    Key("data-dir", str, "", "Folder holding torchvision/LIBSVM data (e.g. ../shared/data). Required except for digits."),
+    Key("dataset", str, "digits", "Dataset: a name listed here (digits is embedded) or `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/hf_data.py`; needs an explicit `model`).",
+        choices=DATASETS, prefix="hf:"),
+    Key("data-dir", str, "", "Folder holding torchvision/LIBSVM data (e.g. ../shared/data). Required except for digits and hf: datasets (for which it is the base of relative folders and the Hub download cache)."),
     Key("model", str, "auto", "Model name (`fedapp.models.MODELS`); auto = the dataset's default."),
     Key("num-server-rounds", int, 3, "Number of federated rounds E.", _positive, "> 0"),
     Key("seed", int, 42, "Seed for partitions, privacy profiles and model init (not DP noise or client sampling, see seeded-noise).", _nonneg, ">= 0"),
     Key("seeded-noise", bool, False, "Derive DP noise and Poisson sampling from the run seed: reproducible for tests/benchmarks, but a server that knows the seed can remove the noise, which voids the guarantee. Default: OS entropy."),
     Key("output-dir", str, "results", "Results root; each run writes a new subfolder."),
     Key("run-name", str, "", "Optional prefix of the run's results subfolder."),
+    Key("tensorboard", bool, False, "Also write per-round scalars (accuracy, loss, per-client ε and uplink bytes) as TensorBoard event files in the run's `tensorboard/` subfolder."),
     Key("device", str, "auto", "Training device: auto (CUDA when available), cpu or cuda.", choices=("auto", "cpu", "cuda")),
     Key("num-clients", int, 0, "Expected number of clients (0 = all that connect); simulation uses num-supernodes.", _nonneg, ">= 0"),
     Key("min-available-clients", int, 2, "Server waits for this many clients; a federation needs at least 2.", lambda v: v >= 2, ">= 2"),
@@ -145,7 +148,7 @@ _KEYS: list[Key] = [
     # --- deployment: checkpoint/resume, faults, minimum clients (issue 7) ---------------
     Key("resume-from", str, "", "Checkpoint (checkpoint.npz or its run folder) to continue; the resumed run writes a new folder with the full ledger.", section="deployment"),
     Key("checkpoint-every", int, 1, "Write checkpoint.npz (atomic) every this many rounds and after the last (0 = never).", _nonneg, ">= 0", section="deployment"),
-    Key("client-state-dir", str, "", "Folder where clients persist their Context.state (accountants, shifts, heads) per run lineage, so a resumed run continues them ('' = off).", section="deployment"),
+    Key("client-state-dir", str, "", "Folder where clients journal their Context.state (accountants, shifts, heads) per run lineage and round, so a resumed run continues from the last committed round ('' = <output-dir>/.client-state).", section="deployment"),
     Key("fault-fraction", float, 0.0, "Fraction of clients that fail each round (chosen by seed and round; fault injection for tests).", _fraction, "in [0, 1)", section="deployment"),
     Key("fault-mode", str, "raise", "How an injected fault fails: raise (exception before training) or timeout (sleep fault-delay, then train).", choices=("raise", "timeout"), section="deployment"),
     Key("fault-delay", float, 30.0, "Seconds a timing-out client sleeps (set above round-timeout).", _positive, "> 0", section="deployment"),
@@ -195,8 +198,10 @@ def _coerce(key: Key, value: Any) -> Any:
 
 def check_value(key: Key, value: Any) -> Any:
     value = _coerce(key, value)
-    if key.choices is not None and value not in key.choices:
-        raise ConfigError(f"run-config {key.name!r} = {value!r} is not one of {list(key.choices)}")
+    open_value = bool(key.prefix) and value.startswith(key.prefix) and len(value) > len(key.prefix)
+    if key.choices is not None and value not in key.choices and not open_value:
+        extra = f" or {key.prefix}..." if key.prefix else ""
+        raise ConfigError(f"run-config {key.name!r} = {value!r} is not one of {list(key.choices)}{extra}")
     if key.check is not None and not key.check(value):
         raise ConfigError(f"run-config {key.name!r} = {value!r} is invalid: must be {key.expect}")
     return value
@@ -251,7 +256,12 @@ def validate_cross_fields(cfg: RunConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("run-config 'device' = 'cuda' but no CUDA device is available here (use 'auto' or 'cpu')")
-    if cfg["dataset"] != "digits":
+    if cfg["dataset"].startswith("hf:"):
+        if cfg["model"] == "auto":
+            raise ConfigError(f"dataset {cfg['dataset']!r} has no default model: set run-config 'model'")
+        if cfg["data-dir"] and not os.path.isdir(cfg["data-dir"]):
+            raise ConfigError(f"run-config 'data-dir' = {cfg['data-dir']!r} is not a folder (dataset {cfg['dataset']!r})")
+    elif cfg["dataset"] != "digits":
         data_dir = cfg["data-dir"]
         if not data_dir:
             raise ConfigError(f"dataset {cfg['dataset']!r} needs run-config 'data-dir' (a readable folder), got ''")

@@ -1,4 +1,4 @@
-"""Datasets as in-memory arrays: digits (embedded), torchvision image sets, LIBSVM a9a.
+"""Datasets as in-memory arrays: digits (embedded), torchvision image sets, LIBSVM a9a, Hugging Face (``hf:``).
 
 Each loader returns ``(train, test)`` :class:`ArrayDataset` s; the test split is the
 server's held-out set for centralized evaluation, the train split is partitioned among
@@ -130,4 +130,9 @@ def load_dataset(name: str, data_dir: str = "") -> tuple[ArrayDataset, ArrayData
     if name == "a9a":
         train_path, test_path = _a9a_paths(data_dir)
         return read_libsvm(train_path), read_libsvm(test_path)
-    raise ConfigError(f"unknown dataset {name!r}; valid: digits, mnist, fmnist, cifar10, cifar100, a9a")
+    if name.startswith("hf:"):  # a Hugging Face dataset (fedapp.hf_data documents the syntax)
+        from fedapp.hf_data import load_hf
+
+        train, test = load_hf(name, data_dir)
+        return ArrayDataset(*train), ArrayDataset(*test)
+    raise ConfigError(f"unknown dataset {name!r}; valid: digits, mnist, fmnist, cifar10, cifar100, a9a, hf:<name>")

@@ -1,35 +1,80 @@
 """Partitioners, deterministic by seed: IID, shards (McMahan), pathological, Dirichlet.
 
 Each returns one index array per client over the training pool; partitions are disjoint.
-:func:`train_test_split_local` then keeps a fraction of each client's indices as its
-local test split. Written here (not flwr-datasets) because flwr-datasets partitioners
-operate on Hugging Face ``Dataset`` objects, not on in-memory arrays, offline.
+IID, pathological and Dirichlet come from flwr-datasets: the pool's labels go into an
+in-memory ``datasets.Dataset`` (rows in a seeded random order, with an ``index`` column
+carrying each row's position in the pool) and the partitioner's rows map back through it.
+McMahan's shards stay hand-written (see :func:`shards`). :func:`train_test_split_local`
+then keeps a fraction of each client's indices as its local test split.
 """
 
 from __future__ import annotations
 
+import warnings
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from fedapp.config import ConfigError
+
+if TYPE_CHECKING:
+    import datasets
+    from flwr_datasets.partitioner import Partitioner
+
+PARTITION_ATTEMPTS = 10  # Dirichlet: fresh partitioner seeds tried (each redraws up to 11 times itself)
 
 
 def _rng(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, stream])
 
 
+def _seed(seed: int, stream: int) -> int:
+    """A 32-bit seed for a flwr-datasets partitioner, derived from the run seed and a stream id."""
+    return int(np.random.SeedSequence([seed, stream]).generate_state(1)[0])
+
+
+def label_dataset(labels: np.ndarray, seed: int, stream: int, rank: np.ndarray | None = None) -> datasets.Dataset:
+    """The pool's labels as an in-memory ``datasets.Dataset`` in a seeded random row order.
+
+    Columns: ``label``, ``index`` (the row's position in the pool) and, when given, ``rank``
+    (a per-row key to partition by instead of the label). The random order makes the
+    within-class splits of flwr-datasets' partitioners (contiguous in row order) random.
+    """
+    from datasets import Dataset
+
+    perm = _rng(seed, stream).permutation(len(labels))
+    columns = {"label": np.asarray(labels)[perm], "index": perm}
+    if rank is not None:
+        columns["rank"] = np.asarray(rank)[perm]
+    return Dataset.from_dict(columns)
+
+
+def _indices(partitioner: Partitioner, num_clients: int) -> list[np.ndarray]:
+    """Pool indices of every partition of an (already assigned) flwr-datasets partitioner."""
+    return [np.sort(np.asarray(partitioner.load_partition(i)["index"], dtype=np.int64)) for i in range(num_clients)]
+
+
 def iid(labels: np.ndarray, num_clients: int, seed: int) -> list[np.ndarray]:
-    """Shuffle and cut into ``num_clients`` near-equal parts."""
-    perm = _rng(seed, 101).permutation(len(labels))
-    return [np.sort(p) for p in np.array_split(perm, num_clients)]
+    """flwr-datasets ``IidPartitioner`` over the seeded row order: ``num_clients`` near-equal random parts."""
+    from flwr_datasets.partitioner import IidPartitioner
+
+    part = IidPartitioner(num_partitions=num_clients)
+    part.dataset = label_dataset(labels, seed, 101)
+    return _indices(part, num_clients)
 
 
 def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: int) -> list[np.ndarray]:
-    """McMahan et al. (2017) sharding, as in Robust-HDP App. B.1.
+    """McMahan et al. (2017) sharding, as in Robust-HDP App. B.1 (hand-written).
 
     Sort by label (ties in random order), cut into ``num_clients · shards_per_client``
-    equal contiguous shards, give each client ``shards_per_client`` random shards. With
+    near-equal contiguous shards, give each client ``shards_per_client`` random shards. With
     balanced classes and 16 shards per class × 10 classes for 20 clients × 8 shards this is
     exactly the paper's split: no client sees more than 8 classes, all get equal sizes.
+
+    Not flwr-datasets' ``ShardPartitioner`` (checked in 0.6.1): given ``num_shards_per_partition``
+    it uses shards of ``floor(N / (n·s))`` samples and drops the remaining ``N mod (n·s)``, so the
+    partitions would not cover the pool; here shard sizes differ by at most one and every sample
+    is assigned. When ``n·s`` divides ``N`` both give the same label structure (tests check this).
     """
     rng = _rng(seed, 102)
     n_shards = num_clients * shards_per_client
@@ -42,49 +87,53 @@ def shards(labels: np.ndarray, num_clients: int, shards_per_client: int, seed: i
 
 
 def pathological(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
-    """N clients with S classes each (DP2-FedSAM / FedRep style), disjoint samples.
+    """N clients with exactly S classes each (DP2-FedSAM / FedRep style), disjoint samples.
 
-    Client i gets classes ``(i + j) mod C`` for a random class offset ordering, so each
-    class is held by about ``N·S / C`` clients; each class's samples are split equally
-    among its holders.
+    flwr-datasets ``PathologicalPartitioner`` in its ``deterministic`` mode, applied to the
+    classes in a seeded random order π: client i holds classes π((i + j) mod C), j < S, so each
+    class is held by about ``N·S / C`` clients and its samples are split equally (at random)
+    among its holders. Classes no client holds (when N + S − 1 < C) stay unused.
     """
+    from flwr_datasets.partitioner import PathologicalPartitioner
+
     classes = np.unique(labels)
     num_classes = len(classes)
     if not 1 <= classes_per_client <= num_classes:
         raise ConfigError(f"pathological: classes-per-client = {classes_per_client} must be in 1..{num_classes}")
-    rng = _rng(seed, 103)
-    class_order = rng.permutation(classes)
-    holders: dict[int, list[int]] = {int(c): [] for c in classes}
-    client_classes = []
-    for i in range(num_clients):
-        mine = [int(class_order[(i * classes_per_client + j) % num_classes]) for j in range(classes_per_client)]
-        client_classes.append(mine)
-        for c in mine:
-            holders[c].append(i)
-    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for c, owners in holders.items():
-        if not owners:
-            continue
-        idx = rng.permutation(np.flatnonzero(labels == c))
-        for owner, chunk in zip(owners, np.array_split(idx, len(owners))):
-            parts[owner].append(chunk)
-    return [np.sort(np.concatenate(p)) if p else np.empty(0, dtype=np.int64) for p in parts]
+    class_order = _rng(seed, 103).permutation(num_classes)  # rank of each class (sorted) in π
+    rank = class_order[np.searchsorted(classes, labels)]
+    part = PathologicalPartitioner(num_partitions=num_clients, partition_by="rank",
+                                   num_classes_per_partition=classes_per_client,
+                                   class_assignment_mode="deterministic", shuffle=False, seed=_seed(seed, 103))
+    part.dataset = label_dataset(labels, seed, 103, rank=rank)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # "classes will NOT be used": documented above
+            return _indices(part, num_clients)
+    except ValueError as exc:
+        raise ConfigError(f"pathological: {num_clients} clients × {classes_per_client} classes: {exc}") from None
 
 
 def dirichlet(labels: np.ndarray, num_clients: int, alpha: float, seed: int, min_size: int = 2) -> list[np.ndarray]:
-    """Label proportions per client ~ Dirichlet(α) (Hsu et al. 2019); redraws until every client has ``min_size``."""
-    rng = _rng(seed, 104)
-    classes = np.unique(labels)
-    for _attempt in range(100):
-        parts: list[list[int]] = [[] for _ in range(num_clients)]
-        for c in classes:
-            idx = rng.permutation(np.flatnonzero(labels == c))
-            props = rng.dirichlet(np.full(num_clients, alpha))
-            cuts = (np.cumsum(props) * len(idx)).astype(int)[:-1]
-            for i, chunk in enumerate(np.split(idx, cuts)):
-                parts[i].extend(chunk.tolist())
-        if min(len(p) for p in parts) >= min_size:
-            return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    """Label proportions per client ~ Dirichlet(α) (Hsu et al. 2019), flwr-datasets ``DirichletPartitioner``.
+
+    Each class is split among the clients in proportions drawn from Dirichlet(α·1); draws are
+    repeated until every client has ``min_size`` samples.
+    """
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    dataset = label_dataset(labels, seed, 104)
+    for attempt in range(PARTITION_ATTEMPTS):
+        part = DirichletPartitioner(num_partitions=num_clients, partition_by="label", alpha=float(alpha),
+                                    min_partition_size=min_size, self_balancing=False, shuffle=False,
+                                    seed=_seed(seed, 1040 + attempt))
+        part.dataset = dataset
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # its per-redraw "min_partition_size not met"
+                return _indices(part, num_clients)
+        except ValueError:
+            continue
     raise ConfigError(f"dirichlet: could not give each of {num_clients} clients {min_size} samples with alpha={alpha}")
 
 
@@ -95,6 +144,7 @@ def partition(labels: np.ndarray, num_clients: int, method: str, seed: int, *, s
         raise ConfigError(f"a federation needs at least 2 clients, got num-partitions = {num_clients}")
     if num_clients > len(labels):
         raise ConfigError(f"{num_clients} clients but only {len(labels)} training samples")
+    labels = np.asarray(labels, dtype=np.int64)
     if method == "iid":
         parts = iid(labels, num_clients, seed)
     elif method == "shards":

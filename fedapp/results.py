@@ -8,6 +8,7 @@ Layout (one new subfolder of ``output-dir`` per run)::
     summary.json   final/best accuracy, max ε per client, total uplink bytes, wall time
     accuracy.png   global test accuracy and mean client accuracy vs round
     privacy.png    ε spent by each client vs round
+    tensorboard/   TensorBoard event files of the round scalars (only with run-config tensorboard = true)
 
 Nothing is created until :meth:`ResultsWriter.open` (called once the run has been fully
 validated); ``summary.json`` is rewritten atomically after every round.
@@ -19,13 +20,15 @@ import json
 import math
 import os
 import platform
+import re
 import time
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("flwr", "torch", "torchvision", "opacus", "numpy", "scipy", "scikit-learn", "dp-accounting", "ray")
+PACKAGES = ("flwr", "torch", "torchvision", "opacus", "numpy", "scipy", "scikit-learn", "dp-accounting", "ray",
+            "flwr-datasets", "datasets", "tensorboardX")
 
 
 def package_versions() -> dict[str, str | None]:
@@ -70,11 +73,13 @@ class ResultsWriter:
         self.run_dir: Path | None = None
         self.rounds: list[dict[str, Any]] = []
         self.started = time.time()
+        self.tensorboard: Any = None  # fedapp.tensorboard_log.TensorBoardWriter once a round is written
 
     def _new_run_dir(self) -> Path:
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         prefix = f"{self.config.get('run-name')}_" if self.config.get("run-name") else ""
-        base = f"{prefix}{stamp}_{self.config.get('strategy')}_{self.config.get('dataset')}_s{self.config.get('seed')}"
+        dataset = re.sub(r"[^\w.-]+", "-", str(self.config.get("dataset"))).strip("-")  # hf:org/name -> hf-org-name
+        base = f"{prefix}{stamp}_{self.config.get('strategy')}_{dataset}_s{self.config.get('seed')}"
         self.root.mkdir(parents=True, exist_ok=True)
         for i in range(1000):
             candidate = self.root / (base if i == 0 else f"{base}-{i}")
@@ -105,8 +110,17 @@ class ResultsWriter:
             fh.flush()
             os.fsync(fh.fileno())
         write_json_atomic(self.run_dir / "summary.json", summarize(self.rounds, time.time() - self.started))
+        if self.config.get("tensorboard"):
+            if self.tensorboard is None:
+                from fedapp.tensorboard_log import TensorBoardWriter
+
+                self.tensorboard = TensorBoardWriter(self.run_dir)
+            self.tensorboard.write_round(record)
 
     def finish(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
         if self.run_dir is None:
             return
         write_json_atomic(self.run_dir / "summary.json", summarize(self.rounds, time.time() - self.started, done=True))

@@ -40,3 +40,72 @@ def test_missing_dataset_files_give_clear_error(tmp_path):
         load_dataset("a9a", str(tmp_path))
     with pytest.raises(ConfigError, match="mnist"):
         load_dataset("mnist", str(tmp_path / "nothing-here"))
+
+
+def _save_images(path, n_train=40, n_test=10, channels=None):
+    """A small image DatasetDict with a non-default label column, saved with save_to_disk."""
+    from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
+    from PIL import Image as PILImage
+
+    rng = np.random.default_rng(0)
+    shape = (6, 6) if channels is None else (6, 6, channels)
+
+    def split(n):
+        imgs = [PILImage.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)) for _ in range(n)]
+        labels = (np.arange(n) % 3).tolist()
+        return Dataset.from_dict({"img": imgs, "fine": labels},
+                                 features=Features({"img": Image(), "fine": ClassLabel(names=["a", "b", "c"])}))
+
+    DatasetDict(train=split(n_train), test=split(n_test)).save_to_disk(str(path))
+    return path
+
+
+def test_hf_dataset_from_a_save_to_disk_folder(tmp_path):
+    folder = _save_images(tmp_path / "tiny")
+    train, test = load_dataset(f"hf:{folder}")  # label: the only ClassLabel column; features: 'img'
+    assert train.x.shape == (40, 1, 6, 6) and test.x.shape == (10, 1, 6, 6) and train.x.dtype == np.float32
+    assert train.num_classes == 3 and train.y.tolist()[:4] == [0, 1, 2, 0] and train.y.dtype == np.int64
+    assert abs(float(train.x.mean())) < 1e-4 and abs(float(train.x.std()) - 1.0) < 1e-3  # standardized by train
+    relative, _ = load_dataset("hf:tiny?label=fine&features=img&test=test", str(tmp_path))  # relative to data-dir
+    assert np.array_equal(relative.x, train.x) and np.array_equal(relative.y, train.y)
+
+
+def test_hf_rgb_images_are_channels_first(tmp_path):
+    train, _ = load_dataset(f"hf:{_save_images(tmp_path / 'rgb', channels=3)}")
+    assert train.x.shape == (40, 3, 6, 6)
+
+
+def test_hf_tabular_dataset_without_test_split_holds_out_a_fifth(tmp_path):
+    from datasets import Dataset
+
+    rng = np.random.default_rng(1)
+    Dataset.from_dict({"a": rng.normal(size=50), "b": rng.normal(size=50), "label": np.arange(50) % 2}
+                      ).save_to_disk(str(tmp_path / "tab"))
+    train, test = load_dataset(f"hf:{tmp_path / 'tab'}")
+    assert train.x.shape == (40, 2) and test.x.shape == (10, 2) and train.num_classes == 2
+    assert np.bincount(test.y).tolist() == [5, 5]  # stratified
+
+
+def test_hf_bad_specs_name_the_problem(tmp_path):
+    folder = _save_images(tmp_path / "tiny")
+    with pytest.raises(ConfigError, match="unknown option"):
+        load_dataset(f"hf:{folder}?colour=red")
+    with pytest.raises(ConfigError, match="no split 'validation'"):
+        load_dataset(f"hf:{folder}?test=validation")
+    with pytest.raises(ConfigError, match="no column 'target'"):
+        load_dataset(f"hf:{folder}?label=target")
+    with pytest.raises(ConfigError, match="could not be loaded"):
+        load_dataset(f"hf:{tmp_path / 'empty'}", str(tmp_path))  # neither a folder here nor on the Hub offline
+
+
+def test_hf_dataset_in_the_run_config_partitions_like_any_other(tmp_path):
+    from fedapp.client_data import load_client_data
+    from fedapp.config import resolve_config
+
+    folder = _save_images(tmp_path / "tiny", n_train=60)
+    with pytest.raises(ConfigError, match="set run-config 'model'"):
+        resolve_config(overrides={"dataset": f"hf:{folder}"})
+    cfg = resolve_config(overrides={"dataset": f"hf:{folder}", "model": "cnn-digits", "partitioner": "pathological",
+                                    "classes-per-client": 1, "local-test-fraction": 0.0})
+    train, _ = load_client_data(cfg, 0, 3)
+    assert len(np.unique(train.y)) == 1 and len(train) == 20
