@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fedapp.config import ConfigError, resolve_config
@@ -95,11 +96,11 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
             flwr = procs.add(subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=str(app), start_new_session=True,
                                               preexec_fn=parent_death_preexec()))  # own group: stopped by PID
             procs.watch()
-            try:
-                code = flwr.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise TimeoutError(f"flwr run did not finish within {timeout:.0f}s") from None
-            if code != 0:
+            code, server_died = wait_for_run(flwr, procs, timeout)
+            if server_died is not None:
+                print(f"[dpfl] the ServerApp process {server_died} died while `flwr run` was still waiting; stopping "
+                      "the run", file=sys.stderr, flush=True)
+            elif code != 0:
                 raise RuntimeError(f"flwr run exited with code {code}")
         finally:
             leftovers = procs.stop_all()
@@ -117,6 +118,54 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
         raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds{why}; partial "
                            f"results in {new_runs[-1]}, server log {flwr_home}/superlink-{port}.log")
     return new_runs[-1]
+
+
+#: command-line markers of the process that runs the ServerApp (simulation runtime, or a deployed ServerApp)
+SERVER_APP_MARKERS = ("flwr-simulation", "flwr-serverapp")
+
+
+def wait_for_run(flwr: subprocess.Popen, procs: Processes, timeout: float | None, grace: float = 5.0,
+                 poll: float = 0.5) -> tuple[int | None, int | None]:
+    """Wait for ``flwr run``; (exit code, None) when it ends, (None, pid) when the ServerApp process died
+    and ``flwr run`` did not end within ``grace`` seconds after it (Flower itself notices only ~45 s later)."""
+    import psutil
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    server: dict[int, psutil.Process] = {}
+    died_at: float | None = None
+    while True:
+        code = flwr.poll()
+        if code is not None:
+            return code, None
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"flwr run did not finish within {timeout:.0f}s")
+        for pid, p in list(procs.seen.items()):
+            if pid not in server and any(m in _cmdline(p) for m in SERVER_APP_MARKERS):
+                server[pid] = p
+        alive = [p for p in server.values() if _running(p)]
+        if server and not alive:
+            died_at = died_at or time.monotonic()
+            if time.monotonic() - died_at > grace:
+                return None, next(iter(server))
+        else:
+            died_at = None
+        time.sleep(poll)
+
+
+def _cmdline(p) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except Exception:  # noqa: BLE001 — psutil.Error: gone or inaccessible
+        return ""
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _stop_watchdog(proc: subprocess.Popen) -> None:

@@ -174,3 +174,28 @@ def test_superlink_stops_when_the_launcher_is_killed(tmp_path):
         assert not alive, f"left running after kill -9 of the launcher: {_names(alive)}"
     finally:
         _kill_recorded(seen.values())
+
+
+@pytest.mark.slow
+def test_a_dead_server_app_is_noticed_within_seconds(tmp_path):
+    """kill -9 of the process running the ServerApp: the launcher stops everything and fails, without waiting
+    for Flower's own ~45 s timeout."""
+    launcher = _start_launcher(tmp_path, rounds=200)
+    seen: dict[int, psutil.Process] = {}
+    try:
+        seen = _follow_until_training(launcher, tmp_path)
+        server = next(p for p in seen.values() if "flwr-simulation" in _cmd(p))
+        server.kill()
+        start = time.monotonic()
+        code = launcher.wait(timeout=60)
+        took = time.monotonic() - start
+        log = (tmp_path / "launcher.log").read_text()
+        assert code != 0 and "ServerApp process" in log, log[-3000:]
+        assert took < 25, f"noticed after {took:.0f}s"
+        _, alive = psutil.wait_procs(list(seen.values()), timeout=10)
+        assert not _alive(alive), f"left running: {_names(_alive(alive))}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        _kill_recorded(seen.values())
