@@ -268,3 +268,38 @@ def test_dropouts_never_push_the_ledger_over_the_budget():
     # the first rounds are paid at the higher (dropout) cost; the round the budget cannot pay is withheld
     assert statuses[0] == "ok" and "withheld" in statuses
     assert s.ledger.population_epsilon() <= planned < s.epsilon_after(s.ledger.population * 2)
+
+
+def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the_budget():
+    """Issue 20 item 7: T = 3 interrupted after 2 rounds and resumed to T = 4 used to report ε(σ_new, 4 rounds)
+    for rounds that ran at σ_old. The ledger (checkpointed) composes each round at the σ it had; the resumed
+    server samples nobody once the budget cannot pay for a planned round."""
+    target, q, delta = 1.0, 3 / 4, 1e-3
+    old = ClientLevelDP.calibrated(target, clip=1.0, clients_per_round=3, num_clients=4, rounds=3, delta=delta,
+                                   secure_aggregation=True)
+    new = ClientLevelDP.calibrated(target, clip=1.0, clients_per_round=3, num_clients=4, rounds=4, delta=delta,
+                                   secure_aggregation=True)
+    assert new.noise_multiplier > old.noise_multiplier
+    first = strategy("randk", sigma=old.noise_multiplier, r=3, n=4, secagg=True)
+    first.dp = old
+    for rnd in (1, 2):
+        ins = first.configure_fit(rnd, ndarrays_to_parameters(first.current_weights), manager(4))
+        first.aggregate_fit(rnd, [(p, fit_res([np.zeros(9, np.float32)], int(p.node_id) - 1,
+                                              sigma=old.noise_multiplier)) for p, _ in ins], [])
+        first.flush_round()
+    resumed = strategy("randk", sigma=new.noise_multiplier, r=3, n=4, secagg=True)
+    resumed.load_state_dict(first.state_dict())
+    resumed.dp = new  # what the resumed run's mechanism factory returns for num-server-rounds = 4
+    eps_two_old = epsilon_of([(old.noise_multiplier, q, 2)], delta)
+    assert resumed.ledger.population_epsilon() == pytest.approx(eps_two_old)  # not ε(σ_new, 2)
+    ran = 0
+    for rnd in (3, 4):
+        ins = resumed.configure_fit(rnd, ndarrays_to_parameters(resumed.current_weights), manager(4))
+        if ins:
+            ran += 1
+            resumed.aggregate_fit(rnd, [(p, fit_res([np.zeros(9, np.float32)], int(p.node_id) - 1,
+                                                    sigma=new.noise_multiplier)) for p, _ in ins], [])
+        resumed.flush_round()
+    composed = epsilon_of([(old.noise_multiplier, q, 2), (new.noise_multiplier, q, ran)], delta)
+    assert resumed.ledger.population_epsilon() == pytest.approx(composed) and composed <= target * (1 + 1e-9)
+    assert ran < 2  # the old, less noisy rounds used up more of the budget than the new plan assumed

@@ -8,6 +8,7 @@ the end that meets the target, so the result satisfies ``target·(1 − rtol) �
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 
@@ -48,7 +49,17 @@ def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: flo
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, steps: int,
                                kind: str = "rdp", rtol: float = 1e-3, prior: Iterable[Sequence[float]] = ()) -> float:
-    """Smallest z such that ``prior + [(z, q, steps)]`` spends at most ``target_epsilon`` at ``delta``."""
+    """Smallest z such that ``prior + [(z, q, steps)]`` spends at most ``target_epsilon`` at ``delta``.
+
+    Memoized per process: clients of one simulation actor with the same (ε, δ, q, steps) — e.g. every
+    client under ``privacy-dist = fixed`` with one batch size — calibrate once."""
+    return _calibrate_z(float(target_epsilon), float(delta), float(sample_rate), int(steps), str(kind), float(rtol),
+                        tuple(tuple(float(v) for v in h) for h in compact_history(prior)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _calibrate_z(target_epsilon: float, delta: float, sample_rate: float, steps: int, kind: str, rtol: float,
+                 prior: tuple[tuple[float, ...], ...]) -> float:
     if not 0 < delta < 1:
         raise ValueError(f"delta must be in (0, 1), got {delta}")
     if not 0 < sample_rate <= 1:
