@@ -154,6 +154,7 @@ _KEYS: list[Key] = [
     Key("fault-delay", float, 30.0, "Seconds a timing-out client sleeps (set above round-timeout).", _positive, "> 0", section="deployment"),
     Key("round-timeout", float, 0.0, "Seconds the server waits for client replies each round (0 = no timeout).", _nonneg, ">= 0", section="deployment"),
     Key("min-fit-clients", int, 0, "Fewest acceptable updates a round needs; fewer aborts the run with a clear message (0 = no minimum).", _nonneg, ">= 0", section="deployment"),
+    Key("lifetime-budget", bool, False, "Clients keep the ε of every run in their state folder and refuse once earlier runs plus this one would exceed their budget (basic composition across runs; always on for SuperNodes given a node-config state-dir).", section="deployment"),
     Key("strike-limit", int, 3, "Rejected updates after which a client is excluded from later rounds (0 = never exclude).", _nonneg, ">= 0", section="deployment"),
     Key("robust-norm-factor", float, 10.0, "Strategies without a declared update-norm bound reject an update above this multiple of the median norm of the round's other updates (0 = off).", _nonneg, ">= 0", section="deployment"),
 ]

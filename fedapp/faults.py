@@ -18,7 +18,8 @@
 5. withholds the update and refuses when the reported cumulative ε is not above the server
    ledger's value for this client (the accountant was lost and restarted; see
    :func:`fedapp.client_state.lost_accountant_reason`) — nothing computed on un-accounted state
-   leaves the client, and every later round of this run is refused too;
+   leaves the client, and every later round of this run is refused too; likewise when the ε of earlier
+   runs plus this run's would exceed the client's lifetime budget (:mod:`fedapp.lifetime_budget`);
 6. journals the state after the round, the reply and the request digest (pending until committed).
 
 Privacy: the wrapper adds no mechanism; it guarantees that a failure or a restart never
@@ -61,6 +62,7 @@ from fedapp.client_state import (
     lost_accountant_reason,
 )
 from fedapp.config import ConfigError, RunConfig
+from fedapp.lifetime_budget import LifetimeBudget
 
 TAINT_KEY = "dpfl-privacy-state-lost"
 DEFAULT_STATE_SUBDIR = ".client-state"  # under output-dir, when no state dir is configured
@@ -101,7 +103,10 @@ class GuardedClient(Client):
     """Wraps a family's ``Client``; see the module docstring for what ``fit`` adds."""
 
     def __init__(self, inner: Client, context: Context, cfg: RunConfig, client_id: int, num_clients: int,
-                 state_dir: str = "", best_effort: bool = False) -> None:
+                 state_dir: str = "", best_effort: bool = False, lifetime: LifetimeBudget | None = None,
+                 lifetime_epsilon: float | None = None) -> None:
+        self.lifetime = lifetime
+        self.lifetime_epsilon = lifetime_epsilon  # None: the client's per-run budget
         self.inner = inner
         self.best_effort = best_effort  # a default state dir that cannot be written disables the journal
         self.ctx = context
@@ -149,7 +154,8 @@ class GuardedClient(Client):
         res = self.inner.fit(ins)
         metrics = dict(res.metrics)
         if metrics.get("status", "ok") == "ok":
-            reason = lost_accountant_reason(metrics.get("epsilon_spent"), ledger)
+            reason = lost_accountant_reason(metrics.get("epsilon_spent"), ledger) or self._lifetime_refusal(
+                lineage, metrics)
             if reason is not None:
                 self.ctx.state[TAINT_KEY] = ConfigRecord({"reason": reason, "round": rnd})
                 res = _refusal({"client_id": self.client_id, "status": "refused", "reason": reason,
@@ -157,6 +163,20 @@ class GuardedClient(Client):
         if journal is not None:
             self._record(journal, lineage, rnd, digest or "", res)
         return res
+
+    def _lifetime_refusal(self, lineage: str, metrics: Mapping[str, Any]) -> str | None:
+        """Check (and record) this run's ε against the lifetime budget; the update is withheld when over it (the
+        accountant has counted the round already: it over-counts, never under-counts)."""
+        eps, delta = metrics.get("epsilon_spent"), metrics.get("delta")
+        if self.lifetime is None or not lineage or not isinstance(eps, (int, float)) or not isinstance(delta, (int, float)):
+            return None
+        budget = self.lifetime_epsilon if self.lifetime_epsilon is not None else metrics.get("epsilon_budget")
+        if not isinstance(budget, (int, float)):
+            return None
+        reason = self.lifetime.refusal(lineage, float(eps), float(budget))
+        if reason is None:
+            self.lifetime.record(lineage, float(eps), float(delta))
+        return reason
 
     def _record(self, journal: ClientStateStore, lineage: str, rnd: int, digest: str, res: FitRes) -> None:
         try:
@@ -185,4 +205,9 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
     if "dataset" in node and str(node["dataset"]) != cfg["dataset"]:
         raise ConfigError(f"node-config dataset {node['dataset']!r} differs from run-config dataset {cfg['dataset']!r}")
     state_dir = str(node.get("state-dir", "")) or cfg["client-state-dir"]
-    return GuardedClient(inner, context, cfg, cid, n, state_dir or default_state_dir(cfg), best_effort=not state_dir)
+    lifetime = None
+    if "state-dir" in node or cfg["lifetime-budget"]:  # on by default for deployed SuperNodes
+        lifetime = LifetimeBudget.for_client(state_dir or default_state_dir(cfg), cid)
+    cap = float(node["lifetime-epsilon"]) if "lifetime-epsilon" in node else None
+    return GuardedClient(inner, context, cfg, cid, n, state_dir or default_state_dir(cfg), best_effort=not state_dir,
+                         lifetime=lifetime, lifetime_epsilon=cap)
