@@ -273,6 +273,18 @@ def validate_cross_fields(cfg: RunConfig) -> None:
 
         if cfg["model"] not in MODELS:
             raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODELS)}")
+    model = cfg["model"]
+    if model == "auto" and cfg["dataset"] in DATASETS:
+        from fedapp.models import DEFAULT_MODEL
+
+        model = DEFAULT_MODEL[cfg["dataset"]]
+    if model != "auto":
+        from fedapp.models import check_grad_sample_mode
+
+        try:
+            check_grad_sample_mode(model, cfg["grad-sample-mode"])
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'grad-sample-mode' = {cfg['grad-sample-mode']!r}: {exc}") from None
     if 0 < cfg["num-clients"] < 2:
         raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} is too small: a federation needs at least 2 clients")
     if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:

@@ -192,7 +192,8 @@ def build_soteriafl(cfg: Mapping[str, Any], ctx: StrategyContext) -> SoteriaFLSt
     oracle = None
     if cfg.get("soteriafl-utility", True):
         pool = training_pool(cfg)  # type: ignore[arg-type]
-        oracle = GradientOracle(make_model(cfg, pool), pool.x, pool.y)  # type: ignore[arg-type]
+        oracle = GradientOracle(make_model(cfg, pool), pool.x, pool.y,  # type: ignore[arg-type]
+                                device=resolve_device(cfg["device"]))
     outer = ctx.prevalidate
 
     def prevalidate(num_clients: int) -> None:

@@ -1,6 +1,7 @@
 """Model zoo: the papers' architectures plus small variants for 8x8 digits.
 
-Every model is Opacus-compatible (no BatchNorm; ResNet-18 uses GroupNorm).
+Every model is Opacus-compatible in every grad-sample mode (no BatchNorm, no in-place ops; ResNet-18 uses
+GroupNorm) — ``tests/test_dp_models.py`` takes one real private step per (model x mode).
 Parameter counts are checked in ``tests/test_models.py`` against the papers.
 """
 
@@ -114,14 +115,39 @@ class DigitsCNN(nn.Module):
         return self.fc(self.body(torch.flatten(self.features(x), 1)))
 
 
+class ResidualBlock(nn.Module):
+    """torchvision's ``BasicBlock`` without in-place ops, on the very same submodules (same names and order).
+
+    Opacus' ``hooks`` and ``functorch`` modes wrap module outputs in backward hooks; torchvision's in-place
+    ``ReLU(inplace=True)`` and ``out += identity`` modify those outputs ("Output 0 of BackwardHookFunction is
+    a view and is being modified inplace"). Same math, same parameters, same ``state_dict``.
+    """
+
+    def __init__(self, block: nn.Module) -> None:
+        super().__init__()
+        self.conv1, self.bn1, self.relu = block.conv1, block.bn1, nn.ReLU()
+        self.conv2, self.bn2, self.downsample = block.conv2, block.bn2, block.downsample
+        self.stride = block.stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu(out + identity)
+
+
 def resnet18_groupnorm(in_channels: int = 3, num_classes: int = 10, groups: int = 32) -> nn.Module:
-    """torchvision ResNet-18 with GroupNorm (Opacus-compatible): 11,181,642 params for 10 classes."""
+    """torchvision ResNet-18 with GroupNorm and no in-place ops (Opacus, every grad-sample mode): 11,181,642 params
+    for 10 classes."""
     from fedapp.tv_compat import import_torchvision
 
     tv = import_torchvision()
     model = tv.models.resnet18(num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(min(groups, c), c))
     if in_channels != 3:
         model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+    model.relu = nn.ReLU()  # the stem's activation, in place in torchvision
+    for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
+        for i, block in enumerate(layer):
+            layer[i] = ResidualBlock(block)
     return model
 
 
@@ -146,6 +172,26 @@ DEFAULT_MODEL: dict[str, str] = {
     "cifar100": "resnet18-gn",
     "a9a": "logreg",
 }
+
+
+GRAD_SAMPLE_MODES: tuple[str, ...] = ("hooks", "ew", "functorch")
+"""Opacus per-sample gradient modes ``fedapp.training`` runs (Opacus' ``ghost`` needs a wrapped criterion: not run)."""
+
+UNSUPPORTED_GRAD_SAMPLE_MODES: dict[tuple[str, str], str] = {}
+"""(model, mode) pairs that cannot train with DP-SGD, with the reason; ``tests/test_dp_models.py`` keeps it honest
+(every pair not listed runs one real private step)."""
+
+
+def check_grad_sample_mode(model_name: str, mode: str) -> None:
+    """Raise ``ValueError`` naming both when Opacus grad-sample ``mode`` cannot train model ``model_name``."""
+    if model_name not in MODELS:
+        raise ValueError(f"unknown model {model_name!r}; valid: {sorted(MODELS)}")
+    if mode not in GRAD_SAMPLE_MODES:
+        raise ValueError(f"grad-sample-mode {mode!r} is not supported (model {model_name!r}); "
+                         f"valid: {list(GRAD_SAMPLE_MODES)}")
+    reason = UNSUPPORTED_GRAD_SAMPLE_MODES.get((model_name, mode))
+    if reason is not None:
+        raise ValueError(f"model {model_name!r} cannot train with grad-sample-mode {mode!r}: {reason}")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *, nonconvex_lambda: float = 0.0) -> nn.Module:

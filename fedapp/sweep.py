@@ -7,6 +7,7 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     paper = "Robust-HDP Table 12"           # what is reproduced
     paper-scale = "20 clients x 2400 samples, 200 rounds"
     num-supernodes = 20
+    num-gpus = 0.25                         # optional: resources per simulated client (also --num-gpus)
     base = "configs/main.toml"              # optional run-config file the cells start from
     tune = ["lr"]                           # keys chosen per group on the clients' validation split
 
@@ -152,7 +153,8 @@ def _run_cell(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str) -> Pat
     from fedapp.launch import run
     from fedapp.processes import to_toml_assignments
 
-    return run(sweep.num_supernodes, to_toml_assignments(overrides), flwr_home=out / ".flwr" / cid)
+    return run(sweep.num_supernodes, to_toml_assignments(overrides), flwr_home=out / ".flwr" / cid,
+               num_cpus=float(sweep.meta.get("num-cpus", 1.0)), num_gpus=float(sweep.meta.get("num-gpus", 0.0)))
 
 
 def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr",
@@ -193,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="sweep folder (default results/sweeps/<name>-<scale>)")
     parser.add_argument("--parallel", type=int, default=1, help="cells at a time (each uses its own SuperLink)")
     parser.add_argument("--engine", choices=ENGINES, default="flwr")
+    parser.add_argument("--num-cpus", type=float, default=None, help="CPUs per simulated client (launcher)")
+    parser.add_argument("--num-gpus", type=float, default=None, help="GPUs per simulated client, fractional ok")
     parser.add_argument("--report", action="store_true", help="write the report when the sweep is done")
     args = parser.parse_args(argv)
     try:
@@ -200,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[sweep] configuration error: {exc}", file=sys.stderr)
         return 2
+    for key, value in (("num-cpus", args.num_cpus), ("num-gpus", args.num_gpus)):
+        if value is not None:
+            sweep.meta[key] = value  # [sweep] num-cpus / num-gpus in the file, overridden here
     out = args.out or Path("results") / "sweeps" / f"{sweep.name}-{sweep.meta['scale']}"
     index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine)
     if args.report:

@@ -180,8 +180,12 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
 
             def closure(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
                 optimizer.zero_grad(set_to_none=spec.sam is None)
+                if spec.dp is not None and len(yb) == 0:  # empty Poisson batch: noise only; ew/functorch cannot
+                    for p in params:  # run a batch of 0, so no forward: Opacus clips 0 per-sample gradients
+                        p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+                    return torch.zeros((), device=device)
                 out = module(xb)
-                loss = loss_fn(out, yb) if len(yb) else out.sum() * 0.0  # empty Poisson batch: noise only
+                loss = loss_fn(out, yb)
                 reg = _regularization(model) if spec.dp is None else None
                 if reg is not None:
                     loss = loss + reg

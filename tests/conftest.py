@@ -1,4 +1,4 @@
-"""Shared fixtures: real data locations and a helper to run small real Flower simulations."""
+"""Shared fixtures: the test device (``--device``), real data locations, small real Flower simulations."""
 
 from __future__ import annotations
 
@@ -13,6 +13,47 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
+
+
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--device", choices=DEVICE_CHOICES, default=os.environ.get("DPFL_TEST_DEVICE", "auto"),
+                     help="device of the tests that train (env DPFL_TEST_DEVICE): auto = CUDA when available, as "
+                          "run-config 'device' = 'auto'; cpu hides every GPU (also from Ray workers and subprocesses); "
+                          "cuda runs them on the GPU and skips them where there is none")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+    if config.getoption("--device") == "cpu":  # before anything initializes CUDA; inherited by every child process
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device; none is available here")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def device(request: pytest.FixtureRequest):
+    """The ``torch.device`` the training tests use (``--device`` / ``DPFL_TEST_DEVICE``), decided by
+    ``fedapp.training.resolve_device`` like every client; ``cuda`` without a GPU skips the test."""
+    import torch
+
+    from fedapp.training import resolve_device
+
+    name = request.config.getoption("--device")
+    if name == "cuda" and not torch.cuda.is_available():
+        pytest.skip("--device cuda (DPFL_TEST_DEVICE=cuda) but no CUDA device is available here")
+    return resolve_device(name)
 
 
 @pytest.fixture(scope="session")

@@ -40,3 +40,27 @@ def test_unknown_model_and_wrong_input_rank():
         build_model("nope", (1, 8, 8), 10)
     with pytest.raises(ValueError, match="image inputs"):
         build_model("cnn-mnist", (784,), 10)
+
+
+@pytest.mark.parametrize("name,shape,classes,expected", CASES)
+def test_no_inplace_ops_under_opacus_hooks(name, shape, classes, expected):
+    """Opacus' backward hooks forbid in-place ops on module outputs (torchvision's ReLU(inplace=True), ``+=``)."""
+    model = build_model(name, shape, classes)
+    assert [n for n, m in model.named_modules() if getattr(m, "inplace", False)] == []
+
+
+def test_resnet18_gn_is_torchvision_resnet18_with_the_same_state_and_outputs():
+    from torch import nn
+
+    from fedapp.tv_compat import import_torchvision
+
+    tv = import_torchvision()
+    torch.manual_seed(3)
+    reference = tv.models.resnet18(num_classes=10, norm_layer=lambda c: nn.GroupNorm(min(32, c), c))
+    torch.manual_seed(3)
+    model = build_model("resnet18-gn", (3, 32, 32), 10)
+    ref_state, state = reference.state_dict(), model.state_dict()
+    assert list(state) == list(ref_state)  # checkpoints and wire order unchanged
+    assert all(torch.equal(state[k], ref_state[k]) for k in state)  # same seeded initialization
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.allclose(model(x), reference(x), atol=1e-6)
