@@ -20,6 +20,7 @@ from fedapp.privacy_profiles import client_level_mechanism
 from fedapp.training import SAM, LocalTraining, local_train
 from strategies.base import RejectedUpdate
 from strategies.dp2_fedsam import VARIANTS, DP2FedSAMStrategy, head_parameter_names, sam_gradient, shared_mask
+from strategies.privacy.accountants import DPAccountingRDP
 
 N_CLIENTS = 4
 BASE = {"partitioner": "pathological", "classes-per-client": 2, "batch-size": 16, "clients-per-round": 2,
@@ -231,3 +232,8 @@ def test_simulation_dp2_fedsam_shares_phi_only(tmp_path: Path):
         assert "accuracy" not in rec["metrics"]  # no global head → no centralized accuracy
     eps = [r["metrics"].get("epsilon", 0.0) for r in rounds]
     assert 0 < eps[1] and eps[0] <= eps[1] and all(c["epsilon_spent"] == eps[1] for c in rounds[1]["clients"])
+    # recomputed with Google's dp_accounting for the Poisson client sampling the server ran (q = 2/4): without
+    # secure aggregation each released round charges one update's multiplier σ/√r (σ = 1, r = 2)
+    released = sum(1 for r in rounds if r["metrics"].get("clients_ok"))
+    expected = DPAccountingRDP().epsilon([(1.0 / np.sqrt(2), 0.5, released)], rounds[-1]["metrics"]["delta"])
+    assert eps[1] == pytest.approx(expected, rel=0.01)
