@@ -219,7 +219,7 @@ def test_simulation_dp2_fedsam_shares_phi_only(tmp_path: Path):
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=N_CLIENTS,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 2, "logging_level": "ERROR"}})
-    run = next(tmp_path.iterdir())
+    run = next(p for p in tmp_path.iterdir() if not p.name.startswith("."))  # not .client-state
     rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
     assert len(rounds) == 2
     n_phi = json.loads((run / "config.json").read_text())["num_parameters"] - (64 * 10 + 10)
