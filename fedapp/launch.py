@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedapp.config import ConfigError, resolve_config
+from fedapp.config import SCHEMA, ConfigError, resolve_config
 from fedapp.processes import (
     CONNECTION,
     PROJECT_ROOT,
@@ -61,6 +61,13 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     overrides = parse_overrides(run_config)
     merged = {**pyproject_run_config(app), **overrides}
     cfg = resolve_config(merged)  # raises ConfigError before anything starts
+    if num_supernodes >= 2 and not cfg["num-clients"]:
+        # the federation's size is known here: the server waits for every SuperNode before round 1, so that
+        # client-level DP is set up for the real n (q = r/n) rather than for whoever registered first
+        overrides["num-clients"] = num_supernodes
+        if cfg["min-available-clients"] == SCHEMA["min-available-clients"].default:
+            overrides["min-available-clients"] = num_supernodes
+        cfg = resolve_config({**merged, **overrides})
     from fedapp.faults import check_fault_config
 
     check_fault_config(cfg)

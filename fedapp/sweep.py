@@ -24,8 +24,9 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     better = { strategy = "robust-hdp" }
     worse = { strategy = "weiavg" }
 
-    [scales.quick]                          # named overrides of [sweep] / [sweep.config] / [sweep.grid]
+    [scales.quick]                          # named overrides of [sweep.config] / [sweep.grid] / [sweep]
     config = { max-samples = 6000 }
+    sweep = { num-supernodes = 10 }
 
 ``python -m fedapp.sweep FILE [--scale quick] [--parallel 2] [--out DIR]`` runs every cell with
 :func:`fedapp.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
@@ -100,7 +101,10 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
         over = dict(scales[scale])
         config.update(over.pop("config", {}))
         grid.update(over.pop("grid", {}))
-        sw.update(over)
+        sw.update(over.pop("sweep", {}))  # [scales.x] sweep = {...} overrides [sweep] keys
+        unknown = sorted(over)
+        if unknown:
+            raise ConfigError(f"{path}: [scales.{scale}] takes config, grid and sweep tables, not {unknown}")
     base = sw.pop("base", "")
     if base:
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)

@@ -42,6 +42,7 @@ worse = { strategy = "dpsgd-fedavg" }
 
 [scales.quick]
 grid = { seed = [1] }
+sweep = { num-supernodes = 4 }
 """
 
 
@@ -62,6 +63,7 @@ def test_sweep_file_is_validated_before_anything_runs(tmp_path: Path):
     path = tmp_path / "s.toml"
     path.write_text(SWEEP)
     assert len(load_sweep(path).cells()) == 8 and len(load_sweep(path, "quick").cells()) == 4
+    assert load_sweep(path).num_supernodes == 3 and load_sweep(path, "quick").num_supernodes == 4
     with pytest.raises(ConfigError, match="no scale"):
         load_sweep(path, "huge")
 

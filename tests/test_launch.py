@@ -38,6 +38,9 @@ def test_flwr_run_end_to_end_and_nothing_left_running(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_completed"] == 1 and summary["finished"]
     assert run_dir.parent == tmp_path
+    config = json.loads((run_dir / "config.json").read_text())["config"]
+    # the launcher knows the federation's size: the server waits for all of it (client-level DP needs the real n)
+    assert config["num-clients"] == 3 and config["min-available-clients"] == 3
     leftovers = _flower_processes(f"127.0.0.1:{port}") | _flower_processes(f"--port {port}")
     assert not leftovers, f"processes left running: {leftovers}"
 
