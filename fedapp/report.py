@@ -135,13 +135,29 @@ def _rounds(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
+def _axes() -> tuple[Any, Any]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    return plt.subplots(figsize=(7, 4.5))
+
+
+def _save(fig: Any, ax: Any, xlabel: str, ylabel: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
+    fig, ax = _axes()
     for setting, cells in sorted(groups.items(), key=lambda kv: str(kv[0])):
         per_round: dict[int, list[float]] = defaultdict(list)
         for cell in cells:
@@ -156,39 +172,22 @@ def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
         halves = [0.0 if math.isnan(s[1]) else s[1] for s in stats]
         ax.fill_between(xs, [m - h for m, h in zip(means, halves)], [m + h for m, h in zip(means, halves)],
                         color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("round")
-    ax.set_ylabel("accuracy (mean, 95 % interval over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, ax, "round", "accuracy (mean, 95 % interval over seeds)", path)
 
 
 def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lines: dict[tuple, list[tuple[Any, tuple[float, float, int]]]] = defaultdict(list)
     for setting, cells in groups.items():
         d = dict(setting)
         lines[tuple((k, v) for k, v in setting if k != key)].append(
             (d.get(key), interval([c["summary"].get("final_accuracy") for c in cells])))
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = _axes()
     for rest, pts in sorted(lines.items(), key=lambda kv: str(kv[0])):
         pts.sort(key=lambda p: str(p[0]) if not isinstance(p[0], (int, float)) else f"{p[0]:020.6f}")
         xs = [str(p[0]) for p in pts]
         ax.errorbar(xs, [p[1][0] for p in pts], yerr=[0 if math.isnan(p[1][1]) else p[1][1] for p in pts],
                     marker="o", capsize=3, label=_label(rest))
-    ax.set_xlabel(key)
-    ax.set_ylabel("final test accuracy (mean, 95 % interval)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save(fig, ax, key, "final test accuracy (mean, 95 % interval)", path)
 
 
 def write_report(index: str | Path) -> Path:

@@ -87,14 +87,15 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
     spec = get_spec(cfg["strategy"])
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     initial = get_weights(make_model(cfg, test))
-    for key in unused_keys(cfg, spec.family):
+    unused = unused_keys(cfg, spec.family)
+    for key in unused:
         log(WARNING, "run-config %r = %r is not read by strategy %r (family %s); it has no effect", key, cfg[key],
             spec.name, spec.family)
     recorder = ResultsWriter(cfg["output-dir"], dict(cfg), meta={
         "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
                      "description": spec.description},
         "privacy": privacy_meta(cfg, spec.privacy),
-        "unused_keys": unused_keys(cfg, spec.family),
+        "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
         "torchvision_guard": {k: v for k, v in guard_state().items()},
     })

@@ -181,9 +181,15 @@ class DPFLStrategy(Strategy):
         config: dict[str, Scalar] = {"server-round": server_round}
         config.update(self.run_fit_config)
         config.update(self.fit_config(server_round))
-        return [(c, FitIns(parameters, self.node_fit_config(config, c))) for c in clients]
+        ledger = self.ledger_snapshot()  # once per round, not once per sampled node
+        return [(c, FitIns(parameters, self.node_fit_config(config, c, ledger))) for c in clients]
 
-    def node_fit_config(self, config: Mapping[str, Scalar], proxy: ClientProxy) -> dict[str, Scalar]:
+    def ledger_snapshot(self) -> dict[int, float]:
+        """ε the server's ledger holds for every client that has spent some (what ``dp-ledger`` carries)."""
+        return {cid: eps for cid, eps in self.ledger.epsilons().items() if eps > 0} if self.send_ledger else {}
+
+    def node_fit_config(self, config: Mapping[str, Scalar], proxy: ClientProxy,
+                        ledger: Mapping[int, float] | None = None) -> dict[str, Scalar]:
         """The fit config for one node, with the ε the server's ledger holds for it (``dp-ledger``).
 
         A node whose client the server already knows gets only its own entry, so the message does not
@@ -191,8 +197,8 @@ class DPFLStrategy(Strategy):
         node id) gets the whole ledger, so a client that lost its accountant is still caught.
         """
         out = {k: v for k, v in config.items() if k != LEDGER_CONFIG_KEY}
-        ledger = {cid: eps for cid, eps in self.ledger.epsilons().items() if eps > 0}
-        if not self.send_ledger or not ledger:
+        ledger = self.ledger_snapshot() if ledger is None else ledger
+        if not ledger:
             return out
         cid = self.identity.client_of.get(int(proxy.node_id))
         if cid is not None and cid in ledger:
@@ -395,12 +401,16 @@ class DPFLStrategy(Strategy):
         if not (z > 0 and 0 < q <= 1 and steps > 0 and 0 < delta < 1):
             raise RejectedUpdate(f"declared mechanism (noise_multiplier={z}, sample_rate={q}, steps_round={steps}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
-        cid = int(record["client_id"])
-        first = self.declared.setdefault(cid, (z, q))
-        if first != (z, q):
-            raise RejectedUpdate(f"declared (noise_multiplier, sample_rate) = ({z}, {q}) differs from the "
-                                 f"{first} client {cid} declared first")
+        self.fix_declared(int(record["client_id"]), (z, q), "(noise_multiplier, sample_rate)")
         return [(z, q, steps)], delta
+
+    def fix_declared(self, client_id: int, mechanism: tuple[float, float], what: str) -> None:
+        """Fix a client's declared mechanism at first contact; a later, different declaration is rejected
+        (a client cannot declare less noise once the server has started charging it)."""
+        first = self.declared.setdefault(client_id, mechanism)
+        if first != mechanism:
+            raise RejectedUpdate(f"declared {what} = {mechanism} differs from the {first} client {client_id} "
+                                 "declared first")
 
     def population_charge(self, server_round: int, accepted: list[ClientUpdate],
                           records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -142,6 +142,9 @@ class ClientLevelDPStrategy(DPFLStrategy):
             return float(self.clip or 1.0)
         return self.dp.clip + 12.0 * self.dp.noise_std(self.round_clients())
 
+    def validate_update(self, update, metrics: Mapping[str, Scalar]) -> None:
+        self.check_sigma(metrics)
+
     def check_sigma(self, metrics: Mapping[str, Scalar]) -> None:
         """Reject a reply whose declared σ is not the mechanism's (the client ran another mechanism)."""
         if self.dp is not None:

@@ -31,7 +31,7 @@ Variants (Sec. 5): ``dp2-fedsam`` (head SGD τ_h epochs then SAM on φ τ_φ epo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,10 +151,6 @@ class DP2FedSAMStrategy(ClientLevelDPStrategy):
         self.name = name
         self.variant = get_variant(name)
         self.eval_every = max(1, int(eval_every))
-
-    def decode_update(self, server_round: int, res, metrics: Mapping[str, Any]) -> np.ndarray:
-        self.check_sigma(metrics)
-        return super().decode_update(server_round, res, metrics)
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         extra: dict[str, Any] = {}

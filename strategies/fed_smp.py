@@ -172,7 +172,6 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
         return cfg
 
     def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]) -> np.ndarray:
-        self.check_sigma(metrics)
         if self.sparsifier == "none":
             return super().decode_update(server_round, res, metrics)
         try:

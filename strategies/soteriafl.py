@@ -509,11 +509,7 @@ class SoteriaFLStrategy(DPFLStrategy):
         if not (sigma_p > 0 and 1 <= b <= m and 0 < delta < 1):
             raise RejectedUpdate(f"declared mechanism (sigma_p={sigma_p}, batch_size={b}, num_train={m}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
-        cid = int(record["client_id"])
-        first = self.declared.setdefault(cid, (sigma_p, b / m))
-        if first != (sigma_p, b / m):
-            raise RejectedUpdate(f"declared (sigma_p, b/m) = ({sigma_p}, {b / m}) differs from the {first} client "
-                                 f"{cid} declared first")
+        self.fix_declared(int(record["client_id"]), (sigma_p, b / m), "(sigma_p, b/m)")
         return history, delta
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
