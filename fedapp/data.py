@@ -2,7 +2,8 @@
 
 Each loader returns ``(train, test)`` :class:`ArrayDataset` s; the test split is the
 server's held-out set for centralized evaluation, the train split is partitioned among
-clients (``fedapp.partition``). Loaded arrays are cached per process.
+clients (``fedapp.partition``). Loaded arrays are cached per process and, decoded, on disk
+(:mod:`fedapp.cache`), memory-mapped so the processes of a run share one copy.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _TORCHVISION = {
     "cifar100": ("CIFAR100", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
 }
 A9A_FEATURES = 123
+_CACHE_FORMAT = 1  # bump when a decoder's output changes, so cached arrays are rebuilt
 
 
 @dataclass(frozen=True)
@@ -62,32 +64,100 @@ def load_digits_dataset(test_fraction: float = 0.2) -> tuple[ArrayDataset, Array
     return ArrayDataset(x[idx_train], y[idx_train], 10), ArrayDataset(x[idx_test], y[idx_test], 10)
 
 
-def _torchvision_arrays(name: str, data_dir: str, train: bool) -> ArrayDataset:
+def _read_idx(path: Path) -> np.ndarray:
+    """An IDX file (the MNIST format: magic 0x0000, type code, rank, big-endian int32 dims, raw data)."""
+    import gzip
+
+    raw = gzip.open(path).read() if path.suffix == ".gz" else path.read_bytes()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{path} is not an IDX file of unsigned bytes")
+    rank = raw[3]
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">i4", count=rank, offset=4))
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * rank)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: header says {dims} but holds {data.size} values")
+    return data.reshape(dims)
+
+
+def _idx_path(folder: Path, stem: str) -> Path | None:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _mnist_family_files(name: str, data_dir: str) -> list[Path]:
+    """The four IDX files torchvision's MNIST/FashionMNIST read from ``data_dir/<Class>/raw``."""
+    cls_name = _TORCHVISION[name][0]
+    folder = Path(data_dir) / cls_name / "raw"
+    stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+    paths = [_idx_path(folder, stem) for stem in stems]
+    if any(p is None for p in paths):
+        raise ConfigError(
+            f"dataset {name!r} not found under run-config 'data-dir' = {data_dir!r}: the files torchvision's "
+            f"{cls_name} reads ({folder}/{{train,t10k}}-*-ubyte) are missing there; nothing is downloaded, "
+            "put them there first")
+    return [p for p in paths if p is not None]
+
+
+def _normalized(name: str, images: np.ndarray) -> np.ndarray:
+    """uint8 images (N, H, W) or (N, H, W, C) → float32 (N, C, H, W), standardized per channel."""
+    _, mean, std = _TORCHVISION[name]
+    x = images.astype(np.float32) / 255.0
+    x = x[:, None, :, :] if x.ndim == 3 else np.transpose(x, (0, 3, 1, 2))
+    m = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    s = np.asarray(std, dtype=np.float32).reshape(1, -1, 1, 1)
+    return np.ascontiguousarray((x - m) / s, dtype=np.float32)
+
+
+def _mnist_family_arrays(name: str, data_dir: str) -> dict[str, np.ndarray]:
+    """Train and test arrays of an MNIST-format dataset, read directly (same values as torchvision's
+    MNIST class yields, without importing torchvision: seconds of start-up per process)."""
+    tr_x, tr_y, te_x, te_y = (_read_idx(p) for p in _mnist_family_files(name, data_dir))
+    return {"train_x": _normalized(name, tr_x), "train_y": tr_y.astype(np.int64),
+            "test_x": _normalized(name, te_x), "test_y": te_y.astype(np.int64), "num_classes": np.asarray([10])}
+
+
+def _torchvision_arrays(name: str, data_dir: str) -> dict[str, np.ndarray]:
     from fedapp.tv_compat import import_torchvision
 
     tv = import_torchvision()
-    cls_name, mean, std = _TORCHVISION[name]
-    cls = getattr(tv.datasets, cls_name)
-    try:
-        ds = cls(data_dir, train=train, download=False)  # never downloads: runs are offline and reproducible
-    except RuntimeError:
-        raise ConfigError(
-            f"dataset {name!r} not found under run-config 'data-dir' = {data_dir!r}: the files torchvision's "
-            f"{cls_name} reads are missing there; nothing is downloaded, put them there first"
-        ) from None
-    data = ds.data
-    data = data.numpy() if hasattr(data, "numpy") else np.asarray(data)
-    x = data.astype(np.float32) / 255.0
-    if x.ndim == 3:  # N, H, W (MNIST family)
-        x = x[:, None, :, :]
-    else:  # N, H, W, C (CIFAR)
-        x = np.transpose(x, (0, 3, 1, 2))
-    m = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
-    s = np.asarray(std, dtype=np.float32).reshape(1, -1, 1, 1)
-    x = np.ascontiguousarray((x - m) / s, dtype=np.float32)
-    targets = ds.targets
-    y = np.asarray(targets.numpy() if hasattr(targets, "numpy") else targets, dtype=np.int64)
-    return ArrayDataset(x, y, len(ds.classes))
+    cls_name = _TORCHVISION[name][0]
+    out: dict[str, np.ndarray] = {}
+    for split, train in (("train", True), ("test", False)):
+        try:
+            ds = getattr(tv.datasets, cls_name)(data_dir, train=train, download=False)  # never downloads
+        except RuntimeError:
+            raise ConfigError(
+                f"dataset {name!r} not found under run-config 'data-dir' = {data_dir!r}: the files torchvision's "
+                f"{cls_name} reads are missing there; nothing is downloaded, put them there first"
+            ) from None
+        data = ds.data
+        out[f"{split}_x"] = _normalized(name, data.numpy() if hasattr(data, "numpy") else np.asarray(data))
+        targets = ds.targets
+        out[f"{split}_y"] = np.asarray(targets.numpy() if hasattr(targets, "numpy") else targets, dtype=np.int64)
+        out["num_classes"] = np.asarray([len(ds.classes)])
+    return out
+
+
+def _source_files(name: str, data_dir: str) -> list[Path]:
+    """The files a dataset is decoded from (their sizes and mtimes key the array cache)."""
+    if name in ("mnist", "fmnist"):
+        return _mnist_family_files(name, data_dir)
+    if name in _TORCHVISION:
+        folder = Path(data_dir) / {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[name]
+        return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    return list(_a9a_paths(data_dir))
+
+
+def _decoded(name: str, data_dir: str, build) -> tuple[ArrayDataset, ArrayDataset]:
+    """``build()``'s arrays through the shared cache (:mod:`fedapp.cache`) when the sources can be fingerprinted."""
+    from fedapp.cache import cached_arrays, fingerprint
+
+    files = _source_files(name, data_dir)
+    arrays = cached_arrays(f"{name}-{fingerprint(files, _CACHE_FORMAT)}", build) if files else build()
+    k = int(arrays["num_classes"][0])
+    return (ArrayDataset(arrays["train_x"], arrays["train_y"], k), ArrayDataset(arrays["test_x"], arrays["test_y"], k))
 
 
 def read_libsvm(path: str | os.PathLike, num_features: int = A9A_FEATURES) -> ArrayDataset:
@@ -118,6 +188,12 @@ def _a9a_paths(data_dir: str) -> tuple[Path, Path]:
     raise ConfigError(f"dataset 'a9a' needs files a9a and a9a.t under data-dir {data_dir!r} (or its a9a/ folder)")
 
 
+def _a9a_arrays(data_dir: str) -> dict[str, np.ndarray]:
+    train_path, test_path = _a9a_paths(data_dir)
+    train, test = read_libsvm(train_path), read_libsvm(test_path)
+    return {"train_x": train.x, "train_y": train.y, "test_x": test.x, "test_y": test.y, "num_classes": np.asarray([2])}
+
+
 @functools.lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str = "") -> tuple[ArrayDataset, ArrayDataset]:
     """Load ``(train, test)`` for dataset ``name`` (cached)."""
@@ -126,10 +202,11 @@ def load_dataset(name: str, data_dir: str = "") -> tuple[ArrayDataset, ArrayData
     if name in _TORCHVISION:
         if not data_dir:
             raise ConfigError(f"dataset {name!r} needs run-config 'data-dir'")
-        return _torchvision_arrays(name, data_dir, True), _torchvision_arrays(name, data_dir, False)
+        if name in ("mnist", "fmnist"):
+            return _decoded(name, data_dir, lambda: _mnist_family_arrays(name, data_dir))
+        return _decoded(name, data_dir, lambda: _torchvision_arrays(name, data_dir))
     if name == "a9a":
-        train_path, test_path = _a9a_paths(data_dir)
-        return read_libsvm(train_path), read_libsvm(test_path)
+        return _decoded(name, data_dir, lambda: _a9a_arrays(data_dir))
     if name.startswith("hf:"):  # a Hugging Face dataset (fedapp.hf_data documents the syntax)
         from fedapp.hf_data import load_hf
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,10 @@ import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+if "DPFL_CACHE_DIR" not in os.environ:  # the shared dataset/calibration cache (fedapp.cache): one per session,
+    _CACHE = tempfile.mkdtemp(prefix="dpfl-test-cache-")  # inherited by every process the tests start
+    os.environ["DPFL_CACHE_DIR"] = _CACHE
+    atexit.register(shutil.rmtree, _CACHE, True)
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = (REPO.parent / "shared" / "data").resolve()
 

@@ -20,6 +20,7 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common import Context
 
+from fedapp.cache import calibrated_noise_multiplier
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
@@ -29,6 +30,8 @@ from fedapp.clients.common import (
     round_seed,
     write_record,
 )
+from fedapp.grad_sample_mode import resolve_grad_sample_mode
+from fedapp.models import DEFAULT_MODEL
 from fedapp.training import (
     LocalTraining,
     PerSampleDP,
@@ -40,7 +43,6 @@ from fedapp.training import (
 )
 from strategies.privacy.accountants import compact_history, epsilon_of
 from strategies.privacy.budget import budget_refusal
-from strategies.privacy.calibration import calibrate_noise_multiplier
 
 STATE_KEY = "dpsgd-accountant"
 
@@ -80,11 +82,21 @@ class DPSGDClient(NumPyClient):
     def noise_multiplier(self) -> float:
         z, hist = self.load_history()
         if z is None:
-            p = self.s.profile
-            z = calibrate_noise_multiplier(p.epsilon, p.delta, self.sample_rate(),
-                                           self.s.cfg.dp_rounds * self.steps_per_round(), kind=self.s.cfg["accountant"])
+            z = self.calibrate()
             self.save_history(z, hist, 0)
         return z
+
+    def calibrate(self) -> float:
+        """z_i such that ``dp-rounds`` rounds of this client's DP-SGD spend ε_i (shared-cache aware)."""
+        p = self.s.profile
+        return calibrated_noise_multiplier(p.epsilon, p.delta, self.sample_rate(),
+                                           self.s.cfg.dp_rounds * self.steps_per_round(), self.s.cfg["accountant"])
+
+    def grad_sample_mode(self) -> str:
+        cfg = self.s.cfg
+        name = cfg["model"] if cfg["model"] != "auto" else DEFAULT_MODEL[cfg["dataset"]]
+        return resolve_grad_sample_mode(cfg["grad-sample-mode"], name, self.s.new_model, self.s.train,
+                                        self.s.profile.batch_size, self.s.device)
 
     # ---- Flower API ------------------------------------------------------------------
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
@@ -119,7 +131,7 @@ class DPSGDClient(NumPyClient):
                 metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
                 return [], 0, metrics
             spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=float(cfg["momentum"]),
-                                 seed=seed, dp=PerSampleDP(z, float(cfg["clip-norm"]), cfg["grad-sample-mode"]))
+                                 seed=seed, dp=PerSampleDP(z, float(cfg["clip-norm"]), self.grad_sample_mode()))
             result = local_train(model, self.s.train, spec, self.s.device)
             if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:
                 raise RuntimeError(f"DP-SGD ran q={result.extra['sample_rate']}, {result.steps} steps; "

@@ -193,6 +193,20 @@ ACCOUNTANTS: dict[str, type[Accountant]] = {
 
 
 @functools.cache
+def accountant_versions() -> str:
+    """Versions of the accounting libraries (a calibration cached under other versions is not reused)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for dist in ("opacus", "dp-accounting"):
+        try:
+            out.append(f"{dist}=={version(dist)}")
+        except PackageNotFoundError:
+            out.append(f"{dist} absent")
+    return ",".join(out)
+
+
+@functools.cache
 def get_accountant(kind: str) -> Accountant:
     """The Poisson-sampling accountant named ``kind`` (one of :data:`ACCOUNTANTS`)."""
     if kind not in ACCOUNTANTS:

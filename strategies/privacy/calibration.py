@@ -1,9 +1,9 @@
 """One noise calibrator for every family: the smallest noise whose accountant ε meets a target.
 
 ε(x) of a mechanism is non-increasing in its noise scale x (a noise multiplier z, or a noise std
-σ_p). :func:`calibrate` brackets the target geometrically and bisects in log space, always keeping
-the end that meets the target, so the result satisfies ``target·(1 − rtol) ≤ ε(x) ≤ target``
-(unless the bracket is already that tight).
+σ_p). :func:`calibrate` brackets the target in log space and narrows the bracket by safeguarded
+regula falsi, always keeping the end that meets the target, so the result satisfies
+``target·(1 − rtol) ≤ ε(x) ≤ target`` (unless the bracket is already that tight).
 """
 
 from __future__ import annotations
@@ -18,33 +18,79 @@ from strategies.privacy.accountants import compact_history, epsilon_of
 def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: float = 1.0, rtol: float = 1e-3,
               max_scale: float = 1e6, what: str = "noise") -> float:
     """Smallest x (to relative precision ``rtol``) with ``epsilon_fn(x) <= target``; raises ``ValueError``
-    when even ``start · max_scale`` cannot reach it."""
+    when even ``start · max_scale`` cannot reach it.
+
+    Root-finding on g(u) = log ε(eᵘ) − log target: expand from ``start`` with slope-(−1) steps (ε ≈ c/x
+    for a Gaussian mechanism in its usual regime) until a bracket holds, then Illinois regula falsi aimed
+    at the middle of the accepted window, falling back to bisection when a step does not shrink the
+    bracket. Typically 4–6 accountant calls instead of bisection's ~13, and it never probes noise far
+    below the answer, where some accountants are slowest (Opacus' fractional-order series)."""
     if not target > 0 or not math.isfinite(target):
         raise ValueError(f"target epsilon must be a finite number > 0, got {target}")
     if not start > 0:
         raise ValueError(f"start must be > 0, got {start}")
-    hi = start
-    while epsilon_fn(hi) > target:
-        hi *= 2.0
-        if hi > start * max_scale:
-            raise ValueError(f"cannot reach epsilon {target}: even {what} {hi:.3g} spends more")
-    lo = hi / 2.0
-    while epsilon_fn(lo) <= target:  # shrink until lo misses the target (bracket [lo, hi])
-        hi, lo = lo, lo / 2.0
-        if lo < start / max_scale:
-            return hi
-    for _ in range(200):
-        mid = math.sqrt(lo * hi)
-        e = epsilon_fn(mid)
-        if e > target:
-            lo = mid
+    accept = math.log1p(-rtol)  # g in [accept, 0]: target·(1 − rtol) <= ε <= target
+    aim = math.log1p(-rtol / 2)
+
+    def g(u: float) -> float:
+        eps = epsilon_fn(math.exp(u))
+        return math.log(eps / target) if eps > 0 else -math.inf
+
+    u_min, u_max = math.log(start / max_scale), math.log(start * max_scale)
+    u, gu = math.log(start), g(math.log(start))
+    if accept <= gu <= 0:
+        return start
+    lo = hi = None  # (u, g): lo misses the target (g > 0), hi meets it (g <= 0)
+    prev: tuple[float, float] | None = None
+    while lo is None or hi is None:  # extrapolate towards the root until it is bracketed
+        if gu > 0:
+            lo = (u, gu)
         else:
-            hi = mid
-            if e >= target * (1 - rtol):
-                break
-        if hi / lo < 1 + rtol / 4:
+            hi = (u, gu)
+        if lo is not None and hi is not None:
             break
-    return hi
+        slope = -1.0  # ε ≈ c/x until two points on one side give the local slope
+        if prev is not None and math.isfinite(gu) and math.isfinite(prev[1]) and gu != prev[1]:
+            slope = min((gu - prev[1]) / (u - prev[0]), -0.05)
+        step = (aim - gu) / slope if math.isfinite(gu) else -math.log(100.0)
+        step = math.copysign(min(max(abs(step), math.log(1.05)), math.log(100.0)), 1.0 if gu > 0 else -1.0)
+        prev, u = (u, gu), u + step
+        if u > u_max:
+            if u - step >= u_max:
+                raise ValueError(f"cannot reach epsilon {target}: even {what} {math.exp(u_max):.3g} spends more")
+            u = u_max
+        if u < u_min:
+            if u - step <= u_min:
+                return math.exp(hi[0])  # type: ignore[index]
+            u = u_min
+        gu = g(u)
+        if accept <= gu <= 0:
+            return math.exp(u)
+    side = 0  # Illinois: halve the stale end's g when the same end moves twice
+    glo, ghi = lo[1], hi[1]
+    for _ in range(200):
+        if hi[0] - lo[0] < rtol / 4:
+            break
+        width = hi[0] - lo[0]
+        if math.isfinite(ghi) and glo - ghi > 0:
+            u = lo[0] + (glo - aim) / (glo - ghi) * width
+        else:
+            u = lo[0] + width / 2
+        u = min(max(u, lo[0] + 0.01 * width), hi[0] - 0.01 * width)
+        gu = g(u)
+        if accept <= gu <= 0:
+            return math.exp(u)
+        if gu > 0:
+            lo, glo = (u, gu), gu
+            if side == -1:
+                ghi = aim + (ghi - aim) / 2
+            side = -1
+        else:
+            hi, ghi = (u, gu), gu
+            if side == 1:
+                glo = aim + (glo - aim) / 2
+            side = 1
+    return math.exp(hi[0])
 
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, steps: int,
@@ -67,5 +113,8 @@ def _calibrate_z(target_epsilon: float, delta: float, sample_rate: float, steps:
     if steps <= 0:
         raise ValueError(f"steps must be > 0, got {steps}")
     base = compact_history(prior)
+    # moments-accountant estimate z ≈ q·√(2T·log(1/δ))/ε (Abadi et al. 2016, Thm 1): starts the search
+    # within a few percent of the answer, away from small z where Opacus' series converge slowly
+    start = max(sample_rate * math.sqrt(2.0 * steps * math.log(1.0 / delta)) / target_epsilon, 0.05)
     return calibrate(lambda z: epsilon_of(base + [(z, sample_rate, steps)], delta, kind), target_epsilon,
-                     rtol=rtol, what=f"noise multiplier (delta={delta}, {steps} steps at q={sample_rate})")
+                     start=start, rtol=rtol, what=f"noise multiplier (delta={delta}, {steps} steps at q={sample_rate})")

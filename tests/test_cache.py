@@ -1,0 +1,100 @@
+"""The shared start-up cache (fedapp.cache): decoded datasets and noise calibrations across processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedapp import cache
+from fedapp.data import _mnist_family_arrays, _read_idx, _torchvision_arrays, load_dataset
+from strategies.privacy.accountants import epsilon_of
+from strategies.privacy.calibration import calibrate_noise_multiplier
+
+
+@pytest.fixture
+def cache_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPFL_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_arrays_are_built_once_then_memory_mapped_copy_on_write(cache_root):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return {"x": np.arange(12, dtype=np.float32).reshape(3, 4), "y": np.array([1, 2, 3])}
+
+    first = cache.cached_arrays("demo", build)
+    again = cache.cached_arrays("demo", build)
+    assert len(calls) == 1 and isinstance(again["x"], np.memmap)
+    np.testing.assert_array_equal(first["x"], again["x"])
+    again["x"][0, 0] = 99.0  # writable, but the cached file is untouched (copy-on-write)
+    assert cache.cached_arrays("demo", build)["x"][0, 0] == 0.0
+    assert not list((cache_root / "datasets" / "demo").glob("*.tmp"))  # nothing half-written left behind
+
+
+def test_incomplete_entries_are_rebuilt_and_off_disables_the_cache(cache_root, monkeypatch):
+    (cache_root / "datasets" / "demo").mkdir(parents=True)
+    (cache_root / "datasets" / "demo" / "x.npy").write_bytes(b"truncated")  # no complete.json: a crashed writer
+    out = cache.cached_arrays("demo", lambda: {"x": np.ones(3)})
+    np.testing.assert_array_equal(out["x"], np.ones(3))
+    monkeypatch.setenv("DPFL_CACHE_DIR", "off")
+    assert cache.cache_dir() is None
+    assert cache.cached_arrays("other", lambda: {"x": np.zeros(2)})["x"].sum() == 0
+
+
+def test_fingerprint_changes_with_the_source_files(tmp_path):
+    f = tmp_path / "a"
+    f.write_bytes(b"one")
+    before = cache.fingerprint([f], 1)
+    f.write_bytes(b"three")
+    assert cache.fingerprint([f], 1) != before and cache.fingerprint([f], 2) != cache.fingerprint([f], 1)
+
+
+def test_idx_reader_rejects_what_is_not_idx(tmp_path):
+    bad = tmp_path / "x-idx1-ubyte"
+    bad.write_bytes(b"\x00\x00\x0d\x01" + (3).to_bytes(4, "big") + b"abc")  # type 0x0d = float, not bytes
+    with pytest.raises(ValueError, match="not an IDX file of unsigned bytes"):
+        _read_idx(bad)
+    short = tmp_path / "y-idx1-ubyte"
+    short.write_bytes(b"\x00\x00\x08\x01" + (5).to_bytes(4, "big") + b"abc")
+    with pytest.raises(ValueError, match="header says"):
+        _read_idx(short)
+
+
+def test_mnist_read_directly_equals_torchvision_and_the_cached_copy(shared_data, cache_root):
+    direct = _mnist_family_arrays("mnist", str(shared_data))
+    via_tv = _torchvision_arrays("mnist", str(shared_data))
+    for key in ("train_x", "train_y", "test_x", "test_y"):
+        np.testing.assert_array_equal(direct[key], via_tv[key])
+    load_dataset.cache_clear()
+    try:
+        train, test = load_dataset("mnist", str(shared_data))  # builds the cache entry
+        np.testing.assert_array_equal(train.x, direct["train_x"])
+        assert (test.num_classes, len(train), len(test)) == (10, 60000, 10000)
+    finally:
+        load_dataset.cache_clear()
+    # a second process maps the stored arrays instead of decoding (and never imports torchvision)
+    code = ("import sys; from fedapp.data import load_dataset; tr, te = load_dataset('mnist', sys.argv[1]); "
+            "import numpy as np; assert isinstance(tr.x, np.memmap); assert 'torchvision' not in sys.modules; "
+            "print(float(tr.x[123].sum()))")
+    out = subprocess.run([sys.executable, "-c", code, str(shared_data)], capture_output=True, text=True, check=True)
+    assert float(out.stdout) == pytest.approx(float(direct["train_x"][123].sum()), rel=1e-6)
+
+
+def test_a_cached_calibration_is_verified_never_trusted(cache_root):
+    eps, delta, q, steps = 2.0, 1e-5, 0.05, 200
+    z = cache.calibrated_noise_multiplier(eps, delta, q, steps, "rdp")
+    assert z == pytest.approx(calibrate_noise_multiplier(eps, delta, q, steps), rel=1e-12)
+    [entry] = list((cache_root / "calibrations").glob("*.json"))
+    assert cache.calibrated_noise_multiplier(eps, delta, q, steps, "rdp") == z  # served from the cache
+    tampered = json.loads(entry.read_text())
+    tampered["value"] = z / 2  # half the noise: would spend far more than epsilon
+    entry.write_text(json.dumps(tampered))
+    again = cache.calibrated_noise_multiplier(eps, delta, q, steps, "rdp")
+    assert epsilon_of([(again, q, steps)], delta, "rdp") <= eps * (1 + 1e-9) and again == pytest.approx(z)
+    assert json.loads(entry.read_text())["value"] == pytest.approx(z)  # the bad entry was replaced
