@@ -98,7 +98,7 @@ _KEYS: list[Key] = [
     Key("clip-norm", float, 3.0, "Clipping bound: per-sample c for DP-SGD; per-update C for client-level DP.", _positive, "> 0", section="privacy"),
     Key("dp-rounds", int, 0, "Rounds the budget is planned for (0 = num-server-rounds); beyond it clients refuse.", _nonneg, ">= 0", section="privacy"),
     Key("accountant", str, "rdp", "Opacus accountant for DP-SGD: rdp or prv.", choices=("rdp", "prv"), section="privacy"),
-    Key("grad-sample-mode", str, "hooks", "Opacus per-sample gradient mode: hooks, ew, functorch.", choices=("hooks", "ew", "functorch"), section="privacy"),
+    Key("grad-sample-mode", str, "auto", "Opacus per-sample gradient mode: auto (the fastest the model supports, measured once per model/batch/device), hooks, ew, functorch.", choices=("auto", "hooks", "ew", "functorch"), section="privacy"),
     Key("lr", float, 0.05, "Client learning rate η.", _positive, "> 0", section="privacy"),
     Key("momentum", float, 0.0, "Client SGD momentum (reset every round).", lambda v: 0 <= v < 1, "in [0, 1)", section="privacy"),
     Key("lr-decay", float, 1.0, "Client learning rate multiplied by this every round.", _prob, "in (0, 1]", section="privacy"),
@@ -278,7 +278,7 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         from fedapp.models import DEFAULT_MODEL
 
         model = DEFAULT_MODEL[cfg["dataset"]]
-    if model != "auto":
+    if model != "auto" and cfg["grad-sample-mode"] != "auto":
         from fedapp.models import check_grad_sample_mode
 
         try:
