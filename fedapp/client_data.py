@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 
 import numpy as np
 
+from fedapp.cache import cached_arrays
 from fedapp.config import RunConfig
 from fedapp.data import ArrayDataset, load_dataset
 from fedapp.partition import partition, train_test_split_local
+
+_PARTITION_FORMAT = 1  # bump when a partitioner's output changes, so cached partitions are rebuilt
 
 
 def _capped_pool(cfg: RunConfig) -> ArrayDataset:
@@ -58,8 +62,18 @@ def _partitions(dataset: str, data_dir: str, max_samples: int, method: str, num_
     cfg = {"dataset": dataset, "data-dir": data_dir, "max-samples": max_samples, "seed": seed,
            "public-samples": public_samples}
     pool = training_pool(cfg)  # type: ignore[arg-type]
-    return tuple(partition(pool.y, num_clients, method, seed, shards_per_client=shards_per_client,
-                           classes_per_client=classes_per_client, alpha=alpha))
+    args = (method, num_clients, seed, shards_per_client, classes_per_client, alpha, _PARTITION_FORMAT)
+    key = hashlib.sha256(np.ascontiguousarray(pool.y).tobytes() + repr(args).encode()).hexdigest()[:24]
+
+    def build() -> dict[str, np.ndarray]:  # flwr-datasets (and its ~90 MB of imports) only on a cache miss
+        parts = partition(pool.y, num_clients, method, seed, shards_per_client=shards_per_client,
+                          classes_per_client=classes_per_client, alpha=alpha)
+        return {"indices": np.concatenate(parts).astype(np.int64),
+                "offsets": np.cumsum([0] + [len(p) for p in parts]).astype(np.int64)}
+
+    arrays = cached_arrays(f"partition-{key}", build)
+    idx, off = np.asarray(arrays["indices"]), np.asarray(arrays["offsets"])
+    return tuple(idx[off[i]:off[i + 1]].copy() for i in range(num_clients))
 
 
 def client_partition_indices(cfg: RunConfig, num_clients: int) -> tuple[np.ndarray, ...]:

@@ -53,6 +53,45 @@ def resolve_flwr_home(app: Path, flwr_home: Path | None = None) -> Path:
     return Path(chosen).expanduser().resolve()
 
 
+def dry_run_forked(cfg, num_clients: int) -> list[str]:
+    """:func:`fedapp.server_app.dry_run` in a forked child, so the dataset, model, accountant and client it
+    builds are freed when it exits instead of staying resident in the launcher for the whole run (a few
+    hundred MB of peak memory). Its errors (``ConfigError`` …) are raised here unchanged. In process where
+    ``fork`` is unavailable."""
+    import multiprocessing as mp
+
+    from fedapp.server_app import dry_run
+
+    if "fork" not in mp.get_all_start_methods():
+        return dry_run(cfg, num_clients)
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_dry_run_child, args=(send, cfg, num_clients), daemon=True)
+    child.start()
+    send.close()
+    try:
+        ok, value = receive.recv()
+    except EOFError:
+        child.join()
+        raise RuntimeError(f"the configuration check (dry run) died with exit code {child.exitcode}") from None
+    child.join()
+    if not ok:
+        raise value
+    return value
+
+
+def _dry_run_child(send, cfg, num_clients: int) -> None:
+    from fedapp.server_app import dry_run
+
+    try:
+        send.send((True, dry_run(cfg, num_clients)))
+    except BaseException as exc:  # noqa: BLE001 — every failure goes back to the launcher
+        try:
+            send.send((False, exc))
+        except Exception:  # an exception that does not pickle: its text still names the value
+            send.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
 def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
         flwr_home: Path | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
         timeout: float | None = None, port: int | None = None, ray_address: str = "") -> Path:
@@ -73,10 +112,8 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     check_fault_config(cfg)
     if num_supernodes < 2:
         raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
-    from fedapp.server_app import dry_run
-
     # every config check, before anything starts: the strategy, its mechanism and one client are built
-    for key in dry_run(cfg, num_supernodes):
+    for key in dry_run_forked(cfg, num_supernodes):
         print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg['strategy']!r}; "
               "it has no effect", file=sys.stderr, flush=True)
     output_dir = absolutize_paths(cfg, overrides, app)

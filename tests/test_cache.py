@@ -98,3 +98,21 @@ def test_a_cached_calibration_is_verified_never_trusted(cache_root):
     again = cache.calibrated_noise_multiplier(eps, delta, q, steps, "rdp")
     assert epsilon_of([(again, q, steps)], delta, "rdp") <= eps * (1 + 1e-9) and again == pytest.approx(z)
     assert json.loads(entry.read_text())["value"] == pytest.approx(z)  # the bad entry was replaced
+
+
+def test_partitions_are_computed_once_and_read_back_without_flwr_datasets(cache_root):
+    from fedapp.client_data import _partitions, client_partition_indices
+    from fedapp.config import resolve_config
+
+    cfg = resolve_config({"partitioner": "dirichlet", "dirichlet-alpha": 0.5, "seed": 3})
+    _partitions.cache_clear()
+    first = client_partition_indices(cfg, 6)
+    assert sorted(np.concatenate(first).tolist()) == sorted(set(np.concatenate(first).tolist()))  # disjoint
+    assert len(list((cache_root / "datasets").glob("partition-*"))) == 1
+    code = ("import sys; from fedapp.client_data import client_partition_indices; from fedapp.config import "
+            "resolve_config; cfg = resolve_config({'partitioner': 'dirichlet', 'dirichlet-alpha': 0.5, 'seed': 3}); "
+            "parts = client_partition_indices(cfg, 6); assert 'flwr_datasets' not in sys.modules; "
+            "print(','.join(str(int(p.sum())) for p in parts))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ",".join(str(int(p.sum())) for p in first)
+    _partitions.cache_clear()
