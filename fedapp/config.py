@@ -269,17 +269,17 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         if not os.path.isdir(data_dir) or not os.access(data_dir, os.R_OK):
             raise ConfigError(f"run-config 'data-dir' = {data_dir!r} is not a readable folder (dataset {cfg['dataset']!r})")
     if cfg["model"] != "auto":
-        from fedapp.models import MODELS
+        from fedapp.model_catalog import MODEL_NAMES
 
-        if cfg["model"] not in MODELS:
-            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODELS)}")
+        if cfg["model"] not in MODEL_NAMES:
+            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)}")
     model = cfg["model"]
     if model == "auto" and cfg["dataset"] in DATASETS:
-        from fedapp.models import DEFAULT_MODEL
+        from fedapp.model_catalog import DEFAULT_MODEL
 
         model = DEFAULT_MODEL[cfg["dataset"]]
     if model != "auto" and cfg["grad-sample-mode"] != "auto":
-        from fedapp.models import check_grad_sample_mode
+        from fedapp.model_catalog import check_grad_sample_mode
 
         try:
             check_grad_sample_mode(model, cfg["grad-sample-mode"])

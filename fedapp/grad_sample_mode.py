@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from fedapp.data import ArrayDataset
-from fedapp.models import GRAD_SAMPLE_MODES, UNSUPPORTED_GRAD_SAMPLE_MODES
+from fedapp.model_catalog import GRAD_SAMPLE_MODES, UNSUPPORTED_GRAD_SAMPLE_MODES
 
 AUTO = "auto"
 

@@ -12,6 +12,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fedapp.model_catalog import (  # noqa: F401 — the names, torch-free, re-exported
+    DEFAULT_MODEL,
+    GRAD_SAMPLE_MODES,
+    MODEL_NAMES,
+    UNSUPPORTED_GRAD_SAMPLE_MODES,
+    check_grad_sample_mode,
+)
+
 
 class MnistCNN(nn.Module):
     """Robust-HDP Table 5 CNN for MNIST/FMNIST: 28,938 parameters."""
@@ -153,7 +161,7 @@ def resnet18_groupnorm(in_channels: int = 3, num_classes: int = 10, groups: int 
 
 ModelFactory = Callable[..., nn.Module]
 
-MODELS: dict[str, ModelFactory] = {
+MODELS: dict[str, ModelFactory] = {  # keys: fedapp.model_catalog.MODEL_NAMES (a test checks they agree)
     "cnn-mnist": MnistCNN,
     "cnn-fmnist": FmnistCNN,
     "cnn-cifar": CifarCNN,
@@ -163,36 +171,6 @@ MODELS: dict[str, ModelFactory] = {
     "cnn-digits": DigitsCNN,
     "mlp-digits": SigmoidMLP,
 }
-
-DEFAULT_MODEL: dict[str, str] = {
-    "digits": "cnn-digits",
-    "mnist": "cnn-mnist",
-    "fmnist": "cnn-mnist",
-    "cifar10": "cnn-cifar",
-    "cifar100": "resnet18-gn",
-    "a9a": "logreg",
-}
-
-
-GRAD_SAMPLE_MODES: tuple[str, ...] = ("hooks", "ew", "functorch")
-"""Opacus per-sample gradient modes ``fedapp.training`` runs (Opacus' ``ghost`` needs a wrapped criterion: not run)."""
-
-UNSUPPORTED_GRAD_SAMPLE_MODES: dict[tuple[str, str], str] = {}
-"""(model, mode) pairs that cannot train with DP-SGD, with the reason; ``tests/test_dp_models.py`` keeps it honest
-(every pair not listed runs one real private step)."""
-
-
-def check_grad_sample_mode(model_name: str, mode: str) -> None:
-    """Raise ``ValueError`` naming both when Opacus grad-sample ``mode`` cannot train model ``model_name``."""
-    if model_name not in MODELS:
-        raise ValueError(f"unknown model {model_name!r}; valid: {sorted(MODELS)}")
-    if mode not in GRAD_SAMPLE_MODES:
-        raise ValueError(f"grad-sample-mode {mode!r} is not supported (model {model_name!r}); "
-                         f"valid: {list(GRAD_SAMPLE_MODES)}")
-    reason = UNSUPPORTED_GRAD_SAMPLE_MODES.get((model_name, mode))
-    if reason is not None:
-        raise ValueError(f"model {model_name!r} cannot train with grad-sample-mode {mode!r}: {reason}")
-
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *, nonconvex_lambda: float = 0.0) -> nn.Module:
     """Instantiate model ``name`` for inputs of ``input_shape`` (without batch) and ``num_classes``."""

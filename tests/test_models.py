@@ -64,3 +64,18 @@ def test_resnet18_gn_is_torchvision_resnet18_with_the_same_state_and_outputs():
     assert all(torch.equal(state[k], ref_state[k]) for k in state)  # same seeded initialization
     x = torch.randn(2, 3, 32, 32)
     assert torch.allclose(model(x), reference(x), atol=1e-6)
+
+
+def test_the_torch_free_catalog_names_every_model_and_the_launcher_never_imports_torch():
+    import subprocess
+    import sys
+
+    from fedapp.model_catalog import DEFAULT_MODEL, MODEL_NAMES
+    from fedapp.models import MODELS
+
+    assert tuple(MODELS) == MODEL_NAMES and set(DEFAULT_MODEL.values()) <= set(MODEL_NAMES)
+    code = ("import sys; from fedapp.launch import PROJECT_ROOT, pyproject_run_config, resolve_config; "
+            "from fedapp.faults import check_fault_config; "
+            "check_fault_config(resolve_config({**pyproject_run_config(PROJECT_ROOT), 'grad-sample-mode': 'ew'})); "
+            "assert 'torch' not in sys.modules, 'the launcher imported torch'")
+    subprocess.run([sys.executable, "-c", code], check=True)
