@@ -105,19 +105,21 @@ def _heterogeneous_updates(p: int = 6000, n: int = 20, seed: int = 3) -> tuple[n
     return np.stack(cols, axis=1), sigma2
 
 
-def test_run_config_default_solver_gives_the_tight_solve_weights():
-    """Robust-HDP's defaults (float32, rpca-tol) stay within 1 % of a float64, tol 1e-9 solve's weights."""
+def test_run_config_default_solver_gives_the_pcp_optimum_weights():
+    """Robust-HDP's defaults (float32, rpca-tol) stay within 1 % of the weights of a slow-μ (ρ = 1.01), tol 1e-10
+    float64 solve, which reaches the PCP optimum (not the same solver at a tighter tolerance: a fast μ growth
+    stops early at a non-optimal point however small tol is)."""
     from fedapp.config import resolve_config
     from fedapp.factories import rpca_options
 
     m, _ = _heterogeneous_updates()
     opts = rpca_options(resolve_config())
     assert opts["dtype"] == np.float32
-    tight = inverse_variance_weights(column_noise_variances(m, tol=1e-9, max_iter=2000).sigma2)
+    optimum = inverse_variance_weights(column_noise_variances(m, tol=1e-10, max_iter=5000, rho=1.01).sigma2)
     fast = column_noise_variances(m, **opts)
     assert fast.converged
     w = inverse_variance_weights(fast.sigma2)
-    assert np.max(np.abs(w - tight) / tight) < 1e-2
-    # the check can fail: a solver stopped by an aggressive μ growth lands > 1 % away
-    rushed = inverse_variance_weights(column_noise_variances(m, **{**opts, "rho": 3.0}).sigma2)
-    assert np.max(np.abs(rushed - tight) / tight) > 1e-2
+    assert np.max(np.abs(w - optimum) / optimum) < 1e-2
+    # the check can fail: the former default rho = 1.5 converged to tol 1e-7 at weights 33 % away
+    rushed = inverse_variance_weights(column_noise_variances(m, **{**opts, "rho": 1.5}).sigma2)
+    assert np.max(np.abs(rushed - optimum) / optimum) > 0.1
