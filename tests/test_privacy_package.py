@@ -134,3 +134,32 @@ def test_strikes_exclude_after_the_limit():
     s = StrikeRecord(limit=2)
     assert not s.add(4, "nan") and s.add(4, "nan") and s.excluded(4) and not s.excluded(5)
     assert not StrikeRecord(limit=0).excluded(4)
+
+
+def test_opacus_rdp_without_the_opacus_package_init_is_opacus_rdp():
+    import subprocess
+    import sys
+
+    from strategies.privacy.accountants import OPACUS_RDP_ORDERS
+
+    assert list(OPACUS_RDP_ORDERS) == RDPAccountant.DEFAULT_ALPHAS
+    code = ("import sys; from strategies.privacy.accountants import OpacusRDP; "
+            f"print(repr(OpacusRDP().epsilon({HIST!r}, 1e-5))); "
+            "assert 'opacus' not in sys.modules and 'opacus.privacy_engine' not in sys.modules")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    opacus = RDPAccountant()
+    opacus.history = list(HIST)
+    assert float(out.stdout) == opacus.get_epsilon(1e-5)  # bit-for-bit: the same module's code
+
+
+def test_calibrator_lands_in_the_window_for_any_power_law_and_stops_on_unreachable_targets():
+    rng = np.random.default_rng(0)
+    for _ in range(300):  # eps(x) = c·x^-a: slopes from flatter to steeper than the slope-(-1) first guess
+        a, c, target, start = rng.uniform(0.2, 3), rng.uniform(0.01, 100), rng.uniform(0.01, 50), 10 ** rng.uniform(-3, 3)
+        if not start / 1e6 < (c / target) ** (1 / a) < start * 1e6:
+            continue
+        x = calibrate(lambda s, a=a, c=c: c * s ** (-a), target, start=start)
+        assert target * (1 - 1e-3) <= c * x ** (-a) <= target
+    for start in (1e-3, 1.0, 1.517e5, 3.7):  # a floor above the target: raise, whatever start lands on the limit
+        with pytest.raises(ValueError, match="cannot reach"):
+            calibrate(lambda s: 0.1 + 1.0 / s, 1e-6, start=start)

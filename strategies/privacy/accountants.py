@@ -77,13 +77,33 @@ class Accountant(ABC):
         """ε of a non-empty, compacted history with positive noise."""
 
 
+OPACUS_RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+"""``opacus.accountants.RDPAccountant.DEFAULT_ALPHAS`` (a test checks they are equal)."""
+
+
+@functools.cache
+def opacus_rdp_analysis():
+    """Opacus' RDP analysis module (``opacus/accountants/analysis/rdp.py``: numpy, scipy.special, math) loaded
+    from its file without running the ``opacus`` package ``__init__``, which imports the privacy engine,
+    ``torch.distributed`` and ``scipy.stats`` (~100 MB and seconds in every server and client-level process
+    that only needs ε). The same code, so the same numbers: a test checks against ``RDPAccountant``."""
+    import importlib.util
+    from pathlib import Path
+
+    found = importlib.util.find_spec("opacus")
+    if found is None or not found.submodule_search_locations:
+        raise ImportError("opacus is not installed")
+    path = Path(next(iter(found.submodule_search_locations))) / "accountants" / "analysis" / "rdp.py"
+    spec = importlib.util.spec_from_file_location("_dpfl_opacus_rdp_analysis", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
 @functools.lru_cache(maxsize=8192)
 def _opacus_rdp_per_step(noise_multiplier: float, sample_rate: float) -> np.ndarray:
-    from opacus.accountants import RDPAccountant
-    from opacus.accountants.analysis import rdp as rdp_analysis
-
-    return np.asarray(rdp_analysis.compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
-                                               orders=RDPAccountant.DEFAULT_ALPHAS))
+    return np.asarray(opacus_rdp_analysis().compute_rdp(q=sample_rate, noise_multiplier=noise_multiplier, steps=1,
+                                                        orders=list(OPACUS_RDP_ORDERS)))
 
 
 class OpacusRDP(Accountant):
@@ -92,11 +112,8 @@ class OpacusRDP(Accountant):
     name = "rdp"
 
     def _epsilon(self, history: History, delta: float) -> float:
-        from opacus.accountants import RDPAccountant
-        from opacus.accountants.analysis import rdp as rdp_analysis
-
         rdp = sum(steps * _opacus_rdp_per_step(z, q) for z, q, steps in history)
-        eps, _ = rdp_analysis.get_privacy_spent(orders=RDPAccountant.DEFAULT_ALPHAS, rdp=rdp, delta=delta)
+        eps, _ = opacus_rdp_analysis().get_privacy_spent(orders=list(OPACUS_RDP_ORDERS), rdp=rdp, delta=delta)
         return float(eps)
 
 

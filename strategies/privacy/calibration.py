@@ -56,11 +56,11 @@ def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: flo
         step = math.copysign(min(max(abs(step), math.log(1.05)), math.log(100.0)), 1.0 if gu > 0 else -1.0)
         prev, u = (u, gu), u + step
         if u > u_max:
-            if u - step >= u_max:
+            if prev[0] >= u_max:  # already probed the largest allowed noise
                 raise ValueError(f"cannot reach epsilon {target}: even {what} {math.exp(u_max):.3g} spends more")
             u = u_max
         if u < u_min:
-            if u - step <= u_min:
+            if prev[0] <= u_min:
                 return math.exp(hi[0])  # type: ignore[index]
             u = u_min
         gu = g(u)
