@@ -1,0 +1,397 @@
+"""Side by side with Apple's pfl-research (issue #15, item 2): this project's ``dp-fedavg`` vs pfl's
+FederatedAveraging + central Gaussian mechanism on the same MNIST task, in wall time and memory.
+
+    .venv/bin/python -m benchmarks.peer_pfl [--rounds 30] [--repeats 3] [--pfl-python /work/pfl-venv/bin/python]
+
+1. Exports the shared inputs once to a temporary folder, through this project's own code: the MNIST
+   training pool and test set (``fedapp.data``), every client's training indices for 20 clients from the
+   run's partitioner (``fedapp.client_data`` / ``fedapp.partition``), the Table-5 CNN's initial weights
+   for the run's seed (``fedapp.clients.common.make_model``, what the ServerApp starts from) and the
+   settings.
+2. Runs ``dp-fedavg`` through the real launcher (``python -m fedapp.launch``: SuperLink, ``flwr run``,
+   Ray simulation) with σ = 1, C = 1, b = 32, 1 local epoch, Poisson sampling of 10 of 20 clients per
+   round, central evaluation every round, no federated evaluation. ``secure-aggregation = false``:
+   pfl's central Gaussian mechanism trusts the server with every update, so the comparison is with
+   the trusted-server setting (each client adds N(0, σ²C²/r), the sum of r updates carries σC).
+3. Runs ``benchmarks/pfl_side.py`` in pfl's own virtual environment on the exported inputs.
+4. Measures each run from outside: wall time of the whole command, per-round times (``rounds.jsonl``;
+   pfl: a timer callback), and the peak of the PSS summed over the process tree (every descendant,
+   also ones re-parented after they were seen), sampled every ``--interval`` seconds.
+
+Runs alternate (ours, pfl, then pfl, ours, ...); every ratio (ours ÷ pfl) is measured within one run
+of this script. Skips with a message (exit 0) when the pfl environment is absent. Set up pfl with
+
+    python3 -m venv /work/pfl-venv
+    /work/pfl-venv/bin/pip install "torch==2.13.0"          # the CPU wheel first, never a CUDA torch
+    /work/pfl-venv/bin/pip install "pfl[pytorch]==0.6.0"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = (REPO.parent / "shared" / "data").resolve()
+PFL_PYTHON = Path(os.environ.get("PFL_PYTHON", str(REPO.parent / "pfl-venv" / "bin" / "python")))
+PFL_SIDE = REPO / "benchmarks" / "pfl_side.py"
+NUM_CLIENTS = 20
+TARGET_WALL_RATIO = 1.0
+TARGET_PEAK_GB = 1.5
+QUIET_LOAD = 1.0  # 1-minute load average above which a machine is not quiet enough to time on
+
+
+# --------------------------------------------------------------------------- settings and shared inputs
+def run_overrides(args: argparse.Namespace, output_dir: Path) -> dict[str, Any]:
+    """The run-config of this project's side (everything else: pyproject.toml defaults)."""
+    return {
+        "strategy": "dp-fedavg", "dataset": "mnist", "data-dir": str(args.data_dir), "model": "cnn-mnist",
+        "partitioner": args.partitioner, "seed": args.seed, "num-server-rounds": args.rounds,
+        "noise-multiplier": 1.0, "clip-norm": 1.0, "batch-size": 32, "local-epochs": 1, "lr": args.lr,
+        "momentum": 0.0, "server-lr": 1.0, "clients-per-round": args.clients_per_round,
+        "secure-aggregation": False,  # pfl's central mechanism is a trusted-server mechanism
+        "fraction-evaluate": 0.0,  # no federated evaluation; the server evaluates centrally every round
+        "local-test-fraction": 0.0,  # every client trains on its whole partition (no local test split needed)
+        "eval-batch-size": 512, "output-dir": str(output_dir), "run-name": "peer-pfl",
+    }
+
+
+def export_inputs(folder: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Write the data, partition, initial weights and settings both sides train on; returns the settings."""
+    from fedapp.client_data import client_partition_indices, training_pool
+    from fedapp.clients.common import make_model
+    from fedapp.config import resolve_config
+    from fedapp.data import load_dataset
+    from fedapp.partition import train_test_split_local
+    from fedapp.processes import pyproject_run_config
+
+    cfg = resolve_config({**pyproject_run_config(REPO), **overrides, "num-clients": NUM_CLIENTS})
+    pool = training_pool(cfg)
+    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    seed, frac = int(cfg["seed"]), float(cfg["local-test-fraction"])
+    parts = client_partition_indices(cfg, NUM_CLIENTS)
+    train_idx = {f"client_{i}": train_test_split_local(p, frac, seed, i)[0] for i, p in enumerate(parts)}
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "train_x.npy", pool.x)
+    np.save(folder / "train_y.npy", pool.y)
+    np.save(folder / "test_x.npy", test.x)
+    np.save(folder / "test_y.npy", test.y)
+    np.savez(folder / "clients.npz", **train_idx)
+    model = make_model(cfg, test)
+    np.savez(folder / "init_weights.npz", **{k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
+    settings = {
+        "num_clients": NUM_CLIENTS, "clients_per_round": int(cfg["clients-per-round"]),
+        "rounds": int(cfg["num-server-rounds"]), "seed": seed, "lr": float(cfg["lr"]),
+        "batch_size": int(cfg["batch-size"]), "local_epochs": int(cfg["local-epochs"]),
+        "clip_norm": float(cfg["clip-norm"]), "noise_multiplier": float(cfg["noise-multiplier"]),
+        "server_lr": float(cfg["server-lr"]), "eval_batch_size": int(cfg["eval-batch-size"]),
+        "partitioner": cfg["partitioner"], "client_sizes": [len(v) for v in train_idx.values()],
+        "num_parameters": int(sum(p.numel() for p in model.parameters())),
+    }
+    (folder / "settings.json").write_text(json.dumps(settings, indent=1), encoding="utf-8")
+    return settings
+
+
+# --------------------------------------------------------------------------- measurement
+@dataclass
+class TreeSample:
+    """Peak summed PSS of a process tree, its per-process split at the peak, and sampled CPU seconds."""
+
+    peak_bytes: int = 0
+    peak_split: list[tuple[str, int]] = field(default_factory=list)
+    cpu_seconds: float = 0.0
+    processes: int = 0
+
+
+class TreeSampler:
+    """Samples the PSS of ``pid`` and every descendant every ``interval`` seconds in a thread.
+
+    Descendants are remembered once seen, so a process re-parented to init (a daemonized Ray helper)
+    still counts; PSS splits shared pages among the processes mapping them, so the sum is not inflated
+    by shared libraries or Ray's shared-memory object store. CPU seconds are the last sampled user +
+    system time of every process (a process that ends between two samples loses up to ``interval``).
+    """
+
+    def __init__(self, pid: int, interval: float = 0.5) -> None:
+        import psutil
+
+        self.root = psutil.Process(pid)
+        self.interval = interval
+        self.seen: dict[int, Any] = {pid: self.root}
+        self.cpu: dict[int, float] = {}
+        self.result = TreeSample()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> TreeSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.result.cpu_seconds = sum(self.cpu.values())
+        self.result.processes = len(self.seen)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval)
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            for child in self.root.children(recursive=True):
+                self.seen.setdefault(child.pid, child)
+        except psutil.Error:
+            pass
+        total, split = 0, []
+        for pid, proc in list(self.seen.items()):
+            try:
+                with proc.oneshot():
+                    pss = proc.memory_full_info().pss
+                    times = proc.cpu_times()
+                    name = proc.name()
+            except psutil.Error:  # ended (or a reused pid, which psutil refuses)
+                continue
+            self.cpu[pid] = times.user + times.system
+            total += pss
+            split.append((f"{name}[{pid}]", pss))
+        if total > self.result.peak_bytes:
+            self.result.peak_bytes, self.result.peak_split = total, sorted(split, key=lambda t: -t[1])
+
+
+def run_measured(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, interval: float,
+                 timeout: float) -> tuple[int, float, TreeSample]:
+    """Run ``cmd`` (output to ``log``) while sampling its process tree; (exit code, wall seconds, sample)."""
+    with open(log, "w", encoding="utf-8") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT)
+        try:
+            with TreeSampler(proc.pid, interval) as sampler:
+                code = proc.wait(timeout=timeout)
+            wall = time.perf_counter() - t0
+        finally:
+            if proc.poll() is None:  # interrupted or timed out: the launcher stops its SuperLink on SIGTERM
+                proc.terminate()
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    return code, wall, sampler.result
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+
+def round_stats(walls: list[float]) -> dict[str, float]:
+    """Round 1, the median of the steady rounds (2..T) and the sum of all rounds, in seconds."""
+    steady = walls[1:] or walls
+    return {"round1": walls[0] if walls else float("nan"), "steady_median": statistics.median(steady) if steady
+            else float("nan"), "rounds_sum": float(sum(walls))}
+
+
+def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:
+    """This project's side through ``python -m fedapp.launch``; its record of the run."""
+    from fedapp.processes import to_toml_assignments
+
+    out_dir = Path(overrides["output-dir"])
+    before = {p for p in out_dir.glob("*") if p.is_dir()} if out_dir.exists() else set()
+    env = os.environ.copy()
+    env.update({"FLWR_HOME": str(work / ".flwr"), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
+                "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
+    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(NUM_CLIENTS),
+           "--run-config", to_toml_assignments(overrides)]
+    log = work / f"ours-{tag}.log"
+    code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)
+    if code != 0:
+        raise RuntimeError(f"our run failed (exit {code}); log {log}:\n{_tail(log)}")
+    new = sorted((p for p in out_dir.glob("*") if p.is_dir() and p not in before and (p / "summary.json").exists()),
+                 key=lambda p: p.stat().st_mtime)
+    if not new:
+        raise RuntimeError(f"our run wrote no results folder under {out_dir}; log {log}")
+    rounds = [json.loads(line) for line in (new[-1] / "rounds.jsonl").read_text(encoding="utf-8").splitlines() if line]
+    rounds = [r for r in rounds if int(r.get("round", 0)) >= 1]
+    summary = json.loads((new[-1] / "summary.json").read_text(encoding="utf-8"))
+    initial = re.search(r"initial parameters \(loss, other metrics\): ([-\d.eE+]+), \{'accuracy': ([-\d.eE+]+)\}",
+                        log.read_text(encoding="utf-8", errors="replace"))
+    walls = [float(r["wall_seconds"]) for r in rounds]
+    sampled = [r["metrics"].get("clients_sampled", r["metrics"].get("clients_ok")) for r in rounds]
+    return {"side": "ours", "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+            "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
+            "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
+            "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
+            "initial": {"loss": float(initial.group(1)), "accuracy": float(initial.group(2))} if initial else {},
+            "results": str(new[-1]), "log": str(log)}
+
+
+def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: int | None) -> dict[str, Any]:
+    """pfl's side: ``benchmarks/pfl_side.py`` in the pfl environment; its record of the run."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of this repo
+    env["PYTHONUNBUFFERED"] = "1"
+    out = work / f"pfl-{tag}.json"
+    cmd = [str(args.pfl_python), str(PFL_SIDE), "--inputs", str(inputs), "--out", str(out),
+           "--sampling", args.pfl_sampling] + ([] if seed is None else ["--seed", str(seed)])
+    log = work / f"pfl-{tag}.log"
+    code, wall, mem = run_measured(cmd, env=env, cwd=work, log=log, interval=args.interval, timeout=args.timeout)
+    if code != 0 or not out.exists():
+        raise RuntimeError(f"the pfl run failed (exit {code}); log {log}:\n{_tail(log)}")
+    res = json.loads(out.read_text(encoding="utf-8"))
+    walls = [float(r["wall_seconds"]) for r in res["rounds"]]
+    clients = [r["clients"] for r in res["rounds"] if r.get("clients") is not None]
+    return {"side": "pfl", "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+            "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
+            "processes": mem.processes, "final_accuracy": res.get("final_accuracy"), "rounds": len(walls),
+            "mean_clients": float(np.mean(clients)) if clients else float("nan"),
+            "versions": {"pfl": res.get("pfl_version"), "torch": res.get("torch_version"),
+                         "torch_threads": res.get("torch_threads")},
+            "initial": res.get("initial") or {}, "log": str(log)}
+
+
+def pfl_available(python: Path) -> str | None:
+    """``"pfl X, torch Y"`` when ``python`` imports pfl, else None."""
+    if not python.exists():
+        return None
+    probe = subprocess.run([str(python), "-c", "import pfl, torch; print(f'pfl {pfl.__version__}, torch {torch.__version__}')"],
+                           capture_output=True, text=True, cwd=tempfile.gettempdir(), check=False)
+    return probe.stdout.strip() if probe.returncode == 0 else None
+
+
+# --------------------------------------------------------------------------- report
+def _med(runs: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(float(r[key]) for r in runs)
+
+
+def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: bool) -> list[str]:
+    """Markdown: one row per run, medians per side, ratios ours ÷ pfl and the issue's targets."""
+    rows = ["| run | wall | rounds Σ | outside rounds | round 1 | steady round (median 2..T) | peak PSS Σ | CPU s "
+            "(sampled) | clients/round | final acc |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        rows.append(f"| {r['side']} #{r['tag']} | {r['wall']:.1f} s | {r['rounds_sum']:.1f} s | "
+                    f"{r['wall'] - r['rounds_sum']:.1f} s | {r['round1']:.2f} s | {r['steady_median']:.2f} s | "
+                    f"{r['peak_bytes'] / 1e9:.2f} GB | {r['cpu_seconds']:.0f} | {r['mean_clients']:.1f} | "
+                    f"{r['final_accuracy'] if r['final_accuracy'] is None else format(r['final_accuracy'], '.4f')} |")
+    ours = [r for r in runs if r["side"] == "ours"]
+    pfl = [r for r in runs if r["side"] == "pfl"]
+    busiest = max((r.get("load_before", 0.0) for r in runs), default=0.0)
+    out = rows
+    if ours and pfl:
+        def ratio(key: str) -> str:
+            return f"{_med(ours, key) / _med(pfl, key):.2f}×"
+
+        wall_ratio = _med(ours, "wall") / _med(pfl, "wall")
+        peak = _med(ours, "peak_bytes") / 1e9
+        outside = statistics.median(r["wall"] - r["rounds_sum"] for r in ours), \
+            statistics.median(r["wall"] - r["rounds_sum"] for r in pfl)
+        out += ["", f"Medians over {len(ours)} run(s) per side, ratios ours ÷ pfl:", "",
+                "| metric | ours | pfl | ours ÷ pfl |", "|---|---|---|---|",
+                f"| wall | {_med(ours, 'wall'):.1f} s | {_med(pfl, 'wall'):.1f} s | {ratio('wall')} |",
+                f"| steady round | {_med(ours, 'steady_median'):.2f} s | {_med(pfl, 'steady_median'):.2f} s | "
+                f"{ratio('steady_median')} |",
+                f"| round 1 | {_med(ours, 'round1'):.2f} s | {_med(pfl, 'round1'):.2f} s | {ratio('round1')} |",
+                f"| outside rounds | {outside[0]:.1f} s | {outside[1]:.1f} s | {outside[0] / outside[1]:.2f}× |",
+                f"| peak PSS Σ | {peak:.2f} GB | {_med(pfl, 'peak_bytes') / 1e9:.2f} GB | {ratio('peak_bytes')} |",
+                f"| CPU s (sampled) | {_med(ours, 'cpu_seconds'):.0f} | {_med(pfl, 'cpu_seconds'):.0f} | "
+                f"{ratio('cpu_seconds')} |", "",
+                f"Targets (issue #15): wall ≤ {TARGET_WALL_RATIO:.1f}× pfl: "
+                f"{'met' if wall_ratio <= TARGET_WALL_RATIO else 'not met'} ({wall_ratio:.2f}×"
+                f"{', not meaningful: busy machine' if busiest > QUIET_LOAD else ''}); "
+                f"peak summed memory ≤ {TARGET_PEAK_GB} GB: {'met' if peak <= TARGET_PEAK_GB else 'not met'} "
+                f"({peak:.2f} GB)."]
+    if busiest > QUIET_LOAD:
+        out.append(f"\nWARNING: the load average was up to {busiest:.1f} before a run (2 cores): the machine was not "
+                   "quiet, so these times and ratios say nothing about the targets; rerun on a quiet machine.")
+    starts = {f"{r['side']} #{r['tag']}": r.get("initial", {}) for r in runs}
+    if any(starts.values()):
+        out.append("\nInitial model on the test set (same weights and data give the same numbers): " + "; ".join(
+            f"{k} loss {v['loss']:.4f} acc {v['accuracy']:.4f}" for k, v in starts.items() if v))
+    if show_split:
+        for r in runs:
+            top = ", ".join(f"{name} {pss / 1e6:.0f} MB" for name, pss in r["peak_split"][:12])
+            out.append(f"\npeak split, {r['side']} #{r['tag']} ({r['processes']} processes seen): {top}")
+    out.append(f"\nTask: MNIST, {settings['num_clients']} clients ({settings['partitioner']}, sizes "
+               f"{min(settings['client_sizes'])}–{max(settings['client_sizes'])}), Table-5 CNN "
+               f"({settings['num_parameters']:,} parameters), {settings['clients_per_round']} clients per round "
+               f"(expected), σ = {settings['noise_multiplier']}, C = {settings['clip_norm']}, b = "
+               f"{settings['batch_size']}, {settings['local_epochs']} local epoch, lr {settings['lr']}, "
+               f"{settings['rounds']} rounds.")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating (ABBA)")
+    parser.add_argument("--pfl-python", type=Path, default=PFL_PYTHON, help="python of pfl's virtual environment")
+    parser.add_argument("--pfl-sampling", choices=("poisson", "fixed", "random", "minimize_reuse"), default="poisson",
+                        help="pfl's client sampling (benchmarks/pfl_side.py); poisson matches ours")
+    parser.add_argument("--side", choices=("both", "ours", "pfl"), default="both")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument("--partitioner", default="iid", choices=("iid", "shards", "pathological", "dirichlet"))
+    parser.add_argument("--clients-per-round", type=int, default=10)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=42, help="run seed: partition and initial weights")
+    parser.add_argument("--interval", type=float, default=0.5, help="memory sampling interval (s)")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="per-run limit (s)")
+    parser.add_argument("--split", action="store_true", help="print each run's per-process PSS at its peak")
+    parser.add_argument("--json", type=Path, default=None, help="also write every run's record here")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder (inputs, logs, results)")
+    args = parser.parse_args(argv)
+
+    version = pfl_available(args.pfl_python) if args.side != "ours" else "not used"
+    if version is None:
+        print(f"[peer_pfl] skipped: no pfl environment at {args.pfl_python} (create it as the module docstring "
+              "says, or pass --pfl-python)")
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="peer_pfl_"))
+    print(f"# benchmarks.peer_pfl {' '.join(sys.argv[1:])}  (cpus={os.cpu_count()}, load average "
+          f"{os.getloadavg()[0]:.1f}; {version}; work folder {work})\n", flush=True)
+    runs: list[dict[str, Any]] = []
+    try:
+        overrides = run_overrides(args, work / "results")
+        t0 = time.perf_counter()
+        settings = export_inputs(work / "inputs", overrides)
+        print(f"[peer_pfl] inputs exported in {time.perf_counter() - t0:.1f} s", flush=True)
+        sides = ["ours", "pfl"] if args.side == "both" else [args.side]
+        for k in range(args.repeats):
+            for side in (sides if k % 2 == 0 else sides[::-1]):
+                tag = str(k + 1)
+                print(f"[peer_pfl] run {tag}: {side} ...", flush=True)
+                load = os.getloadavg()[0]
+                rec = (run_ours(overrides, work, tag, args) if side == "ours"
+                       else run_pfl(work / "inputs", work, tag, args, seed=None))
+                rec["load_before"] = load
+                print(f"[peer_pfl] run {tag}: {side} {rec['wall']:.1f} s, peak {rec['peak_bytes'] / 1e9:.2f} GB, "
+                      f"final accuracy {rec['final_accuracy']}", flush=True)
+                runs.append(rec)
+        print("\n" + "\n".join(report(runs, settings, args.split)), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps({"settings": settings, "runs": runs}, indent=1), encoding="utf-8")
+    finally:
+        if args.keep:
+            print(f"[peer_pfl] kept {work}")
+        else:
+            import shutil
+
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Speed and footprint (issue 15): start-up, per-mode DP-SGD step cost, federations of 100 and 1,000 clients.
+
+    python -m benchmarks.speed startup [--rounds 5]          # round-1 start-up, cold vs warm shared cache
+    python -m benchmarks.speed modes   [--batch 64]          # per model: each Opacus mode, auto's pick, DP ÷ plain
+    python -m benchmarks.speed scale   [--clients 100 1000]  # per-round time and peak memory, 10 % per round
+
+Every figure is measured within one run of this script, every federation through the real launcher
+(SuperLink + ``flwr run`` + Ray). Peak memory is the summed PSS of this process and all its descendants
+(SuperLink, ServerApp, Ray's daemons and actors), sampled every 0.25 s. Results print as markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = str((REPO.parent / "shared" / "data").resolve())
+STARTUP_TARGET_S = 5.0
+MEMORY_TARGET_GB = 1.5
+
+# the 20-client MNIST federation of issue 15: shards, dist2, heterogeneous batch sizes, 300 training samples a client
+MNIST_FEDERATION = ("strategy='dpsgd-fedavg' dataset='mnist' data-dir='{data}' partitioner='shards' "
+                    "privacy-dist='dist2' batch-size-choices='16,32,64,128' clip-norm=3.0 lr=0.05 max-samples=7500 "
+                    "fraction-evaluate=0.0 num-server-rounds={rounds} output-dir='{out}' run-name='{name}'")
+
+
+class PeakMemory:
+    """Peak summed PSS (GB) of this process tree while the ``with`` block runs."""
+
+    def __init__(self, period: float = 0.25) -> None:
+        self.period, self.peak_gb, self._stop = period, 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        while not self._stop.is_set():
+            total = 0
+            for proc in [me, *me.children(recursive=True)]:
+                try:
+                    total += proc.memory_full_info().pss
+                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                    pass
+            self.peak_gb = max(self.peak_gb, total / 1e9)
+            self._stop.wait(self.period)
+
+    def __enter__(self) -> PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def launch(run_config: str, num_supernodes: int, cache_dir: str) -> dict:
+    """One federation through the launcher: wall, peak memory and the per-round times from rounds.jsonl."""
+    from fedapp.launch import run
+
+    os.environ["DPFL_CACHE_DIR"] = cache_dir
+    start = time.perf_counter()
+    with PeakMemory() as mem:
+        run_dir = run(num_supernodes=num_supernodes, run_config=run_config)
+    wall = time.perf_counter() - start
+    rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    times = [float(r["wall_seconds"]) for r in rounds]
+    steady = statistics.median(times[1:]) if len(times) > 1 else float("nan")
+    return {"wall": wall, "peak_gb": mem.peak_gb, "round_times": times, "round1": times[0], "steady": steady,
+            "startup": times[0] - steady, "outside": wall - sum(times),
+            "accuracy": json.loads((run_dir / "summary.json").read_text()).get("final_accuracy")}
+
+
+def bench_startup(rounds: int) -> list[str]:
+    """Round-1 start-up of the 20-client MNIST federation: first run on an empty cache, then again."""
+    rows = ["| run (20 clients × 300 MNIST samples, dist2, dpsgd-fedavg) | wall | outside rounds | round 1 | "
+            "steady round (median) | round-1 start-up = round 1 − steady | ÷ 5 s target | peak PSS |",
+            "|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cache:
+        for label, cache_dir in (("no cache (DPFL_CACHE_DIR=off)", "off"), ("first run, empty cache", cache),
+                                 ("second run, warm cache", cache)):
+            cfg = MNIST_FEDERATION.format(data=DATA_DIR, rounds=rounds, out=out, name="startup")
+            r = launch(cfg, 20, cache_dir)
+            rows.append(f"| {label} | {r['wall']:.1f} s | {r['outside']:.1f} s | {r['round1']:.1f} s | "
+                        f"{r['steady']:.2f} s | {r['startup']:.1f} s | {r['startup'] / STARTUP_TARGET_S:.2f}× | "
+                        f"{r['peak_gb']:.2f} GB |")
+    return rows
+
+
+def bench_modes(batch: int, models: list[str]) -> list[str]:
+    """Seconds per step of each supported Opacus mode and of plain SGD, per model, and what ``auto`` picks."""
+    import torch
+
+    from fedapp.data import load_dataset
+    from fedapp.grad_sample_mode import supported_modes, time_modes
+    from fedapp.models import DEFAULT_MODEL, build_model
+    from fedapp.training import LocalTraining, local_train
+
+    shapes = {name: dataset for dataset, name in DEFAULT_MODEL.items()}
+    rows = [f"| model (batch {batch}, CPU, {torch.get_num_threads()} threads) | plain SGD step | " +
+            " | ".join(f"DP `{m}`" for m in ("hooks", "ew", "functorch")) + " | auto picks | best DP ÷ plain |",
+            "|---|---|---|---|---|---|---|"]
+    for name in models:
+        dataset = shapes.get(name, "mnist" if name.startswith("cnn") else "digits")
+        if dataset in ("cifar10", "cifar100"):
+            shape, classes = (3, 32, 32), (100 if dataset == "cifar100" else 10)
+        elif dataset == "a9a":
+            shape, classes = (123,), 2
+        elif dataset == "digits":
+            shape, classes = (1, 8, 8), 10
+        else:
+            train, _ = load_dataset(dataset, DATA_DIR)
+            shape, classes = train.input_shape, train.num_classes
+
+        def new_model(name: str = name, shape: tuple = shape, classes: int = classes):
+            torch.manual_seed(0)
+            return build_model(name, shape, classes)
+
+        modes = supported_modes(name)
+        dp = time_modes(new_model, shape, classes, batch, torch.device("cpu"), modes, steps=6, repeats=3)
+        plain = _plain_step(new_model, shape, classes, batch, LocalTraining, local_train)
+        best = min(dp, key=dp.__getitem__)
+        cells = " | ".join(f"{dp[m] * 1e3:.1f} ms" if m in dp else "—" for m in ("hooks", "ew", "functorch"))
+        rows.append(f"| {name} | {plain * 1e3:.1f} ms | {cells} | `{best}` | {dp[best] / plain:.2f}× |")
+    return rows
+
+
+def _plain_step(new_model, shape, classes, batch, LocalTraining, local_train, steps: int = 6) -> float:
+    import numpy as np
+    import torch
+
+    from fedapp.data import ArrayDataset
+
+    rng = np.random.default_rng(0)
+    data = ArrayDataset(rng.standard_normal((batch * steps, *shape)).astype(np.float32),
+                        rng.integers(0, classes, batch * steps).astype(np.int64), classes)
+    spec = LocalTraining(batch_size=batch, steps=steps, lr=0.0)
+    times = []
+    for rep in range(4):
+        start = time.perf_counter()
+        local_train(new_model(), data, spec, torch.device("cpu"))
+        if rep:
+            times.append((time.perf_counter() - start) / steps)
+    return min(times)
+
+
+def bench_scale(clients: list[int], rounds: int) -> list[str]:
+    """Client-level DP-FedAvg on MNIST with n clients, 10 % Poisson-sampled per round, through the launcher."""
+    rows = ["| clients (10 % a round, MNIST, dp-fedavg, SecAgg+) | samples a client | wall | outside rounds | "
+            "round 1 | steady round (median) | peak PSS | ÷ 1.5 GB target |", "|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cache:
+        for n in clients:
+            cfg = (f"strategy='dp-fedavg' dataset='mnist' data-dir='{DATA_DIR}' clients-per-round={max(2, n // 10)} "
+                   f"target-epsilon=5.0 clip-norm=1.0 lr=0.05 fraction-evaluate=0.0 num-server-rounds={rounds} "
+                   f"output-dir='{out}' run-name='scale-{n}'")
+            r = launch(cfg, n, cache)
+            rows.append(f"| {n} | {60000 // n} | {r['wall']:.1f} s | {r['outside']:.1f} s | {r['round1']:.1f} s | "
+                        f"{r['steady']:.2f} s | {r['peak_gb']:.2f} GB | {r['peak_gb'] / MEMORY_TARGET_GB:.2f}× |")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("startup")
+    p.add_argument("--rounds", type=int, default=5)
+    p = sub.add_parser("modes")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--models", nargs="*", default=["cnn-mnist", "cnn-cifar", "cnn-digits", "mlp-digits", "logreg",
+                                                   "resnet18-gn"])
+    p = sub.add_parser("scale")
+    p.add_argument("--clients", type=int, nargs="*", default=[100, 1000])
+    p.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    if args.what == "startup":
+        rows = bench_startup(args.rounds)
+    elif args.what == "modes":
+        rows = bench_modes(args.batch, args.models)
+    else:
+        rows = bench_scale(args.clients, args.rounds)
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
