@@ -61,15 +61,22 @@ class PeakMemory:
         self._thread.join()
 
 
-def launch(run_config: str, num_supernodes: int, cache_dir: str) -> dict:
-    """One federation through the launcher: wall, peak memory and the per-round times from rounds.jsonl."""
-    from fedapp.launch import run
+def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str) -> dict:
+    """One federation through ``python -m fedapp.launch`` (a child process, as a user runs it): wall, peak
+    memory of the whole process tree, and the per-round times from rounds.jsonl."""
+    import subprocess
+    import sys
 
-    os.environ["DPFL_CACHE_DIR"] = cache_dir
+    env = {**os.environ, "DPFL_CACHE_DIR": cache_dir, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "MPLBACKEND": "Agg"}
+    before = set(Path(out).glob("*"))
     start = time.perf_counter()
     with PeakMemory() as mem:
-        run_dir = run(num_supernodes=num_supernodes, run_config=run_config)
+        subprocess.run([sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(num_supernodes),
+                        "--run-config", run_config], cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
     wall = time.perf_counter() - start
+    [run_dir] = [p for p in set(Path(out).glob("*")) - before if (p / "summary.json").is_file()]
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
     times = [float(r["wall_seconds"]) for r in rounds]
     steady = statistics.median(times[1:]) if len(times) > 1 else float("nan")
@@ -87,7 +94,7 @@ def bench_startup(rounds: int) -> list[str]:
         for label, cache_dir in (("no cache (DPFL_CACHE_DIR=off)", "off"), ("first run, empty cache", cache),
                                  ("second run, warm cache", cache)):
             cfg = MNIST_FEDERATION.format(data=DATA_DIR, rounds=rounds, out=out, name="startup")
-            r = launch(cfg, 20, cache_dir)
+            r = launch(cfg, 20, cache_dir, out)
             rows.append(f"| {label} | {r['wall']:.1f} s | {r['outside']:.1f} s | {r['round1']:.1f} s | "
                         f"{r['steady']:.2f} s | {r['startup']:.1f} s | {r['startup'] / STARTUP_TARGET_S:.2f}× | "
                         f"{r['peak_gb']:.2f} GB |")
@@ -160,7 +167,7 @@ def bench_scale(clients: list[int], rounds: int) -> list[str]:
             cfg = (f"strategy='dp-fedavg' dataset='mnist' data-dir='{DATA_DIR}' clients-per-round={max(2, n // 10)} "
                    f"target-epsilon=5.0 clip-norm=1.0 lr=0.05 fraction-evaluate=0.0 num-server-rounds={rounds} "
                    f"output-dir='{out}' run-name='scale-{n}'")
-            r = launch(cfg, n, cache)
+            r = launch(cfg, n, cache, out)
             rows.append(f"| {n} | {60000 // n} | {r['wall']:.1f} s | {r['outside']:.1f} s | {r['round1']:.1f} s | "
                         f"{r['steady']:.2f} s | {r['peak_gb']:.2f} GB | {r['peak_gb'] / MEMORY_TARGET_GB:.2f}× |")
     return rows

@@ -57,19 +57,22 @@ def dry_run_forked(cfg, num_clients: int) -> list[str]:
     """:func:`fedapp.server_app.dry_run` in a forked child, so the dataset, model, accountant and client it
     builds are freed when it exits instead of staying resident in the launcher for the whole run (a few
     hundred MB of peak memory). Its errors (``ConfigError`` …) are raised here unchanged. In process where
-    ``fork`` is unavailable."""
+    ``fork`` is unavailable or this process already runs other threads (tests, notebooks, benchmarks)."""
     import multiprocessing as mp
 
     from fedapp.server_app import dry_run
 
-    if "fork" not in mp.get_all_start_methods():
-        return dry_run(cfg, num_clients)
+    if "fork" not in mp.get_all_start_methods() or not _single_threaded():
+        return dry_run(cfg, num_clients)  # forking a multi-threaded process can deadlock the child
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_dry_run_child, args=(send, cfg, num_clients), daemon=True)
     child.start()
     send.close()
     try:
+        if not receive.poll(DRY_RUN_TIMEOUT_S):
+            child.kill()
+            raise RuntimeError(f"the configuration check (dry run) did not finish within {DRY_RUN_TIMEOUT_S:.0f} s")
         ok, value = receive.recv()
     except EOFError:
         child.join()
@@ -78,6 +81,17 @@ def dry_run_forked(cfg, num_clients: int) -> list[str]:
     if not ok:
         raise value
     return value
+
+
+DRY_RUN_TIMEOUT_S = 900.0
+
+
+def _single_threaded() -> bool:
+    """True when this process has exactly one OS thread (Linux: /proc/self/task), so ``fork`` is safe."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 def _dry_run_child(send, cfg, num_clients: int) -> None:
