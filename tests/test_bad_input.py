@@ -181,3 +181,33 @@ def test_an_assignment_without_value_is_refused() -> None:
     with pytest.raises(ConfigError, match="'epsilon'"):
         parse_overrides("strategy='fedavg' epsilon= seed=3")
     assert parse_overrides("strategy='fedavg' seed=3") == {"strategy": "fedavg", "seed": 3}
+
+
+def test_the_launchers_dry_run_raises_the_same_errors_forked_or_not(tmp_path) -> None:
+    """A single-threaded launcher forks its dry run (memory freed at exit); a multi-threaded caller (this test
+    process) runs it in process, since forking it could deadlock the child. Both raise the ConfigError itself."""
+    import json
+    import subprocess
+    import sys
+    import threading
+
+    from fedapp.launch import _single_threaded, dry_run_forked
+
+    overrides, key = LATE_FAILURES[sorted(LATE_FAILURES)[0]]
+    cfg = resolve_config(None, {"output-dir": str(tmp_path / "out"), "max-samples": 400, **overrides})
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    try:
+        assert not _single_threaded()
+        with pytest.raises(ConfigError, match=key):
+            dry_run_forked(cfg, 4)
+    finally:
+        stop.set()
+    code = ("import sys, json; from fedapp.launch import _single_threaded, dry_run_forked, resolve_config; "
+            "from fedapp.config import ConfigError; assert _single_threaded(); "
+            "cfg = resolve_config(None, json.loads(sys.argv[1]))\n"
+            "try:\n    dry_run_forked(cfg, 4)\nexcept ConfigError as exc:\n    print('ConfigError', exc)")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps({"max-samples": 400, **overrides})],
+                         capture_output=True, text=True, check=True, timeout=300)
+    assert out.stdout.startswith("ConfigError") and key in out.stdout
