@@ -91,7 +91,3 @@ def resolve_grad_sample_mode(mode: str, model_name: str, new_model: Callable[[],
         store("grad-sample-modes", fields, chosen)
     _CHOSEN[memo_key] = str(chosen)
     return str(chosen)
-
-
-def describe(times: dict[str, float]) -> str:
-    return json.dumps({k: round(v * 1e3, 2) for k, v in sorted(times.items(), key=lambda kv: kv[1])})
