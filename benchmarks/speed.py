@@ -6,7 +6,8 @@
 
 Every figure is measured within one run of this script, every federation through the real launcher
 (SuperLink + ``flwr run`` + Ray). Peak memory is the summed PSS of this process and all its descendants
-(SuperLink, ServerApp, Ray's daemons and actors), sampled every 0.25 s. Results print as markdown.
+(SuperLink, ServerApp, Ray's daemons and actors, also once re-parented; ``benchmarks.peer_pfl.TreeSampler``),
+sampled every 0.25 s. Results print as markdown.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import json
 import os
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -31,47 +31,19 @@ MNIST_FEDERATION = ("strategy='dpsgd-fedavg' dataset='mnist' data-dir='{data}' p
                     "fraction-evaluate=0.0 num-server-rounds={rounds} output-dir='{out}' run-name='{name}'")
 
 
-class PeakMemory:
-    """Peak summed PSS (GB) of this process tree while the ``with`` block runs."""
-
-    def __init__(self, period: float = 0.25) -> None:
-        self.period, self.peak_gb, self._stop = period, 0.0, threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-
-    def _sample(self) -> None:
-        import psutil
-
-        me = psutil.Process()
-        while not self._stop.is_set():
-            total = 0
-            for proc in [me, *me.children(recursive=True)]:
-                try:
-                    total += proc.memory_full_info().pss
-                except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                    pass
-            self.peak_gb = max(self.peak_gb, total / 1e9)
-            self._stop.wait(self.period)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-
 def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str) -> dict:
     """One federation through ``python -m fedapp.launch`` (a child process, as a user runs it): wall, peak
     memory of the whole process tree, and the per-round times from rounds.jsonl."""
     import subprocess
     import sys
 
+    from benchmarks.peer_pfl import TreeSampler  # descendants re-parented to init (Ray's daemons) still count
+
     env = {**os.environ, "DPFL_CACHE_DIR": cache_dir, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "MPLBACKEND": "Agg"}
     before = set(Path(out).glob("*"))
     start = time.perf_counter()
-    with PeakMemory() as mem:
+    with TreeSampler(os.getpid(), interval=0.25) as mem:
         subprocess.run([sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(num_supernodes),
                         "--run-config", run_config], cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -80,7 +52,7 @@ def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str) -> di
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
     times = [float(r["wall_seconds"]) for r in rounds]
     steady = statistics.median(times[1:]) if len(times) > 1 else float("nan")
-    return {"wall": wall, "peak_gb": mem.peak_gb, "round_times": times, "round1": times[0], "steady": steady,
+    return {"wall": wall, "peak_gb": mem.result.peak_bytes / 1e9, "round_times": times, "round1": times[0], "steady": steady,
             "startup": times[0] - steady, "outside": wall - sum(times),
             "accuracy": json.loads((run_dir / "summary.json").read_text()).get("final_accuracy")}
 
