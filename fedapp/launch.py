@@ -60,9 +60,10 @@ def dry_run_forked(cfg, num_clients: int) -> list[str]:
     ``fork`` is unavailable or this process already runs other threads (tests, notebooks, benchmarks)."""
     import multiprocessing as mp
 
-    from fedapp.server_app import dry_run
-
+    # checked before importing fedapp.server_app: that import alone starts a thread and loads torch (~250 MB)
     if "fork" not in mp.get_all_start_methods() or not _single_threaded():
+        from fedapp.server_app import dry_run
+
         return dry_run(cfg, num_clients)  # forking a multi-threaded process can deadlock the child
     ctx = mp.get_context("fork")
     receive, send = ctx.Pipe(duplex=False)

@@ -211,3 +211,20 @@ def test_the_launchers_dry_run_raises_the_same_errors_forked_or_not(tmp_path) ->
     out = subprocess.run([sys.executable, "-c", code, json.dumps({"max-samples": 400, **overrides})],
                          capture_output=True, text=True, check=True, timeout=300)
     assert out.stdout.startswith("ConfigError") and key in out.stdout
+
+
+def test_a_launchers_forked_dry_run_leaves_the_launcher_torch_free(tmp_path) -> None:
+    """The launcher stays light for the whole run: a valid dry run happens in the forked child, and nothing
+    the parent imports to decide whether it may fork loads torch (that import also starts a thread, which
+    used to make the launcher run its dry run in process and keep ~440 MB resident)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import sys, json; from fedapp.launch import dry_run_forked, resolve_config; "
+            "cfg = resolve_config(None, json.loads(sys.argv[1])); dry_run_forked(cfg, 4); "
+            "print(json.dumps(sorted(m for m in ('torch', 'fedapp.server_app', 'opacus') if m in sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code,
+                          json.dumps({"max-samples": 400, "output-dir": str(tmp_path / "out")})],
+                         capture_output=True, text=True, check=True, timeout=300)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
