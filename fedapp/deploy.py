@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.fab import stage_app
 from fedapp.processes import (
     CONNECTION,
     PROJECT_ROOT,
@@ -282,7 +283,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
                 spare = key_paths[-1][1]  # a key pair nobody registered
                 verdicts = probe_as_outsider(work, public, ca, spare, app)
                 log(f"[deploy] outsider with ca.crt against {public}: {verdicts}")
-            cmd = [venv_bin("flwr"), "run", str(app), CONNECTION, "--stream",
+            staged = stage_app(app, work)  # what `flwr run` packs, without walking .venv (5 s)
+            cmd = [venv_bin("flwr"), "run", str(staged), CONNECTION, "--stream",
                    "--run-config", to_toml_assignments(overrides)]
             log(f"[deploy] flwr run {app.name} {CONNECTION} --stream --run-config '{to_toml_assignments(overrides)}'")
             with open(work / "flwr-run.log", "w") as out:

@@ -1,0 +1,48 @@
+"""fedapp.training.PlainSGD steps exactly as torch.optim.SGD does, and the non-Opacus training loop no
+longer imports torch._dynamo (what constructing a torch optimizer costs every Ray actor)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fedapp.models import MnistCNN
+from fedapp.training import PlainSGD
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_plain_sgd_matches_torch_sgd_bit_for_bit(momentum: float, set_to_none: bool) -> None:
+    torch.manual_seed(0)
+    a = MnistCNN()
+    b = MnistCNN()
+    b.load_state_dict(a.state_dict())
+    opt_a = torch.optim.SGD(a.parameters(), lr=0.05, momentum=momentum)
+    opt_b = PlainSGD(list(b.parameters()), lr=0.05, momentum=momentum)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for step in range(5):
+        x = torch.randn(16, 1, 28, 28, generator=torch.Generator().manual_seed(step))
+        y = torch.arange(16) % 10
+        for model, opt in ((a, opt_a), (b, opt_b)):
+            opt.zero_grad(set_to_none=set_to_none)
+            loss_fn(model(x), y).backward()
+            opt.step()
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.equal(pa, pb)
+    assert any(not torch.equal(pa, p0) for pa, p0 in zip(a.parameters(), MnistCNN().parameters()))
+
+
+def test_client_level_local_training_does_not_import_torch_dynamo() -> None:
+    code = ("import sys, json, numpy as np\n"
+            "from fedapp.data import ArrayDataset\n"
+            "from fedapp.models import MnistCNN\n"
+            "from fedapp.training import LocalTraining, local_train\n"
+            "d = ArrayDataset(np.random.rand(64, 1, 28, 28).astype('float32'), np.arange(64) % 10, 10)\n"
+            "local_train(MnistCNN(), d, LocalTraining(batch_size=16, steps=3, lr=0.1, momentum=0.9))\n"
+            "print(json.dumps('torch._dynamo' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is False
