@@ -54,6 +54,16 @@ TARGET_PEAK_GB = 1.5
 QUIET_LOAD = 1.0  # 1-minute load average above which a machine is not quiet enough to time on
 
 
+def settle(limit_s: float = 150.0) -> float:
+    """Wait (up to ``limit_s``) for the 1-minute load average to fall below ``QUIET_LOAD`` — back-to-back
+    runs otherwise start under the previous run's own load (the average decays with a 1-minute time
+    constant) — and return it."""
+    deadline = time.monotonic() + limit_s
+    while os.getloadavg()[0] > QUIET_LOAD and time.monotonic() < deadline:
+        time.sleep(5.0)
+    return os.getloadavg()[0]
+
+
 # --------------------------------------------------------------------------- settings and shared inputs
 def run_overrides(args: argparse.Namespace, output_dir: Path) -> dict[str, Any]:
     """The run-config of this project's side (everything else: pyproject.toml defaults)."""
@@ -314,6 +324,10 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
                 f"{', not meaningful: busy machine' if busiest > QUIET_LOAD else ''}); "
                 f"peak summed memory ≤ {TARGET_PEAK_GB} GB: {'met' if peak <= TARGET_PEAK_GB else 'not met'} "
                 f"({peak:.2f} GB)."]
+        pairs = [(o["wall"] / q["wall"]) for o in ours for q in pfl if o["tag"] == q["tag"]]
+        if pairs:  # each repeat runs both sides back to back: the spread of the ratio within a pair
+            out.append(f"Wall ratio within each repeat (ours ÷ pfl, same machine state): "
+                       f"{', '.join(f'{x:.2f}×' for x in pairs)}.")
     if busiest > QUIET_LOAD:
         out.append(f"\nWARNING: the load average was up to {busiest:.1f} before a run (2 cores): the machine was not "
                    "quiet, so these times and ratios say nothing about the targets; rerun on a quiet machine.")
@@ -376,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             for side in (sides if k % 2 == 0 else sides[::-1]):
                 tag = str(k + 1)
                 print(f"[peer_pfl] run {tag}: {side} ...", flush=True)
-                load = os.getloadavg()[0]
+                load = settle()
                 rec = (run_ours(overrides, work, tag, args) if side == "ours"
                        else run_pfl(work / "inputs", work, tag, args, seed=None))
                 rec["load_before"] = load
