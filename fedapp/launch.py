@@ -3,14 +3,16 @@
 ``flwr run . local`` would start a *detached* SuperLink on fixed ports that outlives the
 command. This launcher instead starts ``flower-superlink --simulation`` itself on a free
 loopback port, writes a Flower config (``$FLWR_HOME/config.toml``, default ``./.flwr``)
-naming it, runs ``flwr run <app> dpfl --stream``, prints where the results are, and always
+naming it, runs ``flwr run <app> dpfl --stream`` (on a staged copy of the app's packages and
+``pyproject.toml``, :mod:`fedapp.fab`), prints where the results are, and always
 stops the SuperLink and its children by PID: when the run ends or fails, on SIGINT (Ctrl-C),
 SIGTERM or SIGHUP (exit code 128 + signal), and — through a parent-death signal and a
 watchdog process — when the launcher itself is killed.
 
     python -m fedapp.launch --num-supernodes 20 --run-config "strategy='robust-hdp' num-server-rounds=5"
 
-The run-config is validated here first, so bad input fails before anything starts.
+The run-config is validated here first, so bad input fails before anything starts: the keys and values in
+process, then a dry run that builds the strategy, its mechanism and one client in a spawned child.
 """
 
 from __future__ import annotations
