@@ -39,9 +39,15 @@ DISTRIBUTIONS: dict[str, tuple] = {
 
 
 def sample_epsilons(dist: str, num_clients: int, seed: int, floor: float = 0.05) -> np.ndarray:
-    """Draw ε_1..ε_n from Table-7 distribution ``dist``; draws below ``floor`` are redrawn."""
+    """Draw ε_1..ε_n from Table-7 distribution ``dist``; draws below ``floor`` are redrawn. Memoized per
+    process (every client's profile draws all n to take its own: O(n²) at n = 1,000 otherwise)."""
     if dist not in DISTRIBUTIONS:
         raise ConfigError(f"unknown privacy-dist {dist!r}; valid: {sorted(DISTRIBUTIONS)} or 'fixed'")
+    return np.array(_epsilon_draws(dist, int(num_clients), int(seed), float(floor)))
+
+
+@functools.lru_cache(maxsize=16)
+def _epsilon_draws(dist: str, num_clients: int, seed: int, floor: float) -> tuple[float, ...]:
     rng = np.random.default_rng([seed, 201])
     spec = DISTRIBUTIONS[dist]
     out = np.empty(num_clients)
@@ -58,7 +64,7 @@ def sample_epsilons(dist: str, num_clients: int, seed: int, floor: float = 0.05)
         else:  # pragma: no cover - floor above the support
             raise ConfigError(f"privacy-dist {dist!r} never draws ε >= epsilon-floor {floor}")
         out[i] = value
-    return out
+    return tuple(float(v) for v in out)
 
 
 def sample_batch_sizes(choices: list[int], num_clients: int, seed: int) -> np.ndarray:
