@@ -186,8 +186,9 @@ class TreeSampler:
 
 
 def run_measured(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, interval: float,
-                 timeout: float) -> tuple[int, float, TreeSample]:
-    """Run ``cmd`` (output to ``log``) while sampling its process tree; (exit code, wall seconds, sample)."""
+                 timeout: float | None) -> tuple[int, float, TreeSample]:
+    """Run ``cmd`` (output to ``log``) while sampling its process tree; (exit code, wall seconds, sample).
+    ``timeout=None`` waits as long as it takes."""
     with open(log, "w", encoding="utf-8") as out:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT)

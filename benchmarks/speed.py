@@ -5,8 +5,8 @@
     python -m benchmarks.speed scale   [--clients 100 1000]  # per-round time and peak memory, 10 % per round
 
 Every figure is measured within one run of this script, every federation through the real launcher
-(SuperLink + ``flwr run`` + Ray). Peak memory is the summed PSS of this process and all its descendants
-(SuperLink, ServerApp, Ray's daemons and actors, also once re-parented; ``benchmarks.peer_pfl.TreeSampler``),
+(SuperLink + ``flwr run`` + Ray). Peak memory is the summed PSS of the launcher and all its descendants
+(SuperLink, ServerApp, Ray's daemons and actors, also once re-parented; ``benchmarks.peer_pfl.run_measured``),
 sampled every 2 s (one sample of ~17 processes costs ~85 ms of CPU). Results print as markdown.
 """
 
@@ -33,26 +33,26 @@ MNIST_FEDERATION = ("strategy='dpsgd-fedavg' dataset='mnist' data-dir='{data}' p
 
 def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str) -> dict:
     """One federation through ``python -m fedapp.launch`` (a child process, as a user runs it): wall, peak
-    memory of the whole process tree, and the per-round times from rounds.jsonl."""
-    import subprocess
+    memory of its whole process tree, and the per-round times from rounds.jsonl. The launcher's output goes
+    to ``<out>/launch-<n>.log``."""
     import sys
 
-    from benchmarks.peer_pfl import TreeSampler  # descendants re-parented to init (Ray's daemons) still count
+    from benchmarks.peer_pfl import run_measured  # samples the tree, Ray's re-parented daemons included
 
     env = {**os.environ, "DPFL_CACHE_DIR": cache_dir, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "MPLBACKEND": "Agg"}
     before = set(Path(out).glob("*"))
-    start = time.perf_counter()
-    with TreeSampler(os.getpid(), interval=2.0) as mem:  # one PSS sample of ~17 processes costs ~85 ms CPU
-        subprocess.run([sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(num_supernodes),
-                        "--run-config", run_config], cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-    wall = time.perf_counter() - start
+    log = Path(out) / f"launch-{len(before)}.log"
+    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(num_supernodes), "--run-config", run_config]
+    # one PSS sample of ~17 processes costs ~85 ms of CPU: every 2 s
+    code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=2.0, timeout=None)
+    if code != 0:
+        raise RuntimeError(f"the launch exited with code {code}; see {log}")
     [run_dir] = [p for p in set(Path(out).glob("*")) - before if (p / "summary.json").is_file()]
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
     times = [float(r["wall_seconds"]) for r in rounds]
     steady = statistics.median(times[1:]) if len(times) > 1 else float("nan")
-    return {"wall": wall, "peak_gb": mem.result.peak_bytes / 1e9, "round_times": times, "round1": times[0], "steady": steady,
+    return {"wall": wall, "peak_gb": mem.peak_bytes / 1e9, "round_times": times, "round1": times[0], "steady": steady,
             "startup": times[0] - steady, "outside": wall - sum(times),
             "accuracy": json.loads((run_dir / "summary.json").read_text()).get("final_accuracy")}
 
