@@ -10,7 +10,7 @@ import numpy as np
 from fedapp.cache import cached_arrays
 from fedapp.config import RunConfig
 from fedapp.data import ArrayDataset, load_dataset
-from fedapp.partition import partition, train_test_split_local
+from fedapp.partition import partition, train_test_split_local, train_validation_split_local
 
 _PARTITION_FORMAT = 1  # bump when a partitioner's output changes, so cached partitions are rebuilt
 
@@ -87,21 +87,35 @@ def client_partition_indices(cfg: RunConfig, num_clients: int) -> tuple[np.ndarr
     return _partitions(*_partition_key(cfg, num_clients))
 
 
-def load_client_data(cfg: RunConfig, client_id: int, num_clients: int) -> tuple[ArrayDataset, ArrayDataset]:
-    """(local train, local test) of client ``client_id`` of ``num_clients``."""
+def split_client_indices(indices: np.ndarray, cfg: RunConfig,
+                         client_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(train, validation, local test) indices of one client: the local test split first, then the
+    validation split out of what remains (``local-test-fraction``, ``validation-fraction``)."""
+    seed = int(cfg["seed"])
+    rest, test = train_test_split_local(indices, float(cfg["local-test-fraction"]), seed, client_id)
+    train, val = train_validation_split_local(rest, float(cfg.get("validation-fraction", 0.0)), seed, client_id)
+    return train, val, test
+
+
+def load_client_data(cfg: RunConfig, client_id: int,
+                     num_clients: int) -> tuple[ArrayDataset, ArrayDataset, ArrayDataset]:
+    """(local train, local validation, local test) of client ``client_id`` of ``num_clients``."""
     pool = training_pool(cfg)
     indices = client_partition_indices(cfg, num_clients)[client_id]
-    tr, te = train_test_split_local(indices, float(cfg["local-test-fraction"]), int(cfg["seed"]), client_id)
-    return pool.subset(tr), pool.subset(te)
+    tr, val, te = split_client_indices(indices, cfg, client_id)
+    return pool.subset(tr), pool.subset(val), pool.subset(te)
 
 
 def client_train_sizes(cfg: RunConfig, num_clients: int) -> list[int]:
     """N_i of every client (for server-side validation before round 1). Memoized per process: every client's
     profile asks for its own N_i, which made building n profiles O(n²) (53 s of dry run at n = 1,000)."""
-    return list(_train_sizes(_partition_key(cfg, num_clients), float(cfg["local-test-fraction"]), int(cfg["seed"])))
+    return list(_train_sizes(_partition_key(cfg, num_clients), float(cfg["local-test-fraction"]),
+                             float(cfg.get("validation-fraction", 0.0)), int(cfg["seed"])))
 
 
 @functools.lru_cache(maxsize=8)
-def _train_sizes(partition_key: tuple, local_test_fraction: float, seed: int) -> tuple[int, ...]:
+def _train_sizes(partition_key: tuple, local_test_fraction: float, validation_fraction: float,
+                 seed: int) -> tuple[int, ...]:
     parts = _partitions(*partition_key)
-    return tuple(len(train_test_split_local(p, local_test_fraction, seed, i)[0]) for i, p in enumerate(parts))
+    cfg = {"local-test-fraction": local_test_fraction, "validation-fraction": validation_fraction, "seed": seed}
+    return tuple(len(split_client_indices(p, cfg, i)[0]) for i, p in enumerate(parts))  # type: ignore[arg-type]

@@ -85,6 +85,7 @@ _KEYS: list[Key] = [
     Key("classes-per-client", int, 2, "pathological: classes S per client.", _positive, "> 0", section="data"),
     Key("dirichlet-alpha", float, 0.5, "dirichlet: concentration α.", _positive, "> 0", section="data"),
     Key("local-test-fraction", float, 0.2, "Fraction of each client's partition kept as its local test split.", _fraction, "in [0, 1)", section="data"),
+    Key("validation-fraction", float, 0.0, "Fraction of each client's training part held out as its validation split (tuning; never trained on, never reported as test).", _fraction, "in [0, 1)", section="data"),
     Key("max-samples", int, 0, "Use at most this many training samples before partitioning (0 = all).", _nonneg, ">= 0", section="data"),
     # --- client training / privacy -------------------------------------------------
     Key("privacy-dist", str, "dist2", "ε_i distribution (Robust-HDP Table 7) or fixed (use `epsilon`).", choices=PRIVACY_DISTS, section="privacy"),

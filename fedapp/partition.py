@@ -169,3 +169,17 @@ def train_test_split_local(indices: np.ndarray, test_fraction: float, seed: int,
         n_test = max(1, n_test)
     n_test = min(n_test, len(perm) - 1)
     return np.sort(perm[n_test:]), np.sort(perm[:n_test])
+
+
+def train_validation_split_local(train: np.ndarray, validation_fraction: float, seed: int,
+                                 client_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Split one client's training indices into (train, validation), deterministic per (seed, client).
+
+    The validation split is for choosing hyper-parameters (``fedapp.report``'s ``tune``): it is never
+    trained on, and it is disjoint from the local test split the reports show.
+    """
+    if validation_fraction <= 0 or len(train) < 2:
+        return train, train[:0]
+    perm = np.random.default_rng([seed, 106, client_id]).permutation(train)
+    n_val = min(max(1, int(round(len(perm) * validation_fraction))), len(perm) - 1)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])

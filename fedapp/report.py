@@ -6,8 +6,9 @@
 
 * Groups are cells that differ only in ``seed``; each metric is reported as mean ± the 95 % confidence
   half-width of the mean (Student t, n − 1 degrees of freedom) with n stated.
-* Keys listed under ``tune`` (e.g. ``lr``) are chosen per group on the clients' *local held-out split*
-  (``final_client_accuracy``), never on the central test set the tables report.
+* Keys listed under ``tune`` (e.g. ``lr``) are chosen per group on the clients' *validation split*
+  (``validation-fraction`` of each client's training part; ``tune-metric``, default
+  ``final_client_val_accuracy``), never on the local or central test sets the tables report.
 * A claim compares two groups on one metric (``lower-is-better`` for losses): **holds** when the better
   group's interval lies entirely on the better side of the worse one's, **does not hold** when entirely on
   the other side, **inconclusive** when they overlap.
@@ -26,7 +27,19 @@ from typing import Any
 
 METRICS = ("final_accuracy", "best_accuracy", "final_client_accuracy", "final_loss", "max_epsilon",
            "total_uplink_bytes", "wall_seconds")
-TUNING_METRIC = "final_client_accuracy"
+TUNING_METRICS = {"final_client_val_accuracy": "higher", "final_client_val_loss": "lower"}
+DEFAULT_TUNING_METRIC = "final_client_val_accuracy"
+
+
+class ReportError(ValueError):
+    """A sweep the report cannot be written for (e.g. a tuned key without a validation metric)."""
+
+
+def tuning_metric(doc: Mapping[str, Any]) -> str:
+    metric = str(doc.get("meta", {}).get("tune-metric", DEFAULT_TUNING_METRIC))
+    if metric not in TUNING_METRICS:
+        raise ReportError(f"tune-metric must be one of {sorted(TUNING_METRICS)}, got {metric!r}")
+    return metric
 PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
 
 
@@ -54,8 +67,14 @@ def finished_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def tuned_groups(doc: Mapping[str, Any]) -> tuple[dict[tuple, list[dict]], dict[tuple, dict[str, Any]]]:
-    """Seed groups after choosing each ``tune`` key per group on the validation metric; (groups, choices)."""
+    """Seed groups after choosing each ``tune`` key per group on the validation metric; (groups, choices).
+
+    A choice among several candidates needs the validation metric in every candidate's cells; a
+    candidate without it is never chosen, and a group where no candidate has it is a :class:`ReportError`
+    (falling back to a test metric would tune on the test set)."""
     tune = list(doc.get("tune", []))
+    metric = tuning_metric(doc)
+    sign = 1.0 if TUNING_METRICS[metric] == "higher" else -1.0
     by_setting: dict[tuple, dict[tuple, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for cell in finished_cells(doc):
         a = cell["assignments"]
@@ -63,11 +82,15 @@ def tuned_groups(doc: Mapping[str, Any]) -> tuple[dict[tuple, list[dict]], dict[
     groups: dict[tuple, list[dict]] = {}
     choices: dict[tuple, dict[str, Any]] = {}
     for setting, candidates in by_setting.items():
-        best = max(candidates, key=lambda t: _nan_low(interval([c["summary"].get(TUNING_METRIC)
-                                                                for c in candidates[t]])[0]))
+        scores = {t: interval([c["summary"].get(metric) for c in cells])[0] for t, cells in candidates.items()}
+        if len(candidates) > 1 and all(math.isnan(v) for v in scores.values()):
+            raise ReportError(f"{_label(setting)}: {len(candidates)} candidates of {tune} but no cell has "
+                              f"{metric!r} (run with validation-fraction > 0 and fraction-evaluate > 0)")
+        best = max(candidates, key=lambda t: _nan_low(sign * scores[t]))
         groups[setting] = candidates[best]
         if tune:
-            choices[setting] = {**dict(best), "candidates": len(candidates)}
+            choices[setting] = {**dict(best), "candidates": len(candidates),
+                                "scores": {_label(t): scores[t] for t in candidates}}
     return groups, choices
 
 
@@ -214,11 +237,13 @@ def write_report(index: str | Path) -> Path:
         cols = [_fmt(*interval([c["summary"].get(m) for c in group]), m) for m in METRICS]
         lines.append(f"| {_label(setting)} | {len(group)} | " + " | ".join(cols) + " |")
     if choices:
-        lines += ["", f"## Tuned on the clients' local held-out split ({TUNING_METRIC})", "",
+        metric = tuning_metric(doc)
+        lines += ["", f"## Tuned on the clients' validation split ({metric}, mean over seeds)", "",
                   "| group | chosen | candidates |", "|---|---|---|"]
         for setting, choice in sorted(choices.items(), key=lambda kv: str(kv[0])):
-            chosen = {k: v for k, v in choice.items() if k != "candidates"}
-            lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))} | {choice['candidates']} |")
+            chosen = {k: v for k, v in choice.items() if k not in ("candidates", "scores")}
+            scores = "; ".join(f"{t}: {_fmt(v, math.nan, 1, metric)}" for t, v in choice["scores"].items())
+            lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))} | {scores} |")
     rows = claim_rows(doc, groups)
     if rows:
         lines += ["", "## Claims", "", "| claim | setting | metric | better | worse | verdict |",
@@ -241,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the markdown report of a sweep.")
     parser.add_argument("index", type=Path, help="index.json of a sweep (or its folder)")
     args = parser.parse_args(argv)
-    print(write_report(args.index))
+    try:
+        print(write_report(args.index))
+    except ReportError as exc:
+        print(f"[report] {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

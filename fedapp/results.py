@@ -151,6 +151,8 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
         "stopped_reason": None if not done or trained else "no client update was aggregated in any round",
         "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
         "final_client_accuracy": last.get("client_accuracy"),
+        "final_client_val_accuracy": last.get("client_val_accuracy"),
+        "final_client_val_loss": last.get("client_val_loss"),
         "best_accuracy": best[1], "best_round": best[0],
         "max_epsilon_per_client": dict(sorted(max_eps.items(), key=lambda kv: int(kv[0]))),
         "max_epsilon": max(max_eps.values()) if max_eps else None,

@@ -10,6 +10,7 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     num-gpus = 0.25                         # optional: resources per simulated client (also --num-gpus)
     base = "configs/main.toml"              # optional run-config file the cells start from
     tune = ["lr"]                           # keys chosen per group on the clients' validation split
+    tune-metric = "final_client_val_accuracy"  # or final_client_val_loss (needs validation-fraction > 0)
 
     [sweep.config]                          # run-config shared by every cell
     num-server-rounds = 40
@@ -120,8 +121,21 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
     for t in sweep.tune:
         if t not in grid:
             raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] key")
+    from fedapp.report import TUNING_METRICS, tuning_metric
+
+    try:
+        tuning_metric({"meta": sweep.meta})
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    choosing = any(len(grid[t]) > 1 for t in sweep.tune)
     for cell in sweep.cells():
-        resolve_config(None, {**config, **cell})  # ConfigError names the key before anything runs
+        resolved = resolve_config(None, {**config, **cell})  # ConfigError names the key before anything runs
+        if choosing and not (resolved["validation-fraction"] > 0 and resolved["fraction-evaluate"] > 0):
+            raise ConfigError(
+                f"{path}: tune {sweep.tune} chooses among several values on the clients' validation split "
+                f"({sorted(TUNING_METRICS)}), so every cell needs validation-fraction > 0 and fraction-evaluate > 0; "
+                f"cell {cell} has validation-fraction = {resolved['validation-fraction']}, "
+                f"fraction-evaluate = {resolved['fraction-evaluate']}")
     return sweep
 
 
@@ -133,6 +147,11 @@ class Index:
         self.path = out / "index.json"
         self.lock = threading.Lock()
         old = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        changed = [k for k, now in (("config", sweep.config), ("num_supernodes", sweep.num_supernodes))
+                   if old.get("cells") and json.loads(json.dumps(now, default=str)) != old.get(k)]
+        if changed:  # a cell's id names only its grid assignments: resuming would mix two experiments
+            raise ConfigError(f"{self.path}: the sweep's {' and '.join(changed)} changed since its cells ran; "
+                              "use another --out (or remove the folder) to run the changed sweep")
         self.doc = {"sweep": sweep.name, "file": str(sweep.path), "meta": sweep.meta, "num_supernodes":
                     sweep.num_supernodes, "config": sweep.config, "grid": sweep.grid, "tune": sweep.tune,
                     "claims": sweep.claims, "cells": dict(old.get("cells", {}))}
@@ -212,11 +231,18 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None:
             sweep.meta[key] = value  # [sweep] num-cpus / num-gpus in the file, overridden here
     out = args.out or Path("results") / "sweeps" / f"{sweep.name}-{sweep.meta['scale']}"
-    index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine)
+    try:
+        index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine)
+    except ConfigError as exc:
+        print(f"[sweep] configuration error: {exc}", file=sys.stderr)
+        return 2
     if args.report:
-        from fedapp.report import write_report
+        from fedapp.report import ReportError, write_report
 
-        print(f"[sweep] report: {write_report(index)}")
+        try:
+            print(f"[sweep] report: {write_report(index)}")
+        except ReportError as exc:
+            print(f"[sweep] no report: {exc}", file=sys.stderr)
     doc = json.loads(index.read_text(encoding="utf-8"))
     failed = [cid for cid, c in doc["cells"].items() if c.get("status") != "finished"]
     print(f"[sweep] index: {index}; {len(doc['cells']) - len(failed)} finished, {len(failed)} not")

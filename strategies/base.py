@@ -313,17 +313,24 @@ class DPFLStrategy(Strategy):
     def aggregate_evaluate(self, server_round: int, results: list[tuple[ClientProxy, EvaluateRes]],
                            failures: list[tuple[ClientProxy, EvaluateRes] | BaseException]) -> tuple[float | None, dict[str, Scalar]]:
         server_round = self.actual_round(server_round)
-        accs, losses = [], []
+        accs, losses, val_accs, val_losses = [], [], [], []
         for _, r in results:
-            acc = r.metrics.get("accuracy")
-            if isinstance(acc, (int, float)) and not isinstance(acc, bool) and 0 <= float(acc) <= 1:
+            if _is_fraction(acc := r.metrics.get("accuracy")):
                 accs.append(float(acc))
-            if isinstance(r.loss, (int, float)) and np.isfinite(r.loss):
+            if r.num_examples > 0 and _is_finite(r.loss):  # a client without a local test split has no loss
                 losses.append(float(r.loss))
+            if _is_fraction(val_acc := r.metrics.get("val_accuracy")):  # the local validation split (tuning)
+                val_accs.append(float(val_acc))
+            if _is_finite(val_loss := r.metrics.get("val_loss")):
+                val_losses.append(float(val_loss))
         metrics: dict[str, Scalar] = {}
         if accs:
             metrics["client_accuracy"] = float(np.mean(accs))
             metrics["client_accuracy_std"] = float(np.std(accs))
+        if val_accs:
+            metrics["client_val_accuracy"] = float(np.mean(val_accs))
+        if val_losses:
+            metrics["client_val_loss"] = float(np.mean(val_losses))
         metrics.update(self.evaluate_metrics(server_round, results))
         self.round_log.add_metrics(metrics)
         self.flush_round()
@@ -591,3 +598,11 @@ def _failed_client_id(reason: str) -> int | None:
 
 def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _is_finite(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def _is_fraction(x: object) -> bool:
+    return _is_finite(x) and 0 <= float(x) <= 1  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ class ClientSetup:
     train: ArrayDataset
     test: ArrayDataset
     device: torch.device
+    validation: ArrayDataset | None = None  # ``validation-fraction`` of the training part, for tuning only
 
     def new_model(self) -> torch.nn.Module:
         return make_model(self.cfg, self.train)
@@ -34,12 +35,23 @@ class ClientSetup:
 
 def evaluate_on_local_test(setup: ClientSetup, parameters: list) -> tuple[float, int, dict[str, Any]]:
     """Federated evaluation: the global model on this client's local test split (``NumPyClient.evaluate``)."""
-    if len(setup.test) == 0:
-        return 0.0, 0, {"client_id": setup.profile.client_id}
     model = setup.new_model()
     set_weights(model, parameters)
-    loss, acc = evaluate_model(model, setup.test, batch_size=int(setup.cfg["eval-batch-size"]), device=setup.device)
-    return float(loss), len(setup.test), {"accuracy": float(acc), "client_id": setup.profile.client_id}
+    return evaluate_local_splits(setup, model)
+
+
+def evaluate_local_splits(setup: ClientSetup, model: torch.nn.Module) -> tuple[float, int, dict[str, Any]]:
+    """(loss, n, metrics) of ``model`` on the local test split; ``val_loss``/``val_accuracy`` on the local
+    validation split when there is one (what ``fedapp.report`` tunes on; the test split is what it reports)."""
+    metrics: dict[str, Any] = {"client_id": setup.profile.client_id}
+    batch = int(setup.cfg["eval-batch-size"])
+    if setup.validation is not None and len(setup.validation) > 0:
+        val_loss, val_acc = evaluate_model(model, setup.validation, batch_size=batch, device=setup.device)
+        metrics.update({"val_loss": float(val_loss), "val_accuracy": float(val_acc)})
+    if len(setup.test) == 0:
+        return 0.0, 0, metrics
+    loss, acc = evaluate_model(model, setup.test, batch_size=batch, device=setup.device)
+    return float(loss), len(setup.test), {**metrics, "accuracy": float(acc)}
 
 
 def make_model(cfg: RunConfig, data: ArrayDataset) -> torch.nn.Module:
@@ -53,8 +65,8 @@ def make_model(cfg: RunConfig, data: ArrayDataset) -> torch.nn.Module:
 def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> ClientSetup:
     cfg = resolve_config(context.run_config, overrides)
     profile = client_profile(cfg, context.node_config)
-    train, test = load_client_data(cfg, profile.client_id, profile.num_clients)
-    return ClientSetup(cfg, profile, train, test, resolve_device(cfg["device"]))
+    train, validation, test = load_client_data(cfg, profile.client_id, profile.num_clients)
+    return ClientSetup(cfg, profile, train, test, resolve_device(cfg["device"]), validation)
 
 
 def round_seed(cfg: RunConfig, client_id: int, server_round: int, stream: int = 401) -> int:

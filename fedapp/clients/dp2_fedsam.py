@@ -27,11 +27,11 @@ from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, Context
 
 from fedapp.clients.client_dp import round_clients
-from fedapp.clients.common import ClientSetup, make_model, noise_seed, round_lr, round_seed
+from fedapp.clients.common import ClientSetup, evaluate_local_splits, make_model, noise_seed, round_lr, round_seed
 from fedapp.config import ConfigError, RunConfig
 from fedapp.data import load_dataset
 from fedapp.privacy_profiles import client_level_mechanism
-from fedapp.training import SAM, LocalTraining, epochs_to_steps, evaluate_model, get_weights, local_train, set_weights
+from fedapp.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
 from strategies.aggregate import flatten, unflatten
 from strategies.dp2_fedsam import Variant, shared_mask
 from strategies.privacy.budget import budget_refusal
@@ -149,7 +149,7 @@ class DP2FedSAMClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         cfg, cid = self.s.cfg, self.s.profile.client_id
-        if len(self.s.test) == 0:
+        if len(self.s.test) == 0 and (self.s.validation is None or len(self.s.validation) == 0):
             return 0.0, 0, {"client_id": cid}
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
@@ -158,5 +158,4 @@ class DP2FedSAMClient(NumPyClient):
             local_train(model, self.s.train, LocalTraining(
                 batch_size=b, steps=epochs_to_steps(len(self.s.train), b, int(cfg["ft-epochs"])), lr=round_lr(cfg, rnd),
                 momentum=float(cfg["momentum"]), seed=round_seed(cfg, cid, rnd, stream=612)), self.s.device)
-        loss, acc = evaluate_model(model, self.s.test, batch_size=int(cfg["eval-batch-size"]), device=self.s.device)
-        return float(loss), len(self.s.test), {"accuracy": float(acc), "client_id": cid}
+        return evaluate_local_splits(self.s, model)
