@@ -29,6 +29,7 @@ METRICS = ("final_accuracy", "best_accuracy", "final_client_accuracy", "final_lo
            "total_uplink_bytes", "wall_seconds")
 TUNING_METRICS = {"final_client_val_accuracy": "higher", "final_client_val_loss": "lower"}
 DEFAULT_TUNING_METRIC = "final_client_val_accuracy"
+PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
 
 
 class ReportError(ValueError):
@@ -40,7 +41,6 @@ def tuning_metric(doc: Mapping[str, Any]) -> str:
     if metric not in TUNING_METRICS:
         raise ReportError(f"tune-metric must be one of {sorted(TUNING_METRICS)}, got {metric!r}")
     return metric
-PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
 
 
 def interval(values: Sequence[float]) -> tuple[float, float, int]:
