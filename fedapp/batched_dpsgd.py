@@ -14,7 +14,9 @@ paths step by step), so its guarantee and accounting are unchanged: record-level
 k's data, q_k and T_k steps composed by the RDP accountant as for the per-client path. Batching changes
 only where the arithmetic runs, not what any client releases.
 
-Limits: models without buffers or a data-independent regularizer (BatchNorm is not DP-SGD compatible
+On a GPU, give each client a CUDA generator (``torch.Generator(device="cuda")``): its draws then stay on the
+device (Opacus' sampler draws on the CPU only, so that run is not bit-comparable with Opacus; the mechanism is
+the same). Limits: models without buffers or a data-independent regularizer (BatchNorm is not DP-SGD compatible
 anyway); one loss (cross-entropy); every client starts from the same weights (a round's global model).
 """
 
@@ -101,9 +103,10 @@ def train_clients_batched(model: nn.Module, clients: list[BatchedClient],
         active = [k for k in range(k_all) if t < totals[k]]
         for k in active:  # a DataLoader iterator draws its base seed at every epoch's start: keep that draw
             if t % steps_per_epoch(len(clients[k].data), clients[k].batch_size) == 0:
-                torch.empty((), dtype=torch.int64).random_(generator=clients[k].generator)
-        idx = [torch.rand(len(clients[k].data), generator=clients[k].generator) < clients[k].sample_rate
-               for k in active]  # Opacus' UniformWithReplacementSampler draw, per client
+                g = clients[k].generator
+                torch.empty((), dtype=torch.int64, device=g.device).random_(generator=g)
+        idx = [torch.rand(len(clients[k].data), generator=clients[k].generator, device=clients[k].generator.device)
+               < clients[k].sample_rate for k in active]  # Opacus' UniformWithReplacementSampler draw, per client
         rows = [m.nonzero().reshape(-1).to(device) for m in idx]
         width = max(1, max(len(r) for r in rows))
         gather = torch.zeros(len(active), width, dtype=torch.long, device=device)
