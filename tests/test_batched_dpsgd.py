@@ -80,6 +80,30 @@ def test_batched_clients_train_exactly_as_the_per_client_opacus_path(momentum: f
         assert torch.equal(p.detach(), before[n])
 
 
+def test_float32_differences_are_rounding_at_kinks_not_the_mechanism():
+    """Images with flat zero backgrounds (as MNIST) tie ReLU/max-pool inputs: in float32 a 1e-8 rounding
+    difference can pick another subgradient there, so the paths may drift apart by more than rounding. In
+    float64 the same clients agree to rounding: the mechanism (batches, clipping, noise) is the same."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        model = _model().double()
+        clients, expected = [], []
+        for i, (n, b, seed) in enumerate([(48, 8, 21), (30, 6, 22)]):
+            d = _client_data(n, 200 + i)
+            x = np.where(np.abs(d.x) < 1.0, 0.0, d.x)  # ~68 % exact zeros: ties everywhere
+            data = ArrayDataset(x.astype(np.float64), d.y, 10)
+            ref = copy.deepcopy(model)
+            local_train(ref, data, LocalTraining(batch_size=b, steps=6, lr=0.2, seed=seed, dp=PerSampleDP(1.0, 1.0)))
+            expected.append(dict(ref.named_parameters()))
+            clients.append(BatchedClient(data, b, 6, 0.2, 1.0, 1.0, torch.Generator().manual_seed(seed)))
+        got = train_clients_batched(model, clients)
+        for k, ref in enumerate(expected):
+            for n, p in ref.items():
+                torch.testing.assert_close(got[k][n], p.detach(), rtol=1e-10, atol=1e-12)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_batched_path_rejects_models_it_cannot_run():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))  # running stats: buffers
     with pytest.raises(ValueError, match="buffers"):
