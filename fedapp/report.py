@@ -90,8 +90,13 @@ def tuned_groups(doc: Mapping[str, Any]) -> tuple[dict[tuple, list[dict]], dict[
         groups[setting] = candidates[best]
         if tune:
             choices[setting] = {**dict(best), "candidates": len(candidates),
-                                "scores": {_label(t): scores[t] for t in candidates}}
+                                "scores": {_label(t): scores[t] for t in sorted(candidates, key=_value_order)}}
     return groups, choices
+
+
+def _value_order(assignments: tuple) -> tuple:
+    """Sort key of a candidate's assignments: numbers by value, anything else by text after them."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for _, v in assignments)
 
 
 def _nan_low(x: float) -> float:
