@@ -30,7 +30,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedapp.data import ArrayDataset
-from fedapp.training import steps_per_epoch
+from fedapp.training import dpsgd_sample_rate, steps_per_epoch
 
 
 @dataclass
@@ -48,7 +48,7 @@ class BatchedClient:
 
     @property
     def sample_rate(self) -> float:
-        return 1.0 / steps_per_epoch(len(self.data), self.batch_size)
+        return dpsgd_sample_rate(len(self.data), self.batch_size)
 
     @property
     def total_steps(self) -> int:
@@ -99,10 +99,11 @@ def train_clients_batched(model: nn.Module, clients: list[BatchedClient],
     clip = torch.tensor([c.clip for c in clients], device=device)
     per_sample = _per_sample_grads(model)
     totals = [c.total_steps for c in clients]
+    per_epoch = [steps_per_epoch(len(c.data), c.batch_size) for c in clients]
     for t in range(max(totals, default=0)):
         active = [k for k in range(k_all) if t < totals[k]]
         for k in active:  # a DataLoader iterator draws its base seed at every epoch's start: keep that draw
-            if t % steps_per_epoch(len(clients[k].data), clients[k].batch_size) == 0:
+            if t % per_epoch[k] == 0:
                 g = clients[k].generator
                 torch.empty((), dtype=torch.int64, device=g.device).random_(generator=g)
         idx = [torch.rand(len(clients[k].data), generator=clients[k].generator, device=clients[k].generator.device)

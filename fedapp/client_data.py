@@ -87,14 +87,18 @@ def client_partition_indices(cfg: RunConfig, num_clients: int) -> tuple[np.ndarr
     return _partitions(*_partition_key(cfg, num_clients))
 
 
-def split_client_indices(indices: np.ndarray, cfg: RunConfig,
+def split_client_indices(indices: np.ndarray, local_test_fraction: float, validation_fraction: float, seed: int,
                          client_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(train, validation, local test) indices of one client: the local test split first, then the
     validation split out of what remains (``local-test-fraction``, ``validation-fraction``)."""
-    seed = int(cfg["seed"])
-    rest, test = train_test_split_local(indices, float(cfg["local-test-fraction"]), seed, client_id)
-    train, val = train_validation_split_local(rest, float(cfg.get("validation-fraction", 0.0)), seed, client_id)
+    rest, test = train_test_split_local(indices, local_test_fraction, seed, client_id)
+    train, val = train_validation_split_local(rest, validation_fraction, seed, client_id)
     return train, val, test
+
+
+def _split_args(cfg: RunConfig) -> tuple[float, float, int]:
+    """(local-test-fraction, validation-fraction, seed): what :func:`split_client_indices` reads from ``cfg``."""
+    return float(cfg["local-test-fraction"]), float(cfg.get("validation-fraction", 0.0)), int(cfg["seed"])
 
 
 def load_client_data(cfg: RunConfig, client_id: int,
@@ -102,20 +106,17 @@ def load_client_data(cfg: RunConfig, client_id: int,
     """(local train, local validation, local test) of client ``client_id`` of ``num_clients``."""
     pool = training_pool(cfg)
     indices = client_partition_indices(cfg, num_clients)[client_id]
-    tr, val, te = split_client_indices(indices, cfg, client_id)
+    tr, val, te = split_client_indices(indices, *_split_args(cfg), client_id)
     return pool.subset(tr), pool.subset(val), pool.subset(te)
 
 
 def client_train_sizes(cfg: RunConfig, num_clients: int) -> list[int]:
     """N_i of every client (for server-side validation before round 1). Memoized per process: every client's
     profile asks for its own N_i, which made building n profiles O(n²) (53 s of dry run at n = 1,000)."""
-    return list(_train_sizes(_partition_key(cfg, num_clients), float(cfg["local-test-fraction"]),
-                             float(cfg.get("validation-fraction", 0.0)), int(cfg["seed"])))
+    return list(_train_sizes(_partition_key(cfg, num_clients), _split_args(cfg)))
 
 
 @functools.lru_cache(maxsize=8)
-def _train_sizes(partition_key: tuple, local_test_fraction: float, validation_fraction: float,
-                 seed: int) -> tuple[int, ...]:
+def _train_sizes(partition_key: tuple, split_args: tuple[float, float, int]) -> tuple[int, ...]:
     parts = _partitions(*partition_key)
-    cfg = {"local-test-fraction": local_test_fraction, "validation-fraction": validation_fraction, "seed": seed}
-    return tuple(len(split_client_indices(p, cfg, i)[0]) for i, p in enumerate(parts))  # type: ignore[arg-type]
+    return tuple(len(split_client_indices(p, *split_args, i)[0]) for i, p in enumerate(parts))

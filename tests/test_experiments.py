@@ -124,13 +124,14 @@ def test_validation_split_is_disjoint_and_counted_in_n_i():
     sizes = client_train_sizes(cfg, 3)
     plain = client_train_sizes(resolve_config(None, {"local-test-fraction": 0.2, "max-samples": 400}), 3)
     for cid, part in enumerate(client_partition_indices(cfg, 3)):
-        train, val, test = split_client_indices(part, cfg, cid)
+        train, val, test = split_client_indices(part, 0.2, 0.25, int(cfg["seed"]), cid)
         assert not set(train) & set(val) and not set(train) & set(test) and not set(val) & set(test)
         assert sorted([*train, *val, *test]) == sorted(part)
         assert len(val) == round(0.25 * (len(part) - len(test))) and sizes[cid] == len(train)
         assert plain[cid] == len(train) + len(val)  # without a validation split the clients train on it
         tr, va, te = load_client_data(cfg, cid, 3)
         assert (len(tr), len(va), len(te)) == (len(train), len(val), len(test))
+
 
 @pytest.mark.slow
 def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
