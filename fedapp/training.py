@@ -14,6 +14,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -116,11 +117,15 @@ class PlainSGD:
     every Ray actor on the 2-core reference machine) only to mark the optimizer as not compilable.
 
     Per step: b ← g on the first step, else b ← μ·b + g; θ ← θ − η·b (θ ← θ − η·g when μ = 0).
+    It carries the ``param_groups`` / ``defaults`` / ``state`` that Opacus' ``DPOptimizer`` reads from the
+    optimizer it wraps, so DP-SGD steps through it too (η and μ are read from the one group each step).
     """
 
     def __init__(self, params: list[torch.Tensor], lr: float, momentum: float = 0.0) -> None:
         self.params = list(params)
-        self.lr, self.momentum = float(lr), float(momentum)
+        self.defaults: dict[str, Any] = {"lr": float(lr), "momentum": float(momentum)}
+        self.param_groups: list[dict[str, Any]] = [{"params": self.params, **self.defaults}]
+        self.state: dict[torch.Tensor, dict[str, Any]] = {}
         self._buffers: list[torch.Tensor | None] = [None] * len(self.params)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -134,18 +139,20 @@ class PlainSGD:
 
     @torch.no_grad()
     def step(self) -> None:
+        group = self.param_groups[0]
+        lr, momentum = float(group["lr"]), float(group["momentum"])
         for i, p in enumerate(self.params):
             grad = p.grad
             if grad is None:
                 continue
-            if self.momentum != 0.0:
+            if momentum != 0.0:
                 buf = self._buffers[i]
                 if buf is None:
                     buf = self._buffers[i] = torch.clone(grad).detach()
                 else:
-                    buf.mul_(self.momentum).add_(grad)
+                    buf.mul_(momentum).add_(grad)
                 grad = buf
-            p.add_(grad, alpha=-self.lr)
+            p.add_(grad, alpha=-lr)
 
 
 def epochs_to_steps(num_examples: int, batch_size: int, epochs: int) -> int:
@@ -162,7 +169,7 @@ def _shuffled_batches(n: int, batch_size: int, steps: int, seed: int):
         pos += batch_size
 
 
-def _private(model: nn.Module, optimizer: torch.optim.Optimizer, data: ArrayDataset, spec: LocalTraining):
+def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining):
     """Opacus' wrapped module, optimizer and Poisson loader for ``spec.dp``."""
     from opacus import PrivacyEngine
 
@@ -199,9 +206,7 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
     saved = {n: p.requires_grad for n, p in named.items()}
     for n, p in named.items():
         p.requires_grad_(n in set(names))
-    # Opacus wraps a torch optimizer; every other loop steps without one (see PlainSGD)
-    opt = torch.optim.SGD(params, lr=spec.lr, momentum=spec.momentum) if spec.dp is not None else \
-        PlainSGD(params, lr=spec.lr, momentum=spec.momentum)
+    opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum)  # also what Opacus wraps for DP-SGD
     loss_fn = nn.CrossEntropyLoss()
     start, steps, total, extra = time.perf_counter(), 0, 0.0, {}
     module, optimizer = model, opt

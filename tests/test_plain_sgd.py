@@ -46,3 +46,50 @@ def test_client_level_local_training_does_not_import_torch_dynamo() -> None:
             "print(json.dumps('torch._dynamo' in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) is False
+
+
+@pytest.mark.parametrize("mode", ["hooks", "ew", "functorch"])
+@pytest.mark.parametrize("momentum", [0.0, 0.5])
+def test_dpsgd_through_plain_sgd_matches_opacus_wrapping_torch_sgd(monkeypatch, mode: str, momentum: float) -> None:
+    """Opacus' DPOptimizer wrapping PlainSGD takes the same steps, bit for bit, as wrapping torch.optim.SGD
+    (same Poisson batches, clipping and noise: the seeds are the same)."""
+    import numpy as np
+
+    import fedapp.training as training
+    from fedapp.data import ArrayDataset
+    from fedapp.training import LocalTraining, PerSampleDP, local_train
+
+    rng = np.random.default_rng(0)
+    data = ArrayDataset(rng.normal(size=(48, 1, 28, 28)).astype("float32"), np.arange(48) % 10, 10)
+    spec = LocalTraining(batch_size=8, steps=12, lr=0.1, momentum=momentum, seed=3,
+                         dp=PerSampleDP(noise_multiplier=1.0, clip=0.5, grad_sample_mode=mode))
+    torch.manual_seed(0)
+    start = MnistCNN().state_dict()
+
+    def trained() -> list[torch.Tensor]:
+        model = MnistCNN()
+        model.load_state_dict(start)
+        result = local_train(model, data, spec)
+        assert result.steps == 12
+        return [p.detach().clone() for p in model.parameters()]
+
+    ours = trained()
+    monkeypatch.setattr(training, "PlainSGD", lambda params, lr, momentum: torch.optim.SGD(params, lr=lr,
+                                                                                            momentum=momentum))
+    reference = trained()
+    for a, b in zip(ours, reference):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(ours, MnistCNN().parameters()))
+
+
+def test_dpsgd_local_training_does_not_import_torch_dynamo() -> None:
+    code = ("import sys, json, numpy as np\n"
+            "from fedapp.data import ArrayDataset\n"
+            "from fedapp.models import MnistCNN\n"
+            "from fedapp.training import PerSampleDP, LocalTraining, local_train\n"
+            "d = ArrayDataset(np.random.rand(64, 1, 28, 28).astype('float32'), np.arange(64) % 10, 10)\n"
+            "dp = PerSampleDP(noise_multiplier=1.0, clip=1.0, grad_sample_mode='hooks')\n"
+            "local_train(MnistCNN(), d, LocalTraining(batch_size=16, steps=4, lr=0.1, momentum=0.9, dp=dp))\n"
+            "print(json.dumps('torch._dynamo' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=180)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) is False
