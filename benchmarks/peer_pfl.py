@@ -228,7 +228,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
     env.update({"FLWR_HOME": str(work / ".flwr"), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
     cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(NUM_CLIENTS),
-           "--num-cpus", str(args.num_cpus), "--run-config", to_toml_assignments(overrides)]
+           "--num-cpus", str(args.num_cpus), "--engine", args.engine, "--run-config", to_toml_assignments(overrides)]
     log = work / f"ours-{tag}.log"
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)
     if code != 0:
@@ -362,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients-per-round", type=int, default=10)
     parser.add_argument("--num-cpus", type=float, default=1.0,
                         help="our side: CPUs per simulated client (the launcher's --num-cpus; 2 on 2 cores = one actor)")
+    parser.add_argument("--engine", default="superlink", choices=("superlink", "run-simulation"),
+                        help="our side: the launcher's engine (run-simulation: no SuperLink, SuperExec, `flwr run`)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=42, help="run seed: partition and initial weights")
     parser.add_argument("--interval", type=float, default=2.0,

@@ -31,7 +31,7 @@ MNIST_FEDERATION = ("strategy='dpsgd-fedavg' dataset='mnist' data-dir='{data}' p
                     "fraction-evaluate=0.0 num-server-rounds={rounds} output-dir='{out}' run-name='{name}'")
 
 
-def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str) -> dict:
+def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str, engine: str = "superlink") -> dict:
     """One federation through ``python -m fedapp.launch`` (a child process, as a user runs it): wall, peak
     memory of its whole process tree, and the per-round times from rounds.jsonl. The launcher's output goes
     to ``<out>/launch-<n>.log``."""
@@ -43,7 +43,8 @@ def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str) -> di
            "MPLBACKEND": "Agg"}
     before = set(Path(out).glob("*"))
     log = Path(out) / f"launch-{len(before)}.log"
-    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(num_supernodes), "--run-config", run_config]
+    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(num_supernodes), "--run-config", run_config,
+           "--engine", engine]
     # one PSS sample of ~17 processes costs ~85 ms of CPU: every 2 s
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=2.0, timeout=None)
     if code != 0:
@@ -57,16 +58,16 @@ def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str) -> di
             "accuracy": json.loads((run_dir / "summary.json").read_text()).get("final_accuracy")}
 
 
-def bench_startup(rounds: int) -> list[str]:
+def bench_startup(rounds: int, engine: str = "superlink") -> list[str]:
     """Round-1 start-up of the 20-client MNIST federation: first run on an empty cache, then again."""
-    rows = ["| run (20 clients × 300 MNIST samples, dist2, dpsgd-fedavg) | wall | outside rounds | round 1 | "
+    rows = [f"| run (20 clients × 300 MNIST samples, dist2, dpsgd-fedavg; engine {engine}) | wall | outside rounds | round 1 | "
             "steady round (median) | round-1 start-up = round 1 − steady | ÷ 5 s target | peak PSS |",
             "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cache:
         for label, cache_dir in (("no cache (DPFL_CACHE_DIR=off)", "off"), ("first run, empty cache", cache),
                                  ("second run, warm cache", cache)):
             cfg = MNIST_FEDERATION.format(data=DATA_DIR, rounds=rounds, out=out, name="startup")
-            r = launch(cfg, 20, cache_dir, out)
+            r = launch(cfg, 20, cache_dir, out, engine)
             rows.append(f"| {label} | {r['wall']:.1f} s | {r['outside']:.1f} s | {r['round1']:.1f} s | "
                         f"{r['steady']:.2f} s | {r['startup']:.1f} s | {r['startup'] / STARTUP_TARGET_S:.2f}× | "
                         f"{r['peak_gb']:.2f} GB |")
@@ -130,17 +131,17 @@ def _plain_step(new_model, shape, classes, batch, LocalTraining, local_train, st
     return min(times)
 
 
-def bench_scale(clients: list[int], rounds: int, secure_aggregation: bool = True) -> list[str]:
+def bench_scale(clients: list[int], rounds: int, secure_aggregation: bool = True, engine: str = "superlink") -> list[str]:
     """Client-level DP-FedAvg on MNIST with n clients, 10 % Poisson-sampled per round, through the launcher."""
     mode = "SecAgg+" if secure_aggregation else "trusted server, no SecAgg+"
-    rows = [f"| clients (10 % a round, MNIST, dp-fedavg, {mode}) | samples a client | wall | outside rounds | "
+    rows = [f"| clients (10 % a round, MNIST, dp-fedavg, {mode}; engine {engine}) | samples a client | wall | outside rounds | "
             "round 1 | steady round (median) | peak PSS | ÷ 1.5 GB target |", "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as cache:
         for n in clients:
             cfg = (f"strategy='dp-fedavg' dataset='mnist' data-dir='{DATA_DIR}' clients-per-round={max(2, n // 10)} "
                    f"target-epsilon=5.0 clip-norm=1.0 lr=0.05 fraction-evaluate=0.0 num-server-rounds={rounds} "
                    f"secure-aggregation={str(secure_aggregation).lower()} output-dir='{out}' run-name='scale-{n}'")
-            r = launch(cfg, n, cache, out)
+            r = launch(cfg, n, cache, out, engine)
             rows.append(f"| {n} | {60000 // n} | {r['wall']:.1f} s | {r['outside']:.1f} s | {r['round1']:.1f} s | "
                         f"{r['steady']:.2f} s | {r['peak_gb']:.2f} GB | {r['peak_gb'] / MEMORY_TARGET_GB:.2f}× |")
     return rows
@@ -151,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     p = sub.add_parser("startup")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--engine", default="superlink", choices=("superlink", "run-simulation"), help="the launcher's")
     p = sub.add_parser("modes")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--models", nargs="*", default=["cnn-mnist", "cnn-cifar", "cnn-digits", "mlp-digits", "logreg",
@@ -160,14 +162,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--no-secure-aggregation", action="store_true",
                    help="trusted-server DP-FedAvg (Flower's SecAgg+ protocol dominates rounds of 100 clients)")
+    p.add_argument("--engine", default="superlink", choices=("superlink", "run-simulation"), help="the launcher's")
     args = parser.parse_args(argv)
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     if args.what == "startup":
-        rows = bench_startup(args.rounds)
+        rows = bench_startup(args.rounds, args.engine)
     elif args.what == "modes":
         rows = bench_modes(args.batch, args.models)
     else:
-        rows = bench_scale(args.clients, args.rounds, not args.no_secure_aggregation)
+        rows = bench_scale(args.clients, args.rounds, not args.no_secure_aggregation, args.engine)
     print("\n".join(rows))
     return 0
 

@@ -13,6 +13,10 @@ watchdog process — when the launcher itself is killed.
 
 The run-config is validated here first, so bad input fails before anything starts: the keys and values in
 process, then a dry run that builds the strategy, its mechanism and one client in a spawned child.
+
+``--engine run-simulation`` runs the same apps on Flower's ``run_simulation`` Python API in one child
+process instead (:mod:`fedapp.run_simulation_engine`): no SuperLink, SuperExec or ``flwr run``, so less
+memory and start-up; the same validation, the same results folder, the same stop-by-PID guarantees.
 """
 
 from __future__ import annotations
@@ -101,9 +105,18 @@ def _dry_run_child(send, cfg, num_clients: int) -> None:
 
 def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
         flwr_home: Path | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
-        timeout: float | None = None, port: int | None = None, ray_address: str = "") -> Path:
-    """Validate, start a SuperLink, ``flwr run`` the app, stop everything; returns the new results folder."""
+        timeout: float | None = None, port: int | None = None, ray_address: str = "",
+        engine: str = "superlink") -> Path:
+    """Validate, run the app on ``engine``, stop everything; returns the new results folder.
+
+    ``engine``: ``superlink`` (a private SuperLink and ``flwr run``) or ``run-simulation`` (Flower's
+    ``run_simulation`` in one child process, :mod:`fedapp.run_simulation_engine`)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine {engine!r}: valid engines are {', '.join(ENGINES)}")
     app = app.resolve()
+    if engine == "run-simulation" and app != PROJECT_ROOT.resolve():
+        raise ConfigError(f"--engine run-simulation runs this project's apps from {PROJECT_ROOT}; --app {app} needs "
+                          "--engine superlink")
     overrides = parse_overrides(run_config)
     merged = {**pyproject_run_config(app), **overrides}
     cfg = resolve_config(merged)  # raises ConfigError before anything starts
@@ -124,9 +137,75 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
         print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg['strategy']!r}; "
               "it has no effect", file=sys.stderr, flush=True)
     output_dir = absolutize_paths(cfg, overrides, app)
-    flwr_home = resolve_flwr_home(app, flwr_home)
     before = list_runs(output_dir)
-    port = port or free_port()
+    if engine == "run-simulation":
+        log_hint = "the output above"
+        _run_python_engine({**merged, **overrides}, num_supernodes, num_cpus, num_gpus, timeout, ray_address)
+    else:
+        flwr_home = resolve_flwr_home(app, flwr_home)
+        port = port or free_port()
+        log_hint = f"{flwr_home}/superlink-{port}.log"
+        _run_superlink_engine(app, overrides, flwr_home, port, num_supernodes, num_cpus, num_gpus, timeout,
+                              ray_address)
+    new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+    if not new_runs or not (new_runs[-1] / "summary.json").exists():
+        raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see "
+                           f"{log_hint}")
+    summary = json.loads((new_runs[-1] / "summary.json").read_text(encoding="utf-8"))
+    if not summary.get("finished"):
+        why = f" ({summary['stopped_reason']})" if summary.get("stopped_reason") else ""
+        raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds{why}; partial "
+                           f"results in {new_runs[-1]}, server log: {log_hint}")
+    return new_runs[-1]
+
+
+ENGINES = ("superlink", "run-simulation")
+
+
+def _run_python_engine(overrides: dict, num_supernodes: int, num_cpus: float, num_gpus: float,
+                       timeout: float | None, ray_address: str) -> None:
+    """Flower's ``run_simulation`` in a child process of its own session (its Ray daemons and actors are its
+    descendants), watched like the SuperLink engine's tree and stopped by PID when it ends, fails or is
+    interrupted."""
+    import tempfile
+
+    from fedapp.run_simulation_engine import write_spec
+
+    simulation_backend(num_cpus, num_gpus, ray_address)  # the same checks as the SuperLink engine's
+    fd, name = tempfile.mkstemp(prefix="dpfl-run-simulation-", suffix=".json")
+    os.close(fd)
+    spec = write_spec(Path(name), overrides, num_supernodes, num_cpus, num_gpus, ray_address)
+    procs = Processes()
+    watchdog = None
+    env = os.environ.copy()
+    env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with signals_as_interrupt():
+        try:
+            child = procs.add(subprocess.Popen([sys.executable, "-m", "fedapp.run_simulation_engine", str(spec)],
+                                               env=env, cwd=str(PROJECT_ROOT), start_new_session=True,
+                                               preexec_fn=parent_death_preexec()))
+            watchdog = start_watchdog(child)  # stops the child's tree (Ray included) if this process is killed
+            print(f"[dpfl] run_simulation engine pid {child.pid}: {num_supernodes} clients, "
+                  f"{overrides.get('num-server-rounds')} rounds", flush=True)
+            procs.watch()
+            try:
+                code = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"the run did not finish within {timeout:.0f}s") from None
+            if code != 0:
+                raise RuntimeError(f"the run_simulation engine exited with code {code}")
+        finally:
+            leftovers = procs.stop_all()
+            spec.unlink(missing_ok=True)
+            if watchdog is not None:
+                _stop_watchdog(watchdog)
+            if leftovers:
+                print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
+
+
+def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int, num_supernodes: int,
+                          num_cpus: float, num_gpus: float, timeout: float | None, ray_address: str) -> None:
+    """A private SuperLink on ``port``, ``flwr run --stream`` of the staged app, everything stopped by PID."""
     write_flower_config(flwr_home, f"127.0.0.1:{port}")
     if ray_address:  # attach the simulation runtime to an existing (multi-node) Ray cluster
         os.environ.update(simulation_backend(num_cpus, num_gpus, ray_address)[1])
@@ -163,16 +242,6 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
                 _stop_watchdog(watchdog)
             if leftovers:
                 print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
-    new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
-    if not new_runs or not (new_runs[-1] / "summary.json").exists():
-        raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see "
-                           f"{flwr_home}/superlink-{port}.log")
-    summary = json.loads((new_runs[-1] / "summary.json").read_text(encoding="utf-8"))
-    if not summary.get("finished"):
-        why = f" ({summary['stopped_reason']})" if summary.get("stopped_reason") else ""
-        raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds{why}; partial "
-                           f"results in {new_runs[-1]}, server log {flwr_home}/superlink-{port}.log")
-    return new_runs[-1]
 
 
 #: command-line markers of the process that runs the ServerApp (simulation runtime, or a deployed ServerApp)
@@ -240,10 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per simulated client")
     parser.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per simulated client (fractional ok)")
     parser.add_argument("--ray-address", default="", help="attach to an existing Ray cluster: auto, host:port, ray://host:port")
+    parser.add_argument("--engine", default="superlink", choices=ENGINES,
+                        help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
+                             "run_simulation in one process, without SuperLink, SuperExec and `flwr run` (lighter)")
     args = parser.parse_args(argv)
     try:
         run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-                      ray_address=args.ray_address)
+                      ray_address=args.ray_address, engine=args.engine)
     except ConfigError as exc:
         print(f"[dpfl] configuration error: {exc}", file=sys.stderr)
         return 2
@@ -252,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Interrupted) else 2
-        print(f"[dpfl] interrupted by signal {signum}; the SuperLink and its children were stopped", file=sys.stderr)
+        print(f"[dpfl] interrupted by signal {signum}; every process it started was stopped", file=sys.stderr)
         return 128 + signum
     summary = (run_dir / "summary.json").read_text(encoding="utf-8")
     print(f"[dpfl] results: {run_dir}\n[dpfl] summary.json:\n{summary}")

@@ -30,19 +30,56 @@ def _flower_processes(marker: str = "") -> set[int]:
     return out
 
 
+def _ray_processes(marker: str) -> set[int]:
+    """Ray's daemons (GCS, raylet) and actors whose command line mentions ``marker`` (their binaries live in
+    this project's virtual environment)."""
+    return {p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"])
+            if any(n in " ".join(p.info["cmdline"] or []) for n in ("raylet", "gcs_server", "ray::"))
+            and marker in " ".join(p.info["cmdline"] or [])}
+
+
+def _round_records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
+
+
 @pytest.mark.slow
-def test_flwr_run_end_to_end_and_nothing_left_running(tmp_path):
+def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path):
+    """The SuperLink engine (``flwr run``) and the run_simulation engine train the same apps: same rounds,
+    same central loss/accuracy and uplink, and each leaves no Flower or Ray process behind."""
+    config = "num-server-rounds=2 strategy='fedavg' max-samples=300 seed=7 output-dir='{out}'"
     port = free_port()
-    run_dir = run(num_supernodes=3, run_config=f"num-server-rounds=1 output-dir='{tmp_path}' strategy='fedavg'",
-                  flwr_home=tmp_path / "flwr-home", timeout=300, port=port)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["rounds_completed"] == 1 and summary["finished"]
-    assert run_dir.parent == tmp_path
-    config = json.loads((run_dir / "config.json").read_text())["config"]
-    # the launcher knows the federation's size: the server waits for all of it (client-level DP needs the real n)
-    assert config["num-clients"] == 3 and config["min-available-clients"] == 3
+    superlink_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "superlink"),
+                        flwr_home=tmp_path / "flwr-home", timeout=300, port=port)
     leftovers = _flower_processes(f"127.0.0.1:{port}") | _flower_processes(f"--port {port}")
     assert not leftovers, f"processes left running: {leftovers}"
+    python_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "python"), timeout=300,
+                     engine="run-simulation")
+    for run_dir, out in ((superlink_dir, "superlink"), (python_dir, "python")):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["rounds_completed"] == 2 and summary["finished"]
+        assert run_dir.parent == tmp_path / out
+        config_used = json.loads((run_dir / "config.json").read_text())["config"]
+        # the launcher knows the federation's size: the server waits for all of it (client-level DP needs the real n)
+        assert config_used["num-clients"] == 3 and config_used["min-available-clients"] == 3
+    time.sleep(1.0)
+    assert not _ray_processes(str(REPO)), "Ray daemons left running"
+    assert not any("fedapp.run_simulation_engine" in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"]))
+    ours, theirs = _round_records(python_dir), _round_records(superlink_dir)
+    assert [r["round"] for r in ours] == [r["round"] for r in theirs] == [1, 2]
+    for a, b in zip(ours, theirs):
+        assert a["metrics"]["accuracy"] == pytest.approx(b["metrics"]["accuracy"], abs=1e-9)
+        assert a["metrics"]["loss"] == pytest.approx(b["metrics"]["loss"], rel=1e-5)
+        assert a["metrics"]["uplink_bytes"] == b["metrics"]["uplink_bytes"]
+        assert a["metrics"]["clients_ok"] == b["metrics"]["clients_ok"] == 3
+
+
+def test_run_simulation_engine_refuses_another_app_and_unknown_engines(tmp_path):
+    with pytest.raises(ConfigError, match="--app .* needs --engine superlink"):
+        run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", app=tmp_path, engine="run-simulation")
+    with pytest.raises(ConfigError, match="--engine 'thread'"):
+        run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", engine="thread")
+    assert not (tmp_path / "out").exists()
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):
