@@ -218,8 +218,9 @@ def round_stats(walls: list[float]) -> dict[str, float]:
             else float("nan"), "rounds_sum": float(sum(walls))}
 
 
-def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace) -> dict[str, Any]:
-    """This project's side through ``python -m fedapp.launch``; its record of the run."""
+def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace,
+             engine: str = "superlink") -> dict[str, Any]:
+    """This project's side through ``python -m fedapp.launch --engine ENGINE``; its record of the run."""
     from fedapp.processes import to_toml_assignments
 
     out_dir = Path(overrides["output-dir"])
@@ -228,8 +229,8 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
     env.update({"FLWR_HOME": str(work / ".flwr"), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
     cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(NUM_CLIENTS),
-           "--num-cpus", str(args.num_cpus), "--engine", args.engine, "--run-config", to_toml_assignments(overrides)]
-    log = work / f"ours-{tag}.log"
+           "--num-cpus", str(args.num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
+    log = work / f"ours-{engine}-{tag}.log"
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)
     if code != 0:
         raise RuntimeError(f"our run failed (exit {code}); log {log}:\n{_tail(log)}")
@@ -244,7 +245,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
                         log.read_text(encoding="utf-8", errors="replace"))
     walls = [float(r["wall_seconds"]) for r in rounds]
     sampled = [r["metrics"].get("clients_sampled", r["metrics"].get("clients_ok")) for r in rounds]
-    return {"side": "ours", "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+    return {"side": our_side(engine), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
             "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
@@ -285,6 +286,11 @@ def pfl_available(python: Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- report
+def our_side(engine: str) -> str:
+    """The report's label of this project's side on ``engine`` (plain ``ours``: the default SuperLink engine)."""
+    return "ours" if engine == "superlink" else f"ours/{engine}"
+
+
 def _med(runs: list[dict[str, Any]], key: str) -> float:
     return statistics.median(float(r[key]) for r in runs)
 
@@ -298,37 +304,11 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
                     f"{r['wall'] - r['rounds_sum']:.1f} s | {r['round1']:.2f} s | {r['steady_median']:.2f} s | "
                     f"{r['peak_bytes'] / 1e9:.2f} GB | {r['cpu_seconds']:.0f} | {r['mean_clients']:.1f} | "
                     f"{r['final_accuracy'] if r['final_accuracy'] is None else format(r['final_accuracy'], '.4f')} |")
-    ours = [r for r in runs if r["side"] == "ours"]
     pfl = [r for r in runs if r["side"] == "pfl"]
     busiest = max((r.get("load_before", 0.0) for r in runs), default=0.0)
     out = rows
-    if ours and pfl:
-        def ratio(key: str) -> str:
-            return f"{_med(ours, key) / _med(pfl, key):.2f}×"
-
-        wall_ratio = _med(ours, "wall") / _med(pfl, "wall")
-        peak = _med(ours, "peak_bytes") / 1e9
-        outside = statistics.median(r["wall"] - r["rounds_sum"] for r in ours), \
-            statistics.median(r["wall"] - r["rounds_sum"] for r in pfl)
-        out += ["", f"Medians over {len(ours)} run(s) per side, ratios ours ÷ pfl:", "",
-                "| metric | ours | pfl | ours ÷ pfl |", "|---|---|---|---|",
-                f"| wall | {_med(ours, 'wall'):.1f} s | {_med(pfl, 'wall'):.1f} s | {ratio('wall')} |",
-                f"| steady round | {_med(ours, 'steady_median'):.2f} s | {_med(pfl, 'steady_median'):.2f} s | "
-                f"{ratio('steady_median')} |",
-                f"| round 1 | {_med(ours, 'round1'):.2f} s | {_med(pfl, 'round1'):.2f} s | {ratio('round1')} |",
-                f"| outside rounds | {outside[0]:.1f} s | {outside[1]:.1f} s | {outside[0] / outside[1]:.2f}× |",
-                f"| peak PSS Σ | {peak:.2f} GB | {_med(pfl, 'peak_bytes') / 1e9:.2f} GB | {ratio('peak_bytes')} |",
-                f"| CPU s (sampled) | {_med(ours, 'cpu_seconds'):.0f} | {_med(pfl, 'cpu_seconds'):.0f} | "
-                f"{ratio('cpu_seconds')} |", "",
-                f"Targets (issue #15): wall ≤ {TARGET_WALL_RATIO:.1f}× pfl: "
-                f"{'met' if wall_ratio <= TARGET_WALL_RATIO else 'not met'} ({wall_ratio:.2f}×"
-                f"{', not meaningful: busy machine' if busiest > QUIET_LOAD else ''}); "
-                f"peak summed memory ≤ {TARGET_PEAK_GB} GB: {'met' if peak <= TARGET_PEAK_GB else 'not met'} "
-                f"({peak:.2f} GB)."]
-        pairs = [(o["wall"] / q["wall"]) for o in ours for q in pfl if o["tag"] == q["tag"]]
-        if pairs:  # each repeat runs both sides back to back: the spread of the ratio within a pair
-            out.append(f"Wall ratio within each repeat (ours ÷ pfl, same machine state): "
-                       f"{', '.join(f'{x:.2f}×' for x in pairs)}.")
+    for label in dict.fromkeys(r["side"] for r in runs if r["side"] != "pfl"):
+        out += _versus_pfl([r for r in runs if r["side"] == label], pfl, label, busiest)
     if busiest > QUIET_LOAD:
         out.append(f"\nWARNING: the load average was up to {busiest:.1f} before a run (2 cores): the machine was not "
                    "quiet, so these times and ratios say nothing about the targets; rerun on a quiet machine.")
@@ -349,6 +329,39 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
     return out
 
 
+def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: str, busiest: float) -> list[str]:
+    """Medians of one of our sides against pfl's, their ratios and the issue's targets."""
+    out: list[str] = []
+    if ours and pfl:
+        def ratio(key: str) -> str:
+            return f"{_med(ours, key) / _med(pfl, key):.2f}×"
+
+        wall_ratio = _med(ours, "wall") / _med(pfl, "wall")
+        peak = _med(ours, "peak_bytes") / 1e9
+        outside = statistics.median(r["wall"] - r["rounds_sum"] for r in ours), \
+            statistics.median(r["wall"] - r["rounds_sum"] for r in pfl)
+        out += ["", f"Medians over {len(ours)} run(s) per side, ratios {label} ÷ pfl:", "",
+                f"| metric | {label} | pfl | {label} ÷ pfl |", "|---|---|---|---|",
+                f"| wall | {_med(ours, 'wall'):.1f} s | {_med(pfl, 'wall'):.1f} s | {ratio('wall')} |",
+                f"| steady round | {_med(ours, 'steady_median'):.2f} s | {_med(pfl, 'steady_median'):.2f} s | "
+                f"{ratio('steady_median')} |",
+                f"| round 1 | {_med(ours, 'round1'):.2f} s | {_med(pfl, 'round1'):.2f} s | {ratio('round1')} |",
+                f"| outside rounds | {outside[0]:.1f} s | {outside[1]:.1f} s | {outside[0] / outside[1]:.2f}× |",
+                f"| peak PSS Σ | {peak:.2f} GB | {_med(pfl, 'peak_bytes') / 1e9:.2f} GB | {ratio('peak_bytes')} |",
+                f"| CPU s (sampled) | {_med(ours, 'cpu_seconds'):.0f} | {_med(pfl, 'cpu_seconds'):.0f} | "
+                f"{ratio('cpu_seconds')} |", "",
+                f"Targets (issue #15), {label}: wall ≤ {TARGET_WALL_RATIO:.1f}× pfl: "
+                f"{'met' if wall_ratio <= TARGET_WALL_RATIO else 'not met'} ({wall_ratio:.2f}×"
+                f"{', not meaningful: busy machine' if busiest > QUIET_LOAD else ''}); "
+                f"peak summed memory ≤ {TARGET_PEAK_GB} GB: {'met' if peak <= TARGET_PEAK_GB else 'not met'} "
+                f"({peak:.2f} GB)."]
+        pairs = [(o["wall"] / q["wall"]) for o in ours for q in pfl if o["tag"] == q["tag"]]
+        if pairs:  # each repeat runs both sides back to back: the spread of the ratio within a pair
+            out.append(f"Wall ratio within each repeat ({label} ÷ pfl, same machine state): "
+                       f"{', '.join(f'{x:.2f}×' for x in pairs)}.")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=30)
@@ -362,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients-per-round", type=int, default=10)
     parser.add_argument("--num-cpus", type=float, default=1.0,
                         help="our side: CPUs per simulated client (the launcher's --num-cpus; 2 on 2 cores = one actor)")
-    parser.add_argument("--engine", default="superlink", choices=("superlink", "run-simulation"),
-                        help="our side: the launcher's engine (run-simulation: no SuperLink, SuperExec, `flwr run`)")
+    parser.add_argument("--engines", nargs="+", default=["superlink"], choices=("superlink", "run-simulation"),
+                        help="our side, once per engine per repeat: the launcher's --engine (run-simulation: no "
+                             "SuperLink, SuperExec or `flwr run`)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=42, help="run seed: partition and initial weights")
     parser.add_argument("--interval", type=float, default=2.0,
@@ -388,13 +402,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         settings = export_inputs(work / "inputs", overrides)
         print(f"[peer_pfl] inputs exported in {time.perf_counter() - t0:.1f} s", flush=True)
-        sides = ["ours", "pfl"] if args.side == "both" else [args.side]
+        ours = [our_side(e) for e in args.engines]
+        sides = {"both": ours + ["pfl"], "ours": ours, "pfl": ["pfl"]}[args.side]
+        engine_of = {our_side(e): e for e in args.engines}
         for k in range(args.repeats):
             for side in (sides if k % 2 == 0 else sides[::-1]):
                 tag = str(k + 1)
                 print(f"[peer_pfl] run {tag}: {side} ...", flush=True)
                 load = settle()
-                rec = (run_ours(overrides, work, tag, args) if side == "ours"
+                rec = (run_ours(overrides, work, tag, args, engine_of[side]) if side != "pfl"
                        else run_pfl(work / "inputs", work, tag, args, seed=None))
                 rec["load_before"] = load
                 print(f"[peer_pfl] run {tag}: {side} {rec['wall']:.1f} s, peak {rec['peak_bytes'] / 1e9:.2f} GB, "
