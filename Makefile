@@ -6,6 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NUM_SUPERNODES ?= 20
 RUN_CONFIG ?= configs/main.toml
+ENGINE ?= superlink
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_HOME := $(CURDIR)/.flwr
 export MPLBACKEND := Agg
@@ -24,7 +25,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m fedapp.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)"
+	$(PY) -m fedapp.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)" --engine $(ENGINE)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -ra --durations=15
