@@ -219,8 +219,8 @@ def round_stats(walls: list[float]) -> dict[str, float]:
 
 
 def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace,
-             engine: str = "superlink") -> dict[str, Any]:
-    """This project's side through ``python -m fedapp.launch --engine ENGINE``; its record of the run."""
+             engine: str = "superlink", num_cpus: float = 1.0) -> dict[str, Any]:
+    """This project's side through ``python -m fedapp.launch --engine ENGINE --num-cpus NUM_CPUS``; its record."""
     from fedapp.processes import to_toml_assignments
 
     out_dir = Path(overrides["output-dir"])
@@ -229,8 +229,8 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
     env.update({"FLWR_HOME": str(work / ".flwr"), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
     cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(NUM_CLIENTS),
-           "--num-cpus", str(args.num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
-    log = work / f"ours-{engine}-{tag}.log"
+           "--num-cpus", str(num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
+    log = work / f"ours-{engine}-cpus{num_cpus:g}-{tag}.log"
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)
     if code != 0:
         raise RuntimeError(f"our run failed (exit {code}); log {log}:\n{_tail(log)}")
@@ -245,7 +245,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
                         log.read_text(encoding="utf-8", errors="replace"))
     walls = [float(r["wall_seconds"]) for r in rounds]
     sampled = [r["metrics"].get("clients_sampled", r["metrics"].get("clients_ok")) for r in rounds]
-    return {"side": our_side(engine), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+    return {"side": our_side(engine, num_cpus), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
             "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
@@ -286,9 +286,11 @@ def pfl_available(python: Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- report
-def our_side(engine: str) -> str:
-    """The report's label of this project's side on ``engine`` (plain ``ours``: the default SuperLink engine)."""
-    return "ours" if engine == "superlink" else f"ours/{engine}"
+def our_side(engine: str, num_cpus: float = 1.0) -> str:
+    """The report's label of this project's side on ``engine`` with ``num_cpus`` per client (plain ``ours``: the
+    launcher's defaults, SuperLink engine and one CPU per client)."""
+    label = "ours" if engine == "superlink" else f"ours/{engine}"
+    return label if num_cpus == 1.0 else f"{label}/cpus={num_cpus:g}"
 
 
 def _med(runs: list[dict[str, Any]], key: str) -> float:
@@ -373,8 +375,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--partitioner", default="iid", choices=("iid", "shards", "pathological", "dirichlet"))
     parser.add_argument("--clients-per-round", type=int, default=10)
-    parser.add_argument("--num-cpus", type=float, default=1.0,
-                        help="our side: CPUs per simulated client (the launcher's --num-cpus; 2 on 2 cores = one actor)")
+    parser.add_argument("--num-cpus", type=float, nargs="+", default=[1.0],
+                        help="our side, once per value (and engine) per repeat: CPUs per simulated client (the "
+                             "launcher's --num-cpus; 2 on 2 cores = one actor with 2 torch threads, as pfl runs)")
     parser.add_argument("--engines", nargs="+", default=["superlink"], choices=("superlink", "run-simulation"),
                         help="our side, once per engine per repeat: the launcher's --engine (run-simulation: no "
                              "SuperLink, SuperExec or `flwr run`)")
@@ -402,15 +405,15 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         settings = export_inputs(work / "inputs", overrides)
         print(f"[peer_pfl] inputs exported in {time.perf_counter() - t0:.1f} s", flush=True)
-        ours = [our_side(e) for e in args.engines]
+        config_of = {our_side(e, c): (e, c) for e in args.engines for c in args.num_cpus}
+        ours = list(config_of)
         sides = {"both": ours + ["pfl"], "ours": ours, "pfl": ["pfl"]}[args.side]
-        engine_of = {our_side(e): e for e in args.engines}
         for k in range(args.repeats):
             for side in (sides if k % 2 == 0 else sides[::-1]):
                 tag = str(k + 1)
                 print(f"[peer_pfl] run {tag}: {side} ...", flush=True)
                 load = settle()
-                rec = (run_ours(overrides, work, tag, args, engine_of[side]) if side != "pfl"
+                rec = (run_ours(overrides, work, tag, args, *config_of[side]) if side != "pfl"
                        else run_pfl(work / "inputs", work, tag, args, seed=None))
                 rec["load_before"] = load
                 print(f"[peer_pfl] run {tag}: {side} {rec['wall']:.1f} s, peak {rec['peak_bytes'] / 1e9:.2f} GB, "
