@@ -311,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-address", default="", help="attach to an existing Ray cluster: auto, host:port, ray://host:port")
     parser.add_argument("--engine", default="superlink", choices=ENGINES,
                         help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
-                             "run_simulation in one process, without SuperLink, SuperExec and `flwr run` (lighter)")
+                             "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
+                             "SuperLink, SuperExec and `flwr run`: ~0.3 GB less peak memory (docs/benchmarks.md)")
     args = parser.parse_args(argv)
     try:
         run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,

@@ -4,12 +4,17 @@
 default SuperLink engine, on the same Flower Simulation Engine (one Ray actor per ``--num-cpus`` of the
 machine), from the same validated run-config. What it leaves out are the three Flower processes that
 stand between the launcher and the ServerApp — ``flower-superlink``, its ``flower-superexec`` and
-``flwr run --stream`` (~0.27 GB together) — and their start-up (SuperLink health, FAB staging, the
-SuperExec picking the run up: ~7 s). Measured in docs/benchmarks.md (issue 15, session 8).
+``flwr run --stream`` (~0.29 GB together at the peak; peak PSS 1.66 vs 1.99 GB on the pfl-research task) — and
+their start-up (~4 s outside rounds). It was not shown to be faster: its ServerApp is ready before Ray is, so
+Ray's start falls inside round 1 instead. Measured in docs/benchmarks.md (issue 15, session 8).
 
 What it does not give: the run is not registered in a SuperLink (no ``flwr ls`` / ``flwr log``), and the
 app runs from this source tree rather than from an installed FAB. Privacy is unchanged: the strategies,
 their mechanisms, SecAgg+ and the server-side ledger are the same code on the same message path.
+
+Flower 1.41 marks ``run_simulation`` deprecated (it logs so at start) in favour of ``flwr run``, which is why
+this engine is opt-in and the SuperLink engine stays the default; the tests and notebooks use the same API,
+so a Flower release that removes it fails here first.
 
 Run by the launcher as ``python -m fedapp.run_simulation_engine SPEC.json``; SPEC holds ``overrides``
 (the full run-config the launcher validated), ``num_supernodes``, ``num_cpus``, ``num_gpus`` and
