@@ -50,8 +50,11 @@ def run_from_spec(spec: dict[str, Any]) -> None:
     backend, env = simulation_backend(float(spec["num_cpus"]), float(spec["num_gpus"]), str(spec["ray_address"]))
     os.environ.update(env)
     overrides = dict(spec["overrides"])
-    run_simulation(build_server_app(overrides), build_client_app(overrides), num_supernodes=int(spec["num_supernodes"]),
-                   backend_config=backend)
+    from fedapp.lean_ray import lean_local_ray_head
+
+    with lean_local_ray_head():
+        run_simulation(build_server_app(overrides), build_client_app(overrides),
+                       num_supernodes=int(spec["num_supernodes"]), backend_config=backend)
 
 
 def main(argv: list[str] | None = None) -> int:
