@@ -93,6 +93,28 @@ def cached_arrays(key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[
     return {n: np.load(folder / f"{n}.npy", mmap_mode="c") for n in arrays}
 
 
+def release_mapped_pages(*arrays: np.ndarray) -> None:
+    """Unmap the pages of memory-mapped cache arrays that this process has read (``madvise(MADV_DONTNEED)``).
+
+    A copy-on-write mapping keeps every page a process has touched mapped into it for as long as the array
+    lives: an actor that trained every client of a run ends up mapping the whole training pool (188 MB for
+    MNIST), in every actor. After a client's rows are copied out the pool's pages are not needed by this
+    process; dropped, they stay in the kernel's page cache (shared, reclaimable; the next client's rows come
+    back from it without a disk read) instead of the actor's resident set.
+
+    Dropping a written copy-on-write page would discard the write, so only read-only arrays are released
+    (:func:`fedapp.data.load_dataset` hands out read-only pools); writable or not memory-mapped arrays are
+    left alone."""
+    import mmap
+
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    for arr in arrays:
+        mapping = getattr(arr, "_mmap", None)
+        if not arr.flags.writeable and isinstance(mapping, mmap.mmap) and not mapping.closed:
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+
 def _save_npy(path: str, arr: np.ndarray) -> None:
     with open(path, "wb") as fh:
         np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)

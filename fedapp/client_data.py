@@ -7,7 +7,7 @@ import hashlib
 
 import numpy as np
 
-from fedapp.cache import cached_arrays
+from fedapp.cache import cached_arrays, release_mapped_pages
 from fedapp.config import RunConfig
 from fedapp.data import ArrayDataset, load_dataset
 from fedapp.partition import partition, train_test_split_local, train_validation_split_local
@@ -107,7 +107,9 @@ def load_client_data(cfg: RunConfig, client_id: int,
     pool = training_pool(cfg)
     indices = client_partition_indices(cfg, num_clients)[client_id]
     tr, val, te = split_client_indices(indices, *_split_args(cfg), client_id)
-    return pool.subset(tr), pool.subset(val), pool.subset(te)
+    local = pool.subset(tr), pool.subset(val), pool.subset(te)  # copies: the pool's pages are not needed after
+    release_mapped_pages(pool.x, pool.y)
+    return local
 
 
 def client_train_sizes(cfg: RunConfig, num_clients: int) -> list[int]:

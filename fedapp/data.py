@@ -196,7 +196,17 @@ def _a9a_arrays(data_dir: str) -> dict[str, np.ndarray]:
 
 @functools.lru_cache(maxsize=4)
 def load_dataset(name: str, data_dir: str = "") -> tuple[ArrayDataset, ArrayDataset]:
-    """Load ``(train, test)`` for dataset ``name`` (cached)."""
+    """Load ``(train, test)`` for dataset ``name`` (memoized, so shared by every caller in the process: its
+    arrays are read-only — callers take copies — which also lets a memory-mapped pool drop its pages,
+    :func:`fedapp.cache.release_mapped_pages`)."""
+    pair = _load_dataset(name, data_dir)
+    for part in pair:
+        part.x.flags.writeable = False
+        part.y.flags.writeable = False
+    return pair
+
+
+def _load_dataset(name: str, data_dir: str) -> tuple[ArrayDataset, ArrayDataset]:
     if name == "digits":
         return load_digits_dataset()
     if name in _TORCHVISION:

@@ -279,8 +279,8 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, *, batch_size: int = 51
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     total_loss, correct = 0.0, 0
     for start in range(0, len(data), batch_size):
-        xb = torch.from_numpy(data.x[start:start + batch_size]).to(device)
-        yb = torch.from_numpy(data.y[start:start + batch_size]).to(device)
+        xb = torch.tensor(data.x[start:start + batch_size], device=device)  # a copy: pools are read-only
+        yb = torch.tensor(data.y[start:start + batch_size], device=device)
         out = model(xb)
         total_loss += float(loss_fn(out, yb))
         correct += int((out.argmax(1) == yb).sum())

@@ -215,8 +215,8 @@ class GradientOracle:
         self.shapes = [tuple(p.shape) for p in model.parameters()]
         self.sizes = [int(np.prod(s)) if s else 1 for s in self.shapes]
         self.dim = int(sum(self.sizes))
-        self.x = torch.as_tensor(np.asarray(x, dtype=np.float32), device=self.device)
-        self.y = torch.as_tensor(np.asarray(y, dtype=np.int64), device=self.device)
+        self.x = torch.tensor(np.asarray(x, dtype=np.float32), device=self.device)
+        self.y = torch.tensor(np.asarray(y, dtype=np.int64), device=self.device)
         self.m = len(self.y)
         self.lam = float(getattr(model, "nonconvex_lambda", 0.0))
         self.chunk = chunk

@@ -116,3 +116,32 @@ def test_partitions_are_computed_once_and_read_back_without_flwr_datasets(cache_
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ",".join(str(int(p.sum())) for p in first)
     _partitions.cache_clear()
+
+
+def test_released_pool_pages_leave_the_process_and_the_values_stay(cache_root):
+    """A read-only memory-mapped pool drops the pages this process read (PSS falls by their size) and reads
+    back the same values from the page cache; writable arrays are never released (a written copy-on-write
+    page would be lost)."""
+    psutil = pytest.importorskip("psutil")
+    n = 16 * 2**20 // 4  # 16 MB of float32
+    x = cache.cached_arrays("pages", lambda: {"x": np.arange(n, dtype=np.float32)})["x"]
+    proc = psutil.Process()
+    total = float(x.sum(dtype=np.float64))  # touches every page
+    touched = proc.memory_full_info().pss
+    cache.release_mapped_pages(x)  # writable: left alone
+    assert proc.memory_full_info().pss > touched - 4 * 2**20
+    x.flags.writeable = False
+    cache.release_mapped_pages(x, np.ones(3))  # a plain array is ignored
+    assert proc.memory_full_info().pss < touched - 12 * 2**20
+    assert float(x.sum(dtype=np.float64)) == total
+
+
+def test_client_data_comes_from_a_read_only_pool_that_is_released(cache_root):
+    from fedapp.client_data import load_client_data
+    from fedapp.config import resolve_config
+
+    cfg = resolve_config({"dataset": "digits", "num-clients": 4})
+    train, _ = load_dataset("digits")
+    assert not train.x.flags.writeable and not train.y.flags.writeable
+    local_train, _, _ = load_client_data(cfg, 1, 4)
+    assert local_train.x.flags.writeable and len(local_train) > 0  # the client's own copy
