@@ -10,6 +10,7 @@ from flwr.common import Context
 
 from fedapp.config import resolve_config
 from fedapp.faults import guard_client
+from fedapp.heap import trim_heap_mod
 from fedapp.registry import get_spec
 from fedapp.secure_aggregation import secagg_mod
 
@@ -22,7 +23,8 @@ def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
         client = get_spec(cfg["strategy"]).client_factory()(context, overrides)
         return guard_client(client, context, cfg)  # faults, state persistence, lost-accountant guard (issue 7)
 
-    return ClientApp(client_fn=client_fn, mods=[secagg_mod])  # SecAgg+ rounds only; others pass through
+    # secagg_mod: SecAgg+ rounds only, others pass through; trim_heap_mod: freed memory back to the OS after each
+    return ClientApp(client_fn=client_fn, mods=[trim_heap_mod, secagg_mod])
 
 
 app = build_client_app()

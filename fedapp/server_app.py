@@ -12,12 +12,14 @@ from flwr.server import ServerAppComponents, ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
+from fedapp.cache import release_mapped_pages
 from fedapp.checkpoint import attach as attach_checkpointing
 from fedapp.client_data import client_train_sizes
 from fedapp.clients.common import make_model
 from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
 from fedapp.data import load_dataset
 from fedapp.faults import check_fault_config
+from fedapp.heap import return_freed_memory
 from fedapp.privacy_profiles import check_record_delta, client_level_mechanism, federation_profiles
 from fedapp.registry import get_spec
 from fedapp.results import ResultsWriter
@@ -37,6 +39,8 @@ def make_evaluate_fn(cfg: RunConfig):
     def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, dict[str, Any]]:
         set_weights(model, weights)
         loss, acc = evaluate_model(model, test, batch_size=batch, device=device)
+        release_mapped_pages(test.x, test.y)  # the test set stays in the page cache, not in this process
+        return_freed_memory()  # the batches' activations: back to the OS until the next evaluation
         return float(loss), {"accuracy": float(acc)}
 
     return evaluate_fn
