@@ -124,7 +124,7 @@ def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     model = make_model(cfg, test)
     try:
-        model.eval()(torch.tensor(test.x[:2]))
+        model.eval()(torch.from_numpy(test.x[:2].copy()))  # a copy: the pool is read-only
     except Exception as exc:  # noqa: BLE001 — any shape/dtype mismatch of model and data
         raise ConfigError(f"run-config 'model' = {cfg['model']!r} does not fit dataset {cfg['dataset']!r} "
                           f"(inputs {tuple(test.x.shape[1:])}): {type(exc).__name__}: {exc}") from None

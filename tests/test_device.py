@@ -157,7 +157,7 @@ FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "rand
 
 #: (file, function, call) → why this tensor is on the CPU on purpose
 HOST_SIDE = {
-    ("fedapp/server_app.py", "dry_run", "torch.from_numpy(test.x[:2])"):
+    ("fedapp/server_app.py", "dry_run", "torch.from_numpy(test.x[:2].copy())"):
         "config dry run: a freshly built CPU model on two CPU samples, no device involved",
     ("fedapp/training.py", "set_weights", "torch.as_tensor(np.asarray(w), dtype=old.dtype)"):
         "staging copy of a numpy array; load_state_dict copies it onto the model's own device",
