@@ -4,7 +4,7 @@
 default SuperLink engine, on the same Flower Simulation Engine (one Ray actor per ``--num-cpus`` of the
 machine), from the same validated run-config. What it leaves out are the three Flower processes that
 stand between the launcher and the ServerApp — ``flower-superlink``, its ``flower-superexec`` and
-``flwr run --stream`` (~0.29 GB together at the peak; peak PSS 1.66 vs 1.99 GB on the pfl-research task) — and
+``flwr run --stream`` (~0.29 GB together at the peak, session 8) — and
 their start-up (~4 s outside rounds). Its Ray head is also started lean (:mod:`fedapp.lean_ray`: no autoscaler
 monitor, log monitor or dashboard API server; ~0.18 GB), which the SuperLink engine cannot do because Flower's
 own ``flwr-simulation`` process calls ``ray.init`` there. Measured in docs/benchmarks.md (issue 15, sessions 8

@@ -136,7 +136,7 @@ def test_released_pool_pages_leave_the_process_and_the_values_stay(cache_root):
     assert float(x.sum(dtype=np.float64)) == total
 
 
-def test_client_data_comes_from_a_read_only_pool_that_is_released(cache_root):
+def test_client_data_is_a_writable_copy_of_a_read_only_pool(cache_root):
     from fedapp.client_data import load_client_data
     from fedapp.config import resolve_config
 
