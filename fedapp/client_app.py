@@ -11,6 +11,7 @@ from flwr.common import Context
 from fedapp.config import resolve_config
 from fedapp.faults import guard_client
 from fedapp.heap import trim_heap_mod
+from fedapp.lean_ray import lean_head_in_simulation_runtime
 from fedapp.registry import get_spec
 from fedapp.secure_aggregation import secagg_mod
 
@@ -28,3 +29,6 @@ def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
 
 
 app = build_client_app()
+
+# Flower's simulation runtime (`flwr run` against a SuperLink) imports this module before it starts Ray: a lean head
+lean_head_in_simulation_runtime()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,6 +39,20 @@ def _ray_processes(marker: str) -> set[int]:
             and marker in " ".join(p.info["cmdline"] or [])}
 
 
+def _ray_sessions() -> set[Path]:
+    root = Path(tempfile.gettempdir()) / "ray"
+    return {p for p in root.glob("session_2*") if p.is_dir()} if root.is_dir() else set()
+
+
+def _assert_lean_ray_session(session: Path) -> None:
+    """What fedapp.lean_ray leaves out of a local head: no autoscaler monitor, log monitor or dashboard API server
+    wrote a log, no worker was prestarted for Ray's own job (``ffffffff``)."""
+    logs = {p.name for p in (session / "logs").iterdir()}
+    assert "raylet.out" in logs and "gcs_server.out" in logs, sorted(logs)
+    assert not logs & {"monitor.log", "log_monitor.log", "dashboard.log"}, sorted(logs)
+    assert not [n for n in logs if n.startswith("worker-") and "-ffffffff-" in n], sorted(logs)
+
+
 def _round_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
 
@@ -48,12 +63,18 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path)
     same central loss/accuracy and uplink, and each leaves no Flower or Ray process behind."""
     config = "num-server-rounds=2 strategy='fedavg' max-samples=300 seed=7 output-dir='{out}'"
     port = free_port()
+    sessions = _ray_sessions()
     superlink_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "superlink"),
                         flwr_home=tmp_path / "flwr-home", timeout=300, port=port)
     leftovers = _flower_processes(f"127.0.0.1:{port}") | _flower_processes(f"--port {port}")
     assert not leftovers, f"processes left running: {leftovers}"
     python_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "python"), timeout=300,
                      engine="run-simulation")
+    # both engines started a lean Ray head: flwr-simulation through fedapp.client_app's import, ours in process
+    new_sessions = _ray_sessions() - sessions
+    assert len(new_sessions) == 2, new_sessions
+    for session in new_sessions:
+        _assert_lean_ray_session(session)
     for run_dir, out in ((superlink_dir, "superlink"), (python_dir, "python")):
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["rounds_completed"] == 2 and summary["finished"]

@@ -1,12 +1,22 @@
-"""fedapp.lean_ray: a local Ray head without the autoscaler monitor, log monitor and dashboard API server."""
+"""fedapp.lean_ray: a local Ray head without the autoscaler monitor, log monitor, dashboard API server and
+prestarted idle workers."""
 
 from __future__ import annotations
 
+import os
+import time
+
+import psutil
 import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedapp.lean_ray import lean_local_ray_head  # noqa: E402
+from fedapp.lean_ray import LEAN_RAY_SETTINGS, lean_local_ray_head, lean_ray_env  # noqa: E402
+
+
+def _idle_workers(raylet_pid: int) -> list[str]:
+    """The raylet's worker processes that run nothing (Ray titles them ``ray::IDLE``)."""
+    return [p.name() for p in psutil.Process(raylet_pid).children() if p.name() == "ray::IDLE"]
 
 
 def test_the_lean_head_runs_tasks_without_the_unused_daemons_and_the_patch_is_undone():
@@ -14,16 +24,24 @@ def test_the_lean_head_runs_tasks_without_the_unused_daemons_and_the_patch_is_un
     from ray._private.node import Node
 
     original = Node.__init__
+    before = {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
     assert not ray.is_initialized()
     try:
         with lean_local_ray_head() as patched:
             assert patched  # this Ray (pinned by flwr) has the internals the patch sets
-            ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-        assert Node.__init__ is original
-        started = set(ray._private.worker._global_node.all_processes)
+            # as Flower's backend starts it: two CPUs, a job runtime_env that prestarted workers would not have
+            ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                     runtime_env={"env_vars": {"DPFL_TEST": "1"}})
+        assert Node.__init__ is original and {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS} == before
+        node = ray._private.worker._global_node
+        started = set(node.all_processes)
         assert {ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET} <= started
         assert not started & {ray_constants.PROCESS_TYPE_MONITOR, ray_constants.PROCESS_TYPE_LOG_MONITOR,
                               ray_constants.PROCESS_TYPE_DASHBOARD}, started
+        # Ray prestarts one worker per CPU within a second of the driver's registration; here none comes
+        raylet = node.all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+        time.sleep(3.0)
+        assert _idle_workers(raylet) == []
 
         @ray.remote
         def square(v: int) -> int:
@@ -32,3 +50,42 @@ def test_the_lean_head_runs_tasks_without_the_unused_daemons_and_the_patch_is_un
         assert ray.get([square.remote(i) for i in range(4)]) == [0, 1, 4, 9]
     finally:
         ray.shutdown()
+
+
+def test_lean_ray_env_keeps_what_the_user_set(monkeypatch):
+    for key in LEAN_RAY_SETTINGS:
+        monkeypatch.delenv(key, raising=False)
+    assert lean_ray_env() == LEAN_RAY_SETTINGS
+    monkeypatch.setenv("RAY_prestart_worker_first_driver", "1")
+    assert "RAY_prestart_worker_first_driver" not in lean_ray_env()
+
+
+def test_the_simulation_runtime_hook_applies_only_in_flwr_simulation_and_is_undone():
+    from ray._private.node import Node
+
+    from fedapp import lean_ray
+
+    original = Node.__init__
+    before = {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
+    assert not ray.is_initialized()
+    assert lean_ray.lean_head_in_simulation_runtime("/venv/bin/python") is False  # the launcher, tests, notebooks
+    assert Node.__init__ is original
+    try:
+        assert lean_ray.lean_head_in_simulation_runtime("/venv/bin/flwr-simulation") is True
+        assert lean_ray.lean_head_in_simulation_runtime("/venv/bin/flwr-simulation") is True  # once per process
+        assert Node.__init__ is not original
+        assert all(os.environ.get(k) == (before[k] or v) for k, v in LEAN_RAY_SETTINGS.items())
+    finally:
+        lean_ray.end_lean_head_in_simulation_runtime()
+    assert Node.__init__ is original and {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS} == before
+
+
+def test_dpfl_lean_ray_off_leaves_ray_alone(monkeypatch):
+    from ray._private.node import Node
+
+    monkeypatch.setenv("DPFL_LEAN_RAY", "off")
+    original = Node.__init__
+    before = {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
+    with lean_local_ray_head() as patched:
+        assert patched is False and Node.__init__ is original
+        assert {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS} == before
