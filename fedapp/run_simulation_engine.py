@@ -5,10 +5,10 @@ default SuperLink engine, on the same Flower Simulation Engine (one Ray actor pe
 machine), from the same validated run-config. What it leaves out are the three Flower processes that
 stand between the launcher and the ServerApp — ``flower-superlink``, its ``flower-superexec`` and
 ``flwr run --stream`` (~0.29 GB together at the peak, session 8) — and
-their start-up (~4 s outside rounds). Its Ray head is also started lean (:mod:`fedapp.lean_ray`: no autoscaler
-monitor, log monitor or dashboard API server; ~0.18 GB), which the SuperLink engine cannot do because Flower's
-own ``flwr-simulation`` process calls ``ray.init`` there. Measured in docs/benchmarks.md (issue 15, sessions 8
-and 9).
+their start-up (~4 s outside rounds). Both engines start their Ray head lean (:mod:`fedapp.lean_ray`: no
+autoscaler monitor, log monitor, dashboard API server or prestarted idle workers): here around
+``run_simulation``, in the SuperLink engine inside Flower's ``flwr-simulation``. Measured in docs/benchmarks.md
+(issue 15, sessions 8 to 10).
 
 What it does not give: the run is not registered in a SuperLink (no ``flwr ls`` / ``flwr log``), and the
 app runs from this source tree rather than from an installed FAB. Privacy is unchanged: the strategies,
