@@ -21,14 +21,6 @@ the prestarted ones only import Ray on the cores that round 1 needs. :func:`lean
 through the ``RAY_<setting>`` environment variables from which Ray's processes read their system settings; a
 value the user set is kept.
 
-Every worker of a new local cluster also imports the client stack (torch, Opacus, the client families) as it
-starts, through Ray's ``worker_process_setup_hook`` (:data:`WORKER_SETUP_HOOK`, added to the ``runtime_env``
-that Flower passes to ``ray.init``): the actors are created before the server's round 1, so those ~2.5 s of
-imports per actor overlap the server's own start instead of sitting inside round 1 (docs/benchmarks.md, session
-10). Ray sets ``OMP_NUM_THREADS`` only when it assigns the actor its CPUs, after torch sized its thread pool to
-the machine, so the ClientApp resizes the pool on every message (``fedapp.client_app``). Attached to an existing
-cluster (``address``/``RAY_ADDRESS``), whose nodes need not have this project on their path, nothing is added.
-
 Two places start Ray for this project's apps: the run_simulation engine's process (:func:`lean_local_ray_head`
 around ``run_simulation``) and, for ``flwr run`` against a SuperLink, Flower's simulation runtime
 ``flwr-simulation``, which loads the ClientApp before it starts Ray (``start_vce``: load the app, then build
@@ -50,8 +42,6 @@ log = logging.getLogger(__name__)
 
 #: Ray system settings, read from the environment by the raylet a new local cluster starts
 LEAN_RAY_SETTINGS = {"RAY_prestart_worker_first_driver": "0"}
-#: run by every worker of a new local cluster when it starts (Ray's ``worker_process_setup_hook``)
-WORKER_SETUP_HOOK = "fedapp.client_app.import_client_stack"
 
 
 def lean_ray_env() -> dict[str, str]:
@@ -83,9 +73,8 @@ def lean_ray_wanted() -> bool:
 @contextlib.contextmanager
 def lean_local_ray_head() -> Iterator[bool]:
     """While open, a ``ray.init`` that starts a new local cluster starts it without the autoscaler monitor, the
-    log monitor, the dashboard API server and prestarted idle workers, and with workers that import the client
-    stack as they start. Yields whether the ``Node`` patch is in place (the rest applies either way); nothing is
-    changed under ``DPFL_LEAN_RAY=off``."""
+    log monitor, the dashboard API server and prestarted idle workers. Yields whether the ``Node`` patch is in
+    place (the environment settings apply either way); nothing is changed under ``DPFL_LEAN_RAY=off``."""
     if not lean_ray_wanted():
         yield False
         return
@@ -105,20 +94,9 @@ def lean_local_ray_head() -> Iterator[bool]:
             original_init(self, ray_params, head, *args, **kwargs)
 
         node_cls.__init__ = lean_init
-    import ray
-
-    original_ray_init = ray.init
-
-    def warm_init(*args, runtime_env=None, **kwargs):  # type: ignore[no-untyped-def]
-        if not args and not kwargs.get("address") and not os.environ.get("RAY_ADDRESS"):  # a new local cluster
-            runtime_env = {**(runtime_env or {}), "worker_process_setup_hook": WORKER_SETUP_HOOK}
-        return original_ray_init(*args, runtime_env=runtime_env, **kwargs)
-
-    ray.init = warm_init  # Flower's backend calls ray.init through the module
     try:
         yield node_cls is not None
     finally:
-        ray.init = original_ray_init
         if node_cls is not None:
             node_cls.__init__ = original_init
         for key in added:
