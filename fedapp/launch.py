@@ -312,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="superlink", choices=ENGINES,
                         help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
                              "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
-                             "SuperLink, SuperExec and `flwr run`, and a Ray head without its unused daemons: 1.34 vs 1.80 GB "
-                             "peak on the pfl-research task (docs/benchmarks.md)")
+                             "SuperLink, SuperExec and `flwr run`: 1.30 vs 1.62 GB peak on the pfl-research task "
+                             "(docs/benchmarks.md)")
     args = parser.parse_args(argv)
     try:
         run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
