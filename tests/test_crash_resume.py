@@ -98,8 +98,9 @@ def test_ca_private_key_is_never_in_the_superlink_folder(tmp_path) -> None:
 
 
 # ----------------------------------------------------------------------------- kill -9 and resume (slow)
+# grad-sample-mode fixed: "auto" picks by timing and two modes agree only to the last float bit (bitwise checks below)
 BASE = ("strategy='dpsgd-fedavg' seed=5 seeded-noise=true max-samples=450 batch-size=16 privacy-dist='fixed' "
-        "epsilon=2.0 fraction-evaluate=0.0 num-server-rounds=4 dp-rounds=4 checkpoint-every=2")
+        "epsilon=2.0 fraction-evaluate=0.0 num-server-rounds=4 dp-rounds=4 checkpoint-every=2 grad-sample-mode='hooks'")
 
 
 def _launch(tmp_path: Path, name: str, extra: str) -> subprocess.Popen:

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +39,8 @@ def _ray_processes(marker: str) -> set[int]:
 
 
 def _ray_sessions() -> set[Path]:
-    root = Path(tempfile.gettempdir()) / "ray"
+    """Ray's session folders on this machine (on Linux under $RAY_TMPDIR, else $TMPDIR, else /tmp)."""
+    root = Path(os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp") / "ray"
     return {p for p in root.glob("session_2*") if p.is_dir()} if root.is_dir() else set()
 
 
