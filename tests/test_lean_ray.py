@@ -14,6 +14,11 @@ ray = pytest.importorskip("ray")
 from fedapp.lean_ray import LEAN_RAY_SETTINGS, lean_local_ray_head, lean_ray_env  # noqa: E402
 
 
+def _lean_env() -> dict[str, str | None]:
+    """This process's values of the settings fedapp.lean_ray may set (None: unset)."""
+    return {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
+
+
 def _idle_workers(raylet_pid: int) -> list[str]:
     """The raylet's worker processes that run nothing (Ray titles them ``ray::IDLE``)."""
     return [p.name() for p in psutil.Process(raylet_pid).children() if p.name() == "ray::IDLE"]
@@ -24,7 +29,7 @@ def test_the_lean_head_runs_tasks_without_the_unused_daemons_and_the_patch_is_un
     from ray._private.node import Node
 
     original = Node.__init__
-    before = {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
+    before = _lean_env()
     assert not ray.is_initialized()
     try:
         with lean_local_ray_head() as patched:
@@ -32,7 +37,7 @@ def test_the_lean_head_runs_tasks_without_the_unused_daemons_and_the_patch_is_un
             # as Flower's backend starts it: two CPUs, a job runtime_env that prestarted workers would not have
             ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                      runtime_env={"env_vars": {"DPFL_TEST": "1"}})
-        assert Node.__init__ is original and {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS} == before
+        assert Node.__init__ is original and _lean_env() == before
         node = ray._private.worker._global_node
         started = set(node.all_processes)
         assert {ray_constants.PROCESS_TYPE_GCS_SERVER, ray_constants.PROCESS_TYPE_RAYLET} <= started
@@ -66,7 +71,7 @@ def test_the_simulation_runtime_hook_applies_only_in_flwr_simulation_and_is_undo
     from fedapp import lean_ray
 
     original = Node.__init__
-    before = {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
+    before = _lean_env()
     assert not ray.is_initialized()
     assert lean_ray.lean_head_in_simulation_runtime("/venv/bin/python") is False  # the launcher, tests, notebooks
     assert Node.__init__ is original
@@ -77,7 +82,7 @@ def test_the_simulation_runtime_hook_applies_only_in_flwr_simulation_and_is_undo
         assert all(os.environ.get(k) == (before[k] or v) for k, v in LEAN_RAY_SETTINGS.items())
     finally:
         lean_ray.end_lean_head_in_simulation_runtime()
-    assert Node.__init__ is original and {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS} == before
+    assert Node.__init__ is original and _lean_env() == before
 
 
 def test_dpfl_lean_ray_off_leaves_ray_alone(monkeypatch):
@@ -85,7 +90,7 @@ def test_dpfl_lean_ray_off_leaves_ray_alone(monkeypatch):
 
     monkeypatch.setenv("DPFL_LEAN_RAY", "off")
     original = Node.__init__
-    before = {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
+    before = _lean_env()
     with lean_local_ray_head() as patched:
         assert patched is False and Node.__init__ is original
-        assert {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS} == before
+        assert _lean_env() == before
