@@ -22,6 +22,7 @@ __all__ = ["SCHEMA", "ConfigError", "Key", "RunConfig", "resolve_config"]
 PRIVACY_DISTS = tuple(f"dist{i}" for i in range(1, 10)) + ("fixed",)
 DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100", "a9a")
 PARTITIONERS = ("iid", "shards", "pathological", "dirichlet")
+MIN_ROUND_TIMEOUT_S = 1.0  # the shortest round-timeout accepted (0 = none)
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ _KEYS: list[Key] = [
     Key("max-samples", int, 0, "Use at most this many training samples before partitioning (0 = all).", _nonneg, ">= 0", section="data"),
     # --- client training / privacy -------------------------------------------------
     Key("privacy-dist", str, "dist2", "ε_i distribution (Robust-HDP Table 7) or fixed (use `epsilon`).", choices=PRIVACY_DISTS, section="privacy"),
-    Key("epsilon", float, 1.0, "ε for every client when privacy-dist = fixed (and client-level budgets).", _positive, "> 0", section="privacy"),
+    Key("epsilon", float, 1.0, "ε of every client when privacy-dist = fixed (record-level DP strategies; any other privacy-dist draws ε_i and refuses a non-default epsilon, client-level DP uses target-epsilon). The run's noise calibration must reach it: one that no noise multiplier achieves at `delta` is refused before the run starts.", _positive, "> 0", section="privacy"),
     Key("epsilon-floor", float, 0.05, "Draws of ε below this are redrawn (Table 7 normals can go ≤ 0).", _positive, "> 0", section="privacy"),
     Key("delta", float, 1e-4, "δ_i of every client (record-level DP-SGD); at most 1/(10·N_i) unless allow-large-delta.", _unit_open, "in (0, 1)", section="privacy"),
     Key("allow-large-delta", bool, False, "Permit δ above 1/(10·N) of the protected unit (a client's records for record-level DP, the clients for client-level DP).", section="privacy"),
@@ -146,14 +147,14 @@ _KEYS: list[Key] = [
     Key("soteriafl-batch-size", int, 0, "Minibatch b (expected Poisson size; 0 = Corollary 1/2/3 rule: SGD formula, SVRG m^(2/3)/4, SAGA 3m^(2/3)).", _nonneg, ">= 0", section="soteriafl"),
     Key("soteriafl-snapshot-prob", float, 0.0, "SVRG snapshot refresh probability p (0 = b/m, Corollary 2).", lambda v: 0 <= v <= 1, "in [0, 1]", section="soteriafl"),
     Key("soteriafl-utility", bool, True, "Server computes ‖∇f(x_t)‖² and the training loss on the full training data each round (diagnostic).", section="soteriafl"),
-    # --- deployment: checkpoint/resume, faults, minimum clients (issue 7) ---------------
+    # --- deployment: checkpoint/resume, faults, minimum clients -------------------------
     Key("resume-from", str, "", "Checkpoint (checkpoint.npz or its run folder) to continue; the resumed run writes a new folder with the full ledger.", section="deployment"),
     Key("checkpoint-every", int, 1, "Write checkpoint.npz (atomic) every this many rounds and after the last (0 = never).", _nonneg, ">= 0", section="deployment"),
     Key("client-state-dir", str, "", "Folder where clients journal their Context.state (accountants, shifts, heads) per run lineage and round, so a resumed run continues from the last committed round ('' = <output-dir>/.client-state).", section="deployment"),
     Key("fault-fraction", float, 0.0, "Fraction of clients that fail each round (chosen by seed and round; fault injection for tests).", _fraction, "in [0, 1)", section="deployment"),
     Key("fault-mode", str, "raise", "How an injected fault fails: raise (exception before training) or timeout (sleep fault-delay, then train).", choices=("raise", "timeout"), section="deployment"),
     Key("fault-delay", float, 30.0, "Seconds a timing-out client sleeps (set above round-timeout).", _positive, "> 0", section="deployment"),
-    Key("round-timeout", float, 0.0, "Seconds the server waits for client replies each round (0 = no timeout).", _nonneg, ">= 0", section="deployment"),
+    Key("round-timeout", float, 0.0, "Seconds the server waits for client replies each round: 0 = no timeout, else at least 1 (a reply needs a message round trip and local training, so a shorter timeout fails every round; it is most likely milliseconds given for seconds).", lambda v: v == 0 or v >= MIN_ROUND_TIMEOUT_S, f"0 (no timeout) or >= {MIN_ROUND_TIMEOUT_S:g} s", section="deployment"),
     Key("min-fit-clients", int, 0, "Fewest acceptable updates a round needs; fewer aborts the run with a clear message (0 = no minimum).", _nonneg, ">= 0", section="deployment"),
     Key("lifetime-budget", bool, False, "Clients keep the ε of every run in their state folder and refuse once earlier runs plus this one would exceed their budget (basic composition across runs; always on for SuperNodes given a node-config state-dir).", section="deployment"),
     Key("strike-limit", int, 3, "Rejected updates after which a client is excluded from later rounds (0 = never exclude).", _nonneg, ">= 0", section="deployment"),
@@ -258,6 +259,26 @@ def validate_cross_fields(cfg: RunConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("run-config 'device' = 'cuda' but no CUDA device is available here (use 'auto' or 'cpu')")
+    if cfg["model"] != "auto":
+        from fedapp.model_catalog import MODEL_NAMES
+
+        if cfg["model"] not in MODEL_NAMES:
+            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)}")
+    model = cfg["model"]
+    if model == "auto" and cfg["dataset"] in DATASETS:
+        from fedapp.model_catalog import DEFAULT_MODEL
+
+        model = DEFAULT_MODEL[cfg["dataset"]]
+    if model != "auto" and cfg["dataset"] in DATASETS:  # before any data: hf: shapes are checked once loaded (build_model)
+        from fedapp.data import INPUT_SHAPES
+        from fedapp.model_catalog import model_input_problem
+
+        shape = INPUT_SHAPES[cfg["dataset"]]
+        problem = model_input_problem(model, shape)
+        if problem is not None:
+            raise ConfigError(f"run-config 'model' = {model!r} does not fit dataset {cfg['dataset']!r}, whose inputs have "
+                              f"shape {shape}: {problem}; pick a model that takes them (model = 'auto' picks "
+                              "the dataset's default)")
     if cfg["dataset"].startswith("hf:"):
         if cfg["model"] == "auto":
             raise ConfigError(f"dataset {cfg['dataset']!r} has no default model: set run-config 'model'")
@@ -269,16 +290,6 @@ def validate_cross_fields(cfg: RunConfig) -> None:
             raise ConfigError(f"dataset {cfg['dataset']!r} needs run-config 'data-dir' (a readable folder), got ''")
         if not os.path.isdir(data_dir) or not os.access(data_dir, os.R_OK):
             raise ConfigError(f"run-config 'data-dir' = {data_dir!r} is not a readable folder (dataset {cfg['dataset']!r})")
-    if cfg["model"] != "auto":
-        from fedapp.model_catalog import MODEL_NAMES
-
-        if cfg["model"] not in MODEL_NAMES:
-            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)}")
-    model = cfg["model"]
-    if model == "auto" and cfg["dataset"] in DATASETS:
-        from fedapp.model_catalog import DEFAULT_MODEL
-
-        model = DEFAULT_MODEL[cfg["dataset"]]
     if model != "auto" and cfg["grad-sample-mode"] != "auto":
         from fedapp.model_catalog import check_grad_sample_mode
 
@@ -288,8 +299,30 @@ def validate_cross_fields(cfg: RunConfig) -> None:
             raise ConfigError(f"run-config 'grad-sample-mode' = {cfg['grad-sample-mode']!r}: {exc}") from None
     if 0 < cfg["num-clients"] < 2:
         raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} is too small: a federation needs at least 2 clients")
+    if cfg["num-clients"]:
+        check_federation_size(cfg, cfg["num-clients"], f"run-config 'num-clients' = {cfg['num-clients']}")
     if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
+    ignored = ignored_keys(cfg)
+    if ignored:
+        raise ConfigError("; ".join(f"run-config {name!r} = {cfg[name]!r} would have no effect: {why}"
+                                    for name, why in ignored.items()))
+
+
+def check_federation_size(cfg: Mapping[str, Any], num_clients: int, source: str = "") -> None:
+    """Keys that count or name clients must fit a federation of ``num_clients``; ``source`` says where that number
+    comes from in the message ('num-clients', the launcher's --num-supernodes; '' = the clients of the run)."""
+    n = int(num_clients)
+    where = f" ({source})" if source else ""
+    r = int(cfg["clients-per-round"])
+    if r > n:
+        raise ConfigError(f"run-config 'clients-per-round' = {r} exceeds the {n} clients of this federation{where}: "
+                          f"every round would sample all {n} (q = 1) instead; set it to at most {n} (0 = every client "
+                          "every round)")
+    falsify = int(cfg["falsify-client"])
+    if falsify >= n:
+        raise ConfigError(f"run-config 'falsify-client' = {falsify} is not a client of this federation{where}: "
+                          f"partition ids are 0..{n - 1} (-1 = no client falsifies its ε)")
 
 
 #: run-config sections each strategy family reads (``Key.section``); keys of other sections are ignored by it
@@ -305,7 +338,8 @@ _CLIENT_LEVEL_IGNORES = frozenset({"privacy-dist", "epsilon-floor", "delta", "fa
                                    "grad-sample-mode", "batch-size-choices"})
 _FAMILY_IGNORES: dict[str, frozenset[str]] = {
     "fed-smp": _CLIENT_LEVEL_IGNORES | {"epsilon"},
-    "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"compression-ratio", "local-steps", "public-samples", "public-steps"},
+    "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"epsilon", "compression-ratio", "local-steps", "public-samples",
+                                           "public-steps"},
     "soteriafl": frozenset({"grad-sample-mode", "local-epochs", "lr", "momentum", "lr-decay", "batch-size",
                             "batch-size-choices"}),
 }
@@ -319,6 +353,75 @@ def unused_keys(cfg: Mapping[str, Any], family: str) -> list[str]:
     ignored = _FAMILY_IGNORES.get(family, frozenset())
     return [name for name, key in SCHEMA.items()
             if name in cfg and cfg[name] != key.default and (key.section not in sections or name in ignored)]
+
+
+@dataclass(frozen=True)
+class _ReadWhen:
+    """Key ``name`` is read only when ``read(cfg)``; otherwise ``why(cfg)`` says why not and how to make it count."""
+
+    name: str
+    read: Callable[[Mapping[str, Any]], bool]
+    why: Callable[[Mapping[str, Any]], str]
+    record_level: bool = False  # the rule is about record-level DP strategies (their per-client ε_i profiles)
+
+
+#: keys that other values of the same run-config switch off (independent of the strategy family's sections)
+_READ_WHEN: tuple[_ReadWhen, ...] = (
+    _ReadWhen("epsilon", lambda c: c["privacy-dist"] == "fixed",
+              lambda c: f"privacy-dist = {c['privacy-dist']!r} draws each client's ε_i from a distribution and ignores "
+                        "'epsilon'; set privacy-dist = 'fixed' to give every client this ε (or leave 'epsilon' out)",
+              record_level=True),
+    _ReadWhen("epsilon-floor", lambda c: c["privacy-dist"] != "fixed",
+              lambda c: "privacy-dist = 'fixed' draws no ε_i, so there is nothing to floor; the floor applies to "
+                        "privacy-dist = dist1..dist9", record_level=True),
+    _ReadWhen("falsify-epsilon", lambda c: c["falsify-client"] >= 0,
+              lambda c: "falsify-client = -1: no client reports a falsified ε; set falsify-client to a partition id",
+              record_level=True),
+    _ReadWhen("batch-size-choices", lambda c: c["batch-size"] == 0,
+              lambda c: f"batch-size = {c['batch-size']} fixes every client's batch size; set batch-size = 0 to draw "
+                        "each b_i from batch-size-choices"),
+    _ReadWhen("shards-per-client", lambda c: c["partitioner"] == "shards",
+              lambda c: f"partitioner = {c['partitioner']!r} does not cut shards; it applies to partitioner = 'shards'"),
+    _ReadWhen("classes-per-client", lambda c: c["partitioner"] == "pathological",
+              lambda c: f"partitioner = {c['partitioner']!r} does not read it; it applies to partitioner = "
+                        "'pathological'"),
+    _ReadWhen("dirichlet-alpha", lambda c: c["partitioner"] == "dirichlet",
+              lambda c: f"partitioner = {c['partitioner']!r} does not read it; it applies to partitioner = 'dirichlet'"),
+    _ReadWhen("fault-mode", lambda c: c["fault-fraction"] > 0,
+              lambda c: "fault-fraction = 0 injects no fault; set fault-fraction > 0"),
+    _ReadWhen("fault-delay", lambda c: c["fault-fraction"] > 0 and c["fault-mode"] == "timeout",
+              lambda c: "only an injected timeout sleeps (fault-fraction > 0 and fault-mode = 'timeout'); here "
+                        f"fault-fraction = {c['fault-fraction']!r}, fault-mode = {c['fault-mode']!r}"),
+    _ReadWhen("target-epsilon", lambda c: c["noise-multiplier"] == 0,
+              lambda c: f"noise-multiplier = {c['noise-multiplier']!r} sets σ directly; set noise-multiplier = 0 to "
+                        "calibrate σ to target-epsilon"),
+    _ReadWhen("secagg-num-shares", lambda c: bool(c["secure-aggregation"]),
+              lambda c: "secure-aggregation = false runs no SecAgg+; set secure-aggregation = true"),
+    _ReadWhen("secagg-threshold", lambda c: bool(c["secure-aggregation"]),
+              lambda c: "secure-aggregation = false runs no SecAgg+; set secure-aggregation = true"),
+    _ReadWhen("sam-eta", lambda c: bool(c["sam-adaptive"]),
+              lambda c: "sam-adaptive = false runs plain SAM, which has no η; set sam-adaptive = true (ASAM)"),
+    _ReadWhen("rpca-chunks", lambda c: c["rpca-chunk-rows"] > 0,
+              lambda c: "rpca-chunk-rows = 0 runs Robust PCA on one block; set rpca-chunk-rows > 0 to cut blocks"),
+    _ReadWhen("rpca-device", lambda c: c["rpca-backend"] == "torch",
+              lambda c: f"rpca-backend = {c['rpca-backend']!r} runs on the CPU; set rpca-backend = 'torch'"),
+)
+
+
+def ignored_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """Keys set to a non-default value that this run-config itself switches off (``epsilon`` under a drawn
+    ``privacy-dist``, a partitioner's option under another partitioner …), each with why and how to make it count.
+
+    :func:`resolve_config` refuses them: nothing reports a key that the run silently ignores. Keys a whole strategy
+    family does not read are :func:`unused_keys` (a warning: one shared run-config may serve several families)."""
+    from fedapp.registry import get_spec
+
+    spec = get_spec(cfg["strategy"])
+    family_unused = set(unused_keys(cfg, spec.family))
+    record_level = spec.privacy.startswith("record-level")
+    return {rule.name: rule.why(cfg) for rule in _READ_WHEN
+            if rule.name in cfg and cfg[rule.name] != SCHEMA[rule.name].default and rule.name not in family_unused
+            and (record_level or not rule.record_level) and not rule.read(cfg)}
 
 
 def markdown_table() -> str:

@@ -1,5 +1,5 @@
-"""The model zoo's names and per-model DP-SGD facts, without importing torch (config checks and the
-launcher read them; the classes are in :mod:`fedapp.models`)."""
+"""The model zoo's names, the inputs each model takes and per-model DP-SGD facts, without importing torch (config
+checks and the launcher read them; the classes are in :mod:`fedapp.models`)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,61 @@ def check_grad_sample_mode(model_name: str, mode: str) -> None:
     reason = UNSUPPORTED_GRAD_SAMPLE_MODES.get((model_name, mode))
     if reason is not None:
         raise ValueError(f"model {model_name!r} cannot train with grad-sample-mode {mode!r}: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------- model inputs
+#: the spatial layers of each image model (:mod:`fedapp.models`), in order: ("conv"|"pool", kernel, stride,
+#: padding), and the height/width the last one must leave for the first ``nn.Linear`` (None: any, the model
+#: pools adaptively). Channels are free: every model takes its input channels from the data.
+_IMAGE_LAYERS: dict[str, tuple[tuple[tuple[str, int, int, int], ...], int | None]] = {
+    "cnn-mnist": ((("conv", 5, 1, 2), ("pool", 2, 2, 0)) * 2, 7),
+    "cnn-fmnist": ((("conv", 5, 1, 2), ("pool", 2, 2, 0)) * 2, 7),
+    "cnn-cifar": ((("conv", 3, 1, 0), ("pool", 2, 2, 0)) * 3, 2),
+    "cnn-digits": ((("conv", 3, 1, 1), ("pool", 2, 2, 0)) * 2, 2),
+    "resnet18-gn": ((("conv", 7, 2, 3), ("pool", 3, 2, 1)) + (("conv", 3, 2, 1),) * 3, None),
+}
+#: models that flatten whatever they get (their first layer is sized from the data)
+FLAT_INPUT_MODELS: tuple[str, ...] = ("mlp-sigmoid", "mlp-digits", "logreg")
+
+
+def _spatial_out(size: int, layers: tuple[tuple[str, int, int, int], ...]) -> int | None:
+    """Height (or width) after ``layers`` (floor((x + 2p − k)/s) + 1 each), None once a layer gets less than its
+    kernel."""
+    for _, kernel, stride, padding in layers:
+        if size + 2 * padding < kernel:
+            return None
+        size = (size + 2 * padding - kernel) // stride + 1
+    return size
+
+
+def model_input_problem(model_name: str, input_shape: tuple[int, ...]) -> str | None:
+    """Why model ``model_name`` cannot take inputs of ``input_shape`` (without the batch dimension), or None when
+    it can. Decided from the architecture alone (no torch, no data), so the run-config check can refuse a
+    model/dataset pair before anything is loaded; ``tests/test_config.py`` compares every verdict with a real
+    forward pass."""
+    if model_name not in MODEL_NAMES:
+        return f"unknown model {model_name!r}; valid: {sorted(MODEL_NAMES)}"
+    shape = tuple(int(d) for d in input_shape)
+    if not shape or any(d <= 0 for d in shape):
+        return f"inputs of shape {shape} are empty"
+    if model_name in FLAT_INPUT_MODELS:
+        return None
+    layers, final = _IMAGE_LAYERS[model_name]
+    if len(shape) != 3:
+        return f"it needs image inputs (C, H, W), got shape {shape}"
+    _, height, width = shape
+    out = (_spatial_out(height, layers), _spatial_out(width, layers))
+    if None in out:
+        return f"its convolutions and poolings need larger images than {height}×{width}"
+    if final is not None and out != (final, final):
+        sizes = [s for s in range(1, 1025) if _spatial_out(s, layers) == final]
+        fits = f"{sizes[0]}×{sizes[0]}" if len(sizes) == 1 else f"{sizes[0]}..{sizes[-1]} pixels a side"
+        return f"it is built for images of {fits} (its last feature maps must be {final}×{final}), got {height}×{width}"
+    return None
+
+
+def check_model_input(model_name: str, input_shape: tuple[int, ...]) -> None:
+    """Raise ``ValueError`` naming the model and the shape when :func:`model_input_problem` finds one."""
+    problem = model_input_problem(model_name, input_shape)
+    if problem is not None:
+        raise ValueError(f"model {model_name!r} does not fit inputs of shape {tuple(input_shape)}: {problem}")

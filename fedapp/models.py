@@ -12,12 +12,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from fedapp.config import ConfigError
 from fedapp.model_catalog import (  # noqa: F401 — the names, torch-free, re-exported
     DEFAULT_MODEL,
     GRAD_SAMPLE_MODES,
     MODEL_NAMES,
     UNSUPPORTED_GRAD_SAMPLE_MODES,
     check_grad_sample_mode,
+    model_input_problem,
 )
 
 
@@ -173,9 +175,17 @@ MODELS: dict[str, ModelFactory] = {  # keys: fedapp.model_catalog.MODEL_NAMES (a
 }
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *, nonconvex_lambda: float = 0.0) -> nn.Module:
-    """Instantiate model ``name`` for inputs of ``input_shape`` (without batch) and ``num_classes``."""
+    """Instantiate model ``name`` for inputs of ``input_shape`` (without batch) and ``num_classes``.
+
+    A model that cannot take such inputs (:func:`fedapp.model_catalog.model_input_problem`) raises a
+    ``ConfigError`` (a ``ValueError``) naming run-config 'model' — the data's shape is only known here for
+    ``hf:`` datasets; the run-config check refuses the pair for every named dataset before any data is loaded."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid: {sorted(MODELS)}")
+    problem = model_input_problem(name, tuple(input_shape))
+    if problem is not None:
+        raise ConfigError(f"run-config 'model' = {name!r} does not fit the dataset's inputs of shape "
+                          f"{tuple(input_shape)}: {problem}")
     if name in ("mlp-sigmoid", "mlp-digits"):
         features = 1
         for d in input_shape:
@@ -186,8 +196,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *, no
         for d in input_shape:
             features *= d
         return LogisticRegression(features, num_classes, nonconvex_lambda)
-    if len(input_shape) != 3:
-        raise ValueError(f"model {name!r} needs image inputs (C, H, W), got shape {input_shape}")
     return MODELS[name](input_shape[0], num_classes)
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from fedapp.config import ConfigError, RunConfig, parse_int_list
+from fedapp.config import ConfigError, RunConfig, check_federation_size, parse_int_list
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
 
 # (weights, means, stds) for mixtures of normals; ("uniform", low, high) otherwise.
@@ -108,7 +108,9 @@ def _train_size(cfg: RunConfig, num_clients: int, client_id: int) -> int | None:
 
 
 def federation_profiles(cfg: RunConfig, num_clients: int) -> list[ClientProfile]:
-    """Profiles of all clients of a simulated federation (no node-config overrides)."""
+    """Profiles of all clients of a simulated federation (no node-config overrides). The run-config keys that
+    count or name clients (clients-per-round, falsify-client) must fit the federation's ``num_clients``."""
+    check_federation_size(cfg, num_clients)
     return [client_profile(cfg, {"partition-id": i, "num-partitions": num_clients}) for i in range(num_clients)]
 
 
@@ -170,7 +172,10 @@ def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLe
     n = int(num_clients)
     if n < 2:
         raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
-    r = min(int(cfg["clients-per-round"]) or n, n)
+    if int(cfg["clients-per-round"]) > n:
+        raise ConfigError(f"run-config 'clients-per-round' = {cfg['clients-per-round']} exceeds the {n} clients of this "
+                          f"federation: set it to at most {n} (0 = every client every round)")
+    r = int(cfg["clients-per-round"]) or n
     rounds = int(cfg.get("dp-rounds", 0)) or int(cfg["num-server-rounds"])
     given = float(cfg.get("client-delta", 0.0))
     if given > max_delta(n) and not cfg.get("allow-large-delta", False):
@@ -197,11 +202,55 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
 
 
 def check_record_delta(cfg: Mapping[str, Any], profiles: list[ClientProfile], sizes: list[int]) -> None:
-    """Record-level DP: every client's δ_i must be at most 1/(10·N_i) unless ``allow-large-delta``."""
-    if cfg.get("allow-large-delta", False):
+    """Record-level DP before round 1: every client's δ_i must be at most 1/(10·N_i) unless ``allow-large-delta``,
+    and the noise calibration of DP-SGD clients must reach their ε_i (:func:`check_dpsgd_calibration`)."""
+    if not cfg.get("allow-large-delta", False):
+        for profile, n_i in zip(profiles, sizes):
+            if n_i > 0 and profile.delta > max_delta(n_i):
+                raise ConfigError(f"client {profile.client_id}: delta = {profile.delta:g} is above 1/(10 N_i) = "
+                                  f"{max_delta(n_i):.3g} for its N_i = {n_i} records (run-config 'delta' or node-config); "
+                                  "set 'allow-large-delta' = true to run with it anyway")
+    check_dpsgd_calibration(cfg, profiles, sizes)
+
+
+#: clients whose noise multiplier the run calibrates with DP-SGD's accountant (fedapp.clients.dpsgd)
+_DPSGD_CLIENTS = ("fedapp.factories:make_dpsgd_client", "fedapp.factories:make_min_eps_client")
+
+
+def check_dpsgd_calibration(cfg: Mapping[str, Any], profiles: list[ClientProfile], sizes: list[int]) -> None:
+    """Refuse an ε_i that no noise multiplier achieves, before any client starts.
+
+    A DP-SGD client calibrates z_i on its first round (``DPSGDClient.calibrate``); a target below what the
+    accountant can certify at δ_i makes that calibration fail only once the run is up (as the noise grows, the
+    accountant's ε falls to a floor set by δ and the accountant, not by q or the step count). This runs the very
+    same calibration (:func:`fedapp.cache.calibrated_noise_multiplier`, the client's arguments and cache, so the
+    client then finds its z_i cached) for the client with the hardest target, the smallest ε_i (ties: the
+    smallest δ_i), which stands for all: calibrating all n clients here would cost ~0.2 s each (minutes at
+    n = 1,000)."""
+    from fedapp.registry import get_spec
+
+    if get_spec(str(cfg["strategy"])).client not in _DPSGD_CLIENTS or not profiles:
         return
-    for profile, n_i in zip(profiles, sizes):
-        if n_i > 0 and profile.delta > max_delta(n_i):
-            raise ConfigError(f"client {profile.client_id}: delta = {profile.delta:g} is above 1/(10 N_i) = "
-                              f"{max_delta(n_i):.3g} for its N_i = {n_i} records (run-config 'delta' or node-config); "
-                              "set 'allow-large-delta' = true to run with it anyway")
+    from fedapp.cache import calibrated_noise_multiplier
+    from fedapp.training import dpsgd_sample_rate, steps_per_epoch
+
+    rounds = int(cfg.get("dp-rounds", 0)) or int(cfg["num-server-rounds"])
+    hardest = min(range(len(profiles)), key=lambda i: (profiles[i].epsilon, profiles[i].delta))
+    p, n_i = profiles[hardest], int(sizes[hardest])
+    if n_i <= 0:
+        return
+    b = p.batch_size
+    q, steps = dpsgd_sample_rate(n_i, b), rounds * p.local_epochs * steps_per_epoch(n_i, b)
+    try:
+        calibrated_noise_multiplier(p.epsilon, p.delta, q, steps, str(cfg["accountant"]))
+    except (ValueError, ArithmeticError) as exc:
+        if cfg["privacy-dist"] == "fixed":
+            source, fix = f"run-config 'epsilon' = {p.epsilon:g}", "a larger 'epsilon'"
+        else:
+            source = (f"client {p.client_id}'s ε_i = {p.epsilon:g} (drawn from run-config 'privacy-dist' = "
+                      f"{cfg['privacy-dist']!r}, at least 'epsilon-floor' = {cfg['epsilon-floor']:g})")
+            fix = "a privacy-dist with larger ε_i or a larger 'epsilon-floor'"
+        raise ConfigError(f"{source} cannot be reached: no noise multiplier achieves ε = {p.epsilon:g} at δ = "
+                          f"{p.delta:g} (client {p.client_id}: N_i = {n_i} records, batch {b}, {steps} DP-SGD steps over "
+                          f"{rounds} rounds, {cfg['accountant']} accountant; the run's noise calibration: {exc}); "
+                          f"choose {fix} (or a larger 'delta')") from None

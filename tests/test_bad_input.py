@@ -1,5 +1,5 @@
 """Bad-input battery: invalid configs, node-configs, checkpoints and payloads fail clearly, naming the
-problem, before any training, and leave no results folder behind (issue 7)."""
+problem, before any training, and leave no results folder behind."""
 
 from __future__ import annotations
 
@@ -63,6 +63,48 @@ CONFIG_CASES: dict[str, tuple[Any, str]] = {
                                   r"cannot restore the strategy: checkpoint weights have shapes"),
     "batch-larger-than-data": ({"batch-size": 500, "max-samples": 300}, r"client 0: batch-size 500 > its dataset size"),
     "num-clients-mismatch": ({"num-clients": 5}, r"'num-clients' = 5 but 3 clients connected"),
+    # a model that cannot take the dataset's inputs: refused from the shapes alone, before any data is read
+    "model-does-not-fit-a9a": (lambda t: {"dataset": "a9a", "data-dir": str(t), "model": "cnn-mnist"},
+                               r"'model' = 'cnn-mnist' does not fit dataset 'a9a', whose inputs have shape \(123,\)"),
+    "model-does-not-fit-digits": ({"model": "cnn-mnist"}, r"'model' = 'cnn-mnist' does not fit dataset 'digits'"),
+    "cifar-model-on-mnist": ({"dataset": "mnist", "data-dir": "/", "model": "cnn-cifar"},
+                             r"'model' = 'cnn-cifar' does not fit dataset 'mnist'.*images of 30..37 pixels a side"),
+    "tiny-round-timeout": ({"round-timeout": 0.001},
+                           r"'round-timeout' = 0.001 is invalid: must be 0 \(no timeout\) or >= 1 s"),
+    # no noise multiplier reaches it: the clients' own calibration, run before round 1
+    "unreachable-epsilon": ({"privacy-dist": "fixed", "epsilon": 1e-9},
+                            r"'epsilon' = 1e-09 cannot be reached: no noise multiplier achieves"),
+    "unreachable-drawn-epsilon": ({"privacy-dist": "dist9", "delta": 1e-12},
+                                  r"ε_i = .* \(drawn from run-config 'privacy-dist' = 'dist9'.* cannot be reached: no "
+                                  r"noise multiplier achieves"),
+    "clients-per-round-above-num-clients": ({"clients-per-round": 10, "num-clients": 4},
+                                            r"'clients-per-round' = 10 exceeds the 4 clients of this federation "
+                                            r"\(run-config 'num-clients' = 4\)"),
+    "clients-per-round-above-connected": ({"clients-per-round": 1000},
+                                          r"'clients-per-round' = 1000 exceeds the 3 clients of this federation"),
+    "client-level-clients-per-round": ({"strategy": "dp-fedavg", "clients-per-round": 4},
+                                       r"'clients-per-round' = 4 exceeds the 3 clients"),
+    "falsify-client-outside": ({"falsify-client": 99},
+                               r"'falsify-client' = 99 is not a client of this federation: partition ids are 0..2"),
+    "falsify-client-outside-num-clients": ({"falsify-client": 4, "num-clients": 4},
+                                           r"'falsify-client' = 4 is not a client .*partition ids are 0..3"),
+    # a key the run-config itself switches off: refused, naming both keys and how to make it count
+    "epsilon-under-drawn-privacy-dist": ({"epsilon": 0.01},
+                                         r"'epsilon' = 0.01 would have no effect: privacy-dist = 'dist2' draws each "
+                                         r"client's ε_i .*set privacy-dist = 'fixed'"),
+    "epsilon-floor-under-fixed": ({"privacy-dist": "fixed", "epsilon-floor": 0.5},
+                                  r"'epsilon-floor' = 0.5 would have no effect: privacy-dist = 'fixed'"),
+    "falsify-epsilon-without-client": ({"falsify-epsilon": 9.0}, r"'falsify-epsilon' = 9.0 would have no effect"),
+    "batch-choices-under-fixed-batch": ({"batch-size": 16, "batch-size-choices": "4,8"},
+                                        r"'batch-size-choices' = '4,8' would have no effect: batch-size = 16"),
+    "dirichlet-alpha-under-iid": ({"dirichlet-alpha": 0.1},
+                                  r"'dirichlet-alpha' = 0.1 would have no effect: partitioner = 'iid'"),
+    "fault-delay-without-timeouts": ({"fault-delay": 60.0}, r"'fault-delay' = 60.0 would have no effect"),
+    "target-epsilon-under-noise-multiplier": ({"strategy": "dp-fedavg", "noise-multiplier": 1.0, "target-epsilon": 4.0},
+                                              r"'target-epsilon' = 4.0 would have no effect: noise-multiplier = 1.0 "
+                                              r"sets σ directly"),
+    "secagg-threshold-without-secagg": ({"strategy": "dp-fedavg", "secure-aggregation": False, "secagg-threshold": 0.9},
+                                        r"'secagg-threshold' = 0.9 would have no effect: secure-aggregation = false"),
 }
 
 
@@ -116,14 +158,13 @@ def test_invalid_payloads_are_rejected_with_named_reasons() -> None:
     np.testing.assert_array_equal(s.current_weights[0], np.zeros(3))
 
 
-# ---------------------------------------------------------------- the launcher's dry run (issue 18)
+# ---------------------------------------------------------------- the launcher's dry run
 LATE_FAILURES = {  # configs that used to fail 25-34 s later inside the SuperLink, some without naming the key
     "soteriafl-k-too-large": ({"strategy": "soteriafl-sgd", "soteriafl-k": 1_000_000}, "soteriafl-k"),
     "soteriafl-server-lr": ({"strategy": "soteriafl-sgd", "server-lr": 0.5}, "server-lr"),
     "topk-without-public-set": ({"strategy": "fed-smp-topk"}, "public-samples"),
     "resume-from-missing": ({"resume-from": "/nonexistent/run"}, "resume-from"),
     "unknown-dp2-head": ({"strategy": "dp2-fedsam", "dp2-head": "nope"}, "dp2-head"),
-    "cnn-mnist-on-digits": ({"model": "cnn-mnist"}, "'model' = 'cnn-mnist'"),
     "min-available-above-supernodes": ({"min-available-clients": 10}, "min-available-clients"),
     "client-delta-too-large": ({"strategy": "dp-fedavg", "client-delta": 0.2}, "client-delta"),
     "record-delta-too-large": ({"strategy": "dpsgd-fedavg", "delta": 0.05}, "delta"),
@@ -200,6 +241,29 @@ def test_the_launchers_dry_run_raises_the_config_error_itself_from_its_child(tmp
             dry_run_in_child(cfg, 4)
     finally:
         stop.set()
+
+
+@pytest.mark.parametrize("run_config,key", [
+    ("clients-per-round=10", "'clients-per-round' = 10 exceeds the 4 clients of this federation (--num-supernodes 4)"),
+    ("privacy-dist='fixed' epsilon=1e-9", "'epsilon' = 1e-09 cannot be reached: no noise multiplier achieves"),
+], ids=["clients-per-round", "unreachable-epsilon"])
+def test_the_launcher_refuses_a_bad_config_before_starting_anything(run_config: str, key: str, tmp_path) -> None:
+    """The real command line: exit code 2, the key and value on stderr, no Flower home (written just before the
+    SuperLink starts) and no results folder: the first is refused by the launcher itself, the second by the dry
+    run's noise calibration."""
+    import os
+    import subprocess
+    import sys
+
+    home, out = tmp_path / "flwr-home", tmp_path / "out"
+    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", "4", "--run-config",
+           f"{run_config} output-dir='{out}'"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(Path(__file__).resolve().parents[1]),
+                          env={**os.environ, "FLWR_HOME": str(home)})
+    assert done.returncode == 2, done.stderr
+    assert f"[dpfl] configuration error: run-config {key}" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert not home.exists() and not out.exists()
 
 
 def test_a_launchers_dry_run_leaves_the_launcher_torch_free(tmp_path) -> None:

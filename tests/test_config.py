@@ -39,11 +39,87 @@ def test_pyproject_defaults_equal_schema_defaults():
     ({"min-available-clients": 1}, "'min-available-clients' = 1"),
     ({"batch-size-choices": "16,abc"}, "'batch-size-choices'"),
     ({"no-such-key": 1}, "unknown run-config key 'no-such-key'"),
+    ({"round-timeout": 0.5}, "'round-timeout' = 0.5 is invalid: must be 0 (no timeout) or >= 1 s"),
+    ({"dataset": "a9a", "model": "cnn-digits"}, "'model' = 'cnn-digits' does not fit dataset 'a9a'"),
+    ({"model": "cnn-cifar"}, "'model' = 'cnn-cifar' does not fit dataset 'digits'"),
+    ({"clients-per-round": 3, "num-clients": 2}, "'clients-per-round' = 3 exceeds the 2 clients"),
+    ({"falsify-client": 2, "num-clients": 2}, "'falsify-client' = 2 is not a client of this federation"),
+    ({"epsilon": 3.0, "privacy-dist": "dist5"}, "'epsilon' = 3.0 would have no effect: privacy-dist = 'dist5'"),
 ])
 def test_bad_run_config_is_rejected_with_key_and_value(overrides, needle):
     with pytest.raises(ConfigError) as err:
         resolve_config(overrides=overrides)
     assert needle in str(err.value)
+
+
+def test_round_timeout_zero_means_none_and_one_second_is_the_shortest():
+    assert resolve_config(overrides={"round-timeout": 0})["round-timeout"] == 0.0
+    assert resolve_config(overrides={"round-timeout": 1})["round-timeout"] == 1.0
+
+
+def test_a_user_set_key_is_refused_only_where_the_run_ignores_it():
+    from fedapp.config import ignored_keys
+
+    assert resolve_config(overrides={"epsilon": 0.5, "privacy-dist": "fixed"})["epsilon"] == 0.5
+    assert resolve_config(overrides={"strategy": "dp-fedavg", "target-epsilon": 4.0})["target-epsilon"] == 4.0
+    cfg = resolve_config(overrides={"partitioner": "dirichlet", "dirichlet-alpha": 0.1})
+    assert ignored_keys(cfg) == {} and ignored_keys({**cfg, "partitioner": "iid"}).keys() == {"dirichlet-alpha"}
+    with pytest.raises(ConfigError) as err:  # every ignored key is named at once
+        resolve_config(overrides={"epsilon": 0.5, "shards-per-client": 2})
+    assert "'epsilon' = 0.5" in str(err.value) and "'shards-per-client' = 2" in str(err.value)
+    # a key a whole strategy family never reads stays a warning (unused_keys): one run-config may serve several
+    assert resolve_config(overrides={"strategy": "fedavg", "rpca-tol": 1e-3})["rpca-tol"] == 1e-3
+
+
+# every model x input shape: the torch-free verdict (config check, before data) against a real forward pass
+INPUT_SHAPES_TRIED = [(1, 8, 8), (1, 28, 28), (3, 32, 32), (123,), (1, 12, 12), (3, 30, 30), (1, 31, 31),
+                      (1, 32, 32), (3, 37, 40), (1, 4, 4), (2, 11, 9), (1, 64)]
+
+
+@pytest.mark.parametrize("model_name", ["cnn-mnist", "cnn-fmnist", "cnn-cifar", "mlp-sigmoid", "logreg",
+                                        "resnet18-gn", "cnn-digits", "mlp-digits"])
+def test_the_catalog_knows_which_inputs_each_model_takes(model_name):
+    import torch
+
+    from fedapp.model_catalog import FLAT_INPUT_MODELS, MODEL_NAMES, model_input_problem
+    from fedapp.models import MODELS, build_model
+
+    assert model_name in MODEL_NAMES
+    built: dict[int, torch.nn.Module] = {}  # image models: one per channel count (their layers are size-free)
+    for shape in INPUT_SHAPES_TRIED:
+        problem = model_input_problem(model_name, shape)
+        if model_name in FLAT_INPUT_MODELS:
+            net = build_model(model_name, shape, 10)
+        else:
+            net = built.setdefault(shape[0], MODELS[model_name](shape[0], 10))
+        try:
+            with torch.no_grad():
+                fits = tuple(net.eval()(torch.zeros(2, *shape)).shape) == (2, 10)
+        except (RuntimeError, ValueError):
+            fits = False
+        assert fits == (problem is None), f"{model_name} on {shape}: forward {'ran' if fits else 'failed'}, catalog " \
+                                          f"says {problem!r}"
+        if problem is not None:
+            with pytest.raises(ConfigError, match=f"'model' = '{model_name}' does not fit"):
+                build_model(model_name, shape, 10)
+
+
+def test_every_named_dataset_fits_its_default_model():
+    from fedapp.config import DATASETS
+    from fedapp.data import INPUT_SHAPES
+    from fedapp.model_catalog import DEFAULT_MODEL, model_input_problem
+
+    assert set(INPUT_SHAPES) == set(DATASETS) == set(DEFAULT_MODEL)
+    assert {d: model_input_problem(DEFAULT_MODEL[d], INPUT_SHAPES[d]) for d in DATASETS} == dict.fromkeys(DATASETS)
+
+
+def test_declared_input_shapes_are_what_the_loaders_give(shared_data):
+    from fedapp.data import INPUT_SHAPES, load_dataset
+
+    names = ["digits", "mnist"] + (["a9a"] if (shared_data / "a9a" / "a9a").is_file() else [])
+    for name in names:
+        train, test = load_dataset(name, "" if name == "digits" else str(shared_data))
+        assert train.input_shape == test.input_shape == INPUT_SHAPES[name], name
 
 
 def test_unknown_strategy_lists_valid_names():
@@ -107,12 +183,14 @@ def test_readme_config_table_is_generated_from_schema():
     ("robust-hdp", "rpca-tol", 1e-3, False),
     ("weiavg", "sam-rho", 0.3, True),
     ("dp2-fedsam", "compression-ratio", 0.1, True),
+    ("dp2-fedsam", "epsilon", 0.5, True),  # client-level DP: target-epsilon (and node-config budgets) instead
+    ("dpsgd-fedavg", "epsilon", 0.5, False),  # (with privacy-dist = fixed, below)
 ])
 def test_keys_a_strategy_does_not_read_are_reported(strategy, key, value, unused):
     from fedapp.config import unused_keys
     from fedapp.registry import get_spec
 
-    cfg = resolve_config({}, {"strategy": strategy, key: value})
+    cfg = resolve_config({}, {"strategy": strategy, key: value, **({"privacy-dist": "fixed"} if key == "epsilon" else {})})
     assert (key in unused_keys(cfg, get_spec(strategy).family)) is unused
 
 
