@@ -103,9 +103,11 @@ def rpca_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def build_robust_hdp(cfg: Mapping[str, Any], ctx: StrategyContext) -> RobustHDP:
+    lr, decay = float(cfg["lr"]), float(cfg["lr-decay"])  # the server's η_t (round_lr), never the client's word
     return _bind(RobustHDP(rpca_options=rpca_options(cfg), chunk_rows=int(cfg["rpca-chunk-rows"]),
                            num_chunks=int(cfg["rpca-chunks"]), freeze_weights=bool(cfg["robust-hdp-freeze-weights"]),
-                           clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx)))
+                           clip_norm=float(cfg["clip-norm"]), momentum=float(cfg["momentum"]),
+                           lr_schedule=lambda rnd: lr * decay ** (rnd - 1), **common_kwargs(cfg, ctx)))
 
 
 def build_weiavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> WeiAvg:

@@ -68,3 +68,23 @@ def aggregate_noise_variance(weights: Sequence[float], sigma2: Sequence[float], 
     w = np.asarray(weights, dtype=np.float64)
     s = np.asarray(sigma2, dtype=np.float64)
     return float(np.sum(w**2 * s) / (num_params * lr**2))
+
+
+def cap_shares(raw: Sequence[float], cap: float) -> np.ndarray:
+    """Normalized weights with no share above ``cap`` (water-filling): capped entries are fixed at ``cap`` and
+    the remaining mass is split among the others in proportion to ``raw``. With n·cap ≤ 1 every client gets 1/n."""
+    w = normalize_weights(raw)
+    n = len(w)
+    if not 0 < cap <= 1:
+        raise ValueError(f"a weight cap must be in (0, 1], got {cap}")
+    if n * cap <= 1:
+        return np.full(n, 1.0 / n)
+    fixed = np.zeros(n, dtype=bool)
+    while True:
+        free_mass = 1.0 - cap * fixed.sum()
+        free = w * ~fixed
+        out = np.where(fixed, cap, free_mass * free / free.sum() if free.sum() > 0 else 0.0)
+        over = (out > cap * (1 + 1e-12)) & ~fixed
+        if not over.any():
+            return out
+        fixed |= over

@@ -67,6 +67,9 @@ __all__ = ["CLIENT_FIELDS", "LEDGER_CONFIG_KEY", "ClientUpdate", "DPFLStrategy",
            "StrategyContext"]
 
 LEDGER_CONFIG_KEY = "dp-ledger"  # fit-config key: JSON {client_id: ε spent so far} from the server's ledger
+#: statuses a client may report: trained (``ok``), would not train (``refused``: budget, data), or trained and
+#: failed on its own (``failed``: e.g. DP-SGD diverged) — a failure, never a strike
+CLIENT_STATUSES = ("ok", "refused", "failed")
 
 
 @dataclass
@@ -132,7 +135,8 @@ class DPFLStrategy(Strategy):
         self.identity = IdentityBinding()
         self.validator = UpdateValidator(self.shapes, self.declared_norm_bound, robust_norm_factor,
                                          dict(max_examples or {}))
-        self.strikes = StrikeRecord(strike_limit)
+        self.strikes = StrikeRecord(strike_limit)  # per client id: its own replies were rejected
+        self.node_strikes = StrikeRecord(strike_limit)  # per node: it claimed an id bound to another node
         self.ledger = PrivacyLedger(accountant)
         self.round_log = RoundLog(recorder)
         self.declared: dict[int, tuple[float, float]] = {}  # client_id -> declared (z, q) of its DP-SGD
@@ -227,6 +231,10 @@ class DPFLStrategy(Strategy):
             if update is not None:
                 accepted.append(update)
         self._screen_outliers(server_round, accepted)
+        accepted = [u for u in accepted if u.record["status"] == "ok"]
+        for u, reason in self.screen(server_round, accepted):
+            u.record["status"], u.record["reason"] = "rejected", reason
+            self._strike(server_round, u.record)
         accepted = [u for u in accepted if u.record["status"] == "ok"]
         for failure in failures:
             records.append(self._failure_record(failure))
@@ -360,6 +368,11 @@ class DPFLStrategy(Strategy):
         """*hook*: combine updates with normalized weights. Default Σ w_i Δ_i."""
         return weighted_sum([u.update for u in updates], weights)
 
+    def screen(self, server_round: int, updates: list[ClientUpdate]) -> list[tuple[ClientUpdate, str]]:
+        """*hook*: (update, reason) pairs to reject after every update was validated on its own (checks that
+        need the whole round, e.g. Robust-HDP's noise estimates); the rejected are struck."""
+        return []
+
     def after_aggregate(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> None:
         """*hook*: called after the global model moved (e.g. to update server state)."""
 
@@ -370,7 +383,8 @@ class DPFLStrategy(Strategy):
     def sample_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
         """*hook*: clients of this round (the :class:`ClientSampler`'s choice), minus excluded clients."""
         nodes = [c for c in self.sorted_clients(client_manager)
-                 if not self.strikes.excluded(self.identity.client_of.get(int(c.node_id)))]
+                 if not self.strikes.excluded(self.identity.client_of.get(int(c.node_id)))
+                 and not self.node_strikes.excluded(int(c.node_id))]
         return self.sampler.sample(server_round, nodes)
 
     def client_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
@@ -386,9 +400,9 @@ class DPFLStrategy(Strategy):
         rec["client_epsilon_spent"] = rec.pop("epsilon_spent")  # the client's word; the ledger's value replaces it
         rec["epsilon_spent"] = None
         status = metrics.get("status", "ok")
-        rec["status"] = status if status in ("ok", "refused") else "rejected"
+        rec["status"] = status if status in CLIENT_STATUSES else "rejected"
         rec["reason"] = str(metrics.get("reason", "")) or None
-        if status not in ("ok", "refused"):
+        if status not in CLIENT_STATUSES:
             rec["reason"] = f"unknown status {short_repr(status)}"
         return rec
 
@@ -428,12 +442,20 @@ class DPFLStrategy(Strategy):
     # ------------------------------------------------------------------ internals
     def _admit(self, server_round: int, proxy: ClientProxy, res: FitRes, connected: set[int], contested: set[int],
                records: list[dict[str, Any]]) -> ClientUpdate | None:
-        """Record one reply; decode, validate and charge it; the accepted update or None. Never raises."""
+        """Record one reply; decode, validate and charge it; the accepted update or None. Never raises.
+
+        Who is struck: a node that claims a client id bound to another node (the newcomer, never the owner);
+        a client whose own reply is malformed or out of bounds. Nobody is struck for a client id that several
+        unbound nodes claim in one round (the server cannot tell which is honest: every claim is rejected and
+        charged), for a failure the client reports itself, or for a payload that is a secure sum
+        (:attr:`payload_is_shared`: it cannot be attributed to one client).
+        """
         metrics = dict(res.metrics)
+        node = int(proxy.node_id)
         try:
             record = self.client_record(proxy, res, metrics)
         except Exception as exc:  # a family hook choking on hostile metrics must not end the run
-            record = {**empty_client_record(), "node_id": int(proxy.node_id), "status": "rejected",
+            record = {**empty_client_record(), "node_id": node, "status": "rejected",
                       "reason": f"unreadable reply: {type(exc).__name__}: {exc}"}
         records.append(record)
         if record["status"] == "rejected":
@@ -441,25 +463,41 @@ class DPFLStrategy(Strategy):
             return None
         problem = metric_problem(metrics)
         cid = record["client_id"]
+        if problem is None:
+            reason = self.identity.check(node, cid, connected)
+            if reason is not None:  # a newcomer claiming a bound id: the node is struck, the owner keeps its id
+                record.update(status="rejected", reason=reason, identity_violation=True)
+                self._strike_node(server_round, record)
+                return None
+            if cid in contested and self.identity.node_of.get(cid) != node:
+                released = record["status"] in ("ok", "failed")  # the claim says it trained
+                record.update(status="rejected", contested=True,
+                              reason=f"client_id {cid} is claimed by several unbound nodes this round: every claim is "
+                                     "rejected and charged, none is struck")
+                log(WARNING, "round %d: node %d: %s", server_round, node, record["reason"])
+                if released:
+                    self._charge_contested(server_round, record, metrics)
+                return None
+        stage = "metrics"
         try:
             if problem is not None:
                 raise RejectedUpdate(problem)
-            reason = self.identity.check(int(proxy.node_id), cid, connected)
-            if reason is not None:
-                raise RejectedUpdate(reason)
-            if cid in contested and self.identity.node_of.get(cid) != int(proxy.node_id):
-                raise RejectedUpdate(f"client_id {cid} is claimed by several nodes this round and bound to none of "
-                                     "them: every claim is rejected")
             if self.strikes.excluded(cid):
                 raise RejectedUpdate(f"client {cid} is excluded after {self.strikes.limit} rejected updates")
-            self.identity.bind(int(proxy.node_id), cid)
+            self.identity.bind(node, cid)
             self.ledger.register(cid)
+            if record["status"] == "failed":  # trained and failed on its own: charged, not struck
+                charge = self.privacy_charge(server_round, record, metrics)
+                if charge is not None:
+                    self.ledger.charge(cid, *charge)
+                return None
             if record["status"] != "ok":
                 return None
             charge = self.privacy_charge(server_round, record, metrics)
             if charge is not None:  # the client trained and released its update: charge before validating it
                 self.ledger.charge(cid, *charge)
             self.validator.check_examples(cid, int(res.num_examples))
+            stage = "payload"
             try:
                 update = self.decode_update(server_round, res, metrics)
             except RejectedUpdate:
@@ -469,16 +507,38 @@ class DPFLStrategy(Strategy):
             update = np.asarray(update, dtype=np.float64)
             self.validator.check_values(update)
             self.validate_update(update, metrics)
-        except RejectedUpdate as exc:
-            record["status"], record["reason"] = "rejected", str(exc)
-            self._strike(server_round, record)
-            return None
         except Exception as exc:  # noqa: BLE001 — one client's payload never ends the run
-            record["status"], record["reason"] = "rejected", f"server error on this payload: {type(exc).__name__}: {exc}"
-            self._strike(server_round, record)
+            reason = str(exc) if isinstance(exc, RejectedUpdate) else \
+                f"server error on this payload: {type(exc).__name__}: {exc}"
+            record["status"], record["reason"] = "rejected", reason
+            if stage == "payload" and self.payload_is_shared:
+                record["attributable"] = False  # a secure sum: no single client can be blamed for it
+                log(WARNING, "round %d: the secure sum failed validation (%s); nobody is struck", server_round, reason)
+            else:
+                self._strike(server_round, record)
             return None
-        return ClientUpdate(int(proxy.node_id), cid, int(res.num_examples), update, metrics,
-                            int(record["uplink_bytes"]), record)
+        return ClientUpdate(node, cid, int(res.num_examples), update, metrics, int(record["uplink_bytes"]), record)
+
+    @property
+    def payload_is_shared(self) -> bool:
+        """True when every reply carries the same secure sum instead of the client's own update."""
+        return False
+
+    def _charge_contested(self, server_round: int, record: dict[str, Any], metrics: Mapping[str, Scalar]) -> None:
+        """Charge a contested claim's declared mechanism to the claimed id (one of the claims is the honest
+        client's release, and the server cannot tell which), without fixing anyone's declaration."""
+        cid = int(record["client_id"])
+        known = cid in self.declared
+        try:
+            charge = self.privacy_charge(server_round, record, metrics)
+        except RejectedUpdate:
+            return  # differs from the declaration fixed earlier: the honest claim is the one that matches it
+        finally:
+            if not known:
+                self.declared.pop(cid, None)
+        if charge is not None:
+            self.ledger.register(cid)
+            self.ledger.charge(cid, *charge)
 
     def _screen_outliers(self, server_round: int, updates: list[ClientUpdate]) -> None:
         """Reject updates far above the round's median norm (mechanisms without a declared bound)."""
@@ -494,9 +554,18 @@ class DPFLStrategy(Strategy):
         cid = record.get("client_id")
         owner = self.identity.node_of.get(cid) if cid is not None else None
         if owner is not None and owner != record.get("node_id"):
-            return  # a spoofer's strike must not count against the client it impersonates
+            self._strike_node(server_round, record)  # a spoofer's strike counts against its node, not the id
+            return
         if self.strikes.add(cid, str(record.get("reason"))):
             log(WARNING, "client %s is excluded from later rounds after %d rejected updates", cid, self.strikes.limit)
+            record["excluded"] = True
+
+    def _strike_node(self, server_round: int, record: dict[str, Any]) -> None:
+        node = record.get("node_id")
+        log(WARNING, "round %d: node %s is struck: %s", server_round, node, record.get("reason"))
+        if node is not None and self.node_strikes.add(int(node), str(record.get("reason"))):
+            log(WARNING, "node %s is excluded from later rounds after %d identity violations", node,
+                self.node_strikes.limit)
             record["excluded"] = True
 
     def _failure_record(self, failure: tuple[ClientProxy, FitRes] | BaseException) -> dict[str, Any]:
@@ -557,6 +626,7 @@ class DPFLStrategy(Strategy):
                 if isinstance(value, np.random.Generator)}
         return {"round": int(self.last_round), "weights": [w.copy() for w in self.current_weights],
                 "ledger": self.ledger.state(), "node_clients": self.identity.state(), "strikes": self.strikes.state(),
+                "node_strikes": self.node_strikes.state(),
                 "declared": {str(k): list(v) for k, v in self.declared.items()}, "sampler": self.sampler.state(),
                 "initial_metrics": dict(self.initial_metrics), "num_available": int(self.num_available),
                 "rngs": rngs, "family": self.checkpoint_state()}
@@ -572,6 +642,7 @@ class DPFLStrategy(Strategy):
         self.ledger.load(dict(state.get("ledger", {})))
         self.identity.load(dict(state.get("node_clients", {})))
         self.strikes.load(dict(state.get("strikes", {})))
+        self.node_strikes.load(dict(state.get("node_strikes", {})))
         self.declared = {int(k): (float(v[0]), float(v[1])) for k, v in dict(state.get("declared", {})).items()}
         self.sampler.load(dict(state.get("sampler", {})))
         self.initial_metrics = dict(state.get("initial_metrics") or {})

@@ -27,12 +27,13 @@ w*. They are logged only; no strategy except an explicit oracle would use them.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from strategies.aggregate import aggregate_noise_variance, normalize_weights, weighted_sum
+from strategies.aggregate import aggregate_noise_variance, cap_shares, normalize_weights, weighted_sum
 from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
 from strategies.privacy import threat_models
 from strategies.rpca import column_noise_variances, inverse_variance_weights, thin_right_svd
@@ -51,6 +52,53 @@ def oracle_sigma2(*, noise_multiplier: float, clip: float, num_train: int, sampl
     if expected_batch <= 0:
         raise ValueError(f"expected batch size ⌊qN⌋ = {expected_batch} must be > 0 (q={sample_rate}, N={num_train})")
     return float(steps * lr**2 * num_params * (clip * noise_multiplier / expected_batch) ** 2)
+
+
+def momentum_noise_factor(momentum: float, steps: int) -> float:
+    """Var of the noise in Δ with heavy-ball momentum μ over T steps, relative to plain SGD's.
+
+    Δ = −η Σ_t v_t with v_t = μ v_{t−1} + g_t (reset each round), so the noise of step k enters Δ with
+    factor (1 − μ^{T−k+1})/(1 − μ); the ratio is (1/T) Σ_{j=1..T} ((1 − μ^j)/(1 − μ))² (1 for μ = 0).
+    """
+    if momentum == 0.0 or steps <= 0:
+        return 1.0
+    j = np.arange(1, steps + 1, dtype=np.float64)
+    return float(np.mean(((1.0 - momentum**j) / (1.0 - momentum)) ** 2))
+
+
+@dataclass(frozen=True)
+class DeclaredNoiseCheck:
+    """Robust-HDP's weights 1/σ̂_i² are earned only within what the client's declared DP-SGD allows.
+
+    The server knows each client's declared mechanism (z_i, q_i fixed at first contact, N_i checked against
+    its dataset size, steps K_i/q_i) and the run's c, η and μ, so it knows the noise variance σ_i² (Eq. 7) an
+    honest update carries. An update whose Robust-PCA estimate σ̂_i² is below ``floor``·σ_i² left out noise
+    (a zero or half-noise update would seize the aggregate); one above ``ceiling``·σ_i² added noise it does
+    not declare (it spends less ε than it is charged for, or lies about its mechanism). Either is rejected.
+
+    False rejections of honest clients: the exact noise part ‖N_i‖²/σ_i² is χ²_p/p (below 0.5 or above 2
+    with probability < 1e-100 at p ≥ 1,000); what remains is the estimator's error. Measured over 10 and 8
+    rounds of the main job's 20 clients (dist2, dist6): σ̂²/σ² between 0.82 and 1.02, so the band [0.5, 2]
+    leaves a margin of ~1.6× on each side (docs/privacy.md).
+    """
+
+    floor: float = 0.5
+    ceiling: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.floor < 1 < self.ceiling:
+            raise ValueError(f"need 0 <= floor < 1 < ceiling, got {self.floor}, {self.ceiling}")
+
+    def problem(self, estimated: float, declared: float) -> str | None:
+        """Why an estimate is outside the declared band (None when inside)."""
+        ratio = estimated / declared
+        if ratio < self.floor:
+            return (f"estimated noise variance {estimated:.4g} is {ratio:.3f} x the declared mechanism's {declared:.4g}: "
+                    f"below the floor {self.floor:g} (the update leaves out noise it declares)")
+        if ratio > self.ceiling:
+            return (f"estimated noise variance {estimated:.4g} is {ratio:.3f} x the declared mechanism's {declared:.4g}: "
+                    f"above the ceiling {self.ceiling:g} (the update carries noise it does not declare)")
+        return None
 
 
 def split_public_private(epsilons: Sequence[float]) -> np.ndarray:
@@ -190,16 +238,19 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
     """Robust-HDP (Algorithm 1): w_i ∝ 1/‖S[:, i]‖² from Robust PCA of the round's updates.
 
     Record-level local DP (DP-SGD on each client); untrusted server. The weights never use
-    the reported ε, so a client that lies about ε cannot change them. Clients are assumed to
-    run DP-SGD as specified: this is not a Byzantine-robust rule (an update with no noise,
-    e.g. all zeros, has ‖S[:, i]‖ ≈ 0 and would get almost all the weight).
+    the reported ε, so a client that lies about ε cannot change them. A client cannot seize the
+    aggregate by leaving out its noise either: σ̂_i² must lie within :class:`DeclaredNoiseCheck`'s band
+    around the σ_i² its declared mechanism implies (else the update is rejected and struck), and no
+    client's weight exceeds ``max_weight_share`` of the round (:func:`~strategies.aggregate.cap_shares`).
     """
 
     name = "robust-hdp"
     privacy = threat_models.RECORD_LOCAL_DPSGD
 
     def __init__(self, *, rpca_options: Mapping[str, Any] | None = None, chunk_rows: int = 0, num_chunks: int = 0,
-                 freeze_weights: bool = False, clip_norm: float = 0.0, **kwargs: Any) -> None:
+                 freeze_weights: bool = False, clip_norm: float = 0.0, noise_check: DeclaredNoiseCheck | None = None,
+                 max_weight_share: float = 0.5, lr_schedule: Callable[[int], float] | None = None,
+                 momentum: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.rpca_options = dict(rpca_options or {})
         self.chunk_rows = int(chunk_rows)
@@ -207,6 +258,54 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
         self.freeze_weights = bool(freeze_weights)
         self.clip_norm = float(clip_norm)
         self.frozen_sigma2: dict[int, float] = {}
+        self.noise_check = noise_check if noise_check is not None else DeclaredNoiseCheck()
+        if not 0 < max_weight_share <= 1:
+            raise ValueError(f"max_weight_share must be in (0, 1], got {max_weight_share}")
+        self.max_weight_share = float(max_weight_share)
+        self.lr_schedule = lr_schedule
+        self.momentum = float(momentum)
+        self._estimate: tuple[list[int], Any] | None = None  # this round's RPCA, reused by the weights
+
+    def declared_sigma2(self, server_round: int, update: ClientUpdate) -> float | None:
+        """σ_i² (Eq. 7) of the client's declared DP-SGD with the run's c, η_t and μ (None when not computable).
+
+        z_i and q_i are the ones fixed at first contact; the learning rate is the server's, never the client's.
+        """
+        declared = self.declared.get(update.client_id)
+        steps = _metric(update.metrics, "steps_round")
+        lr = self.lr_schedule(server_round) if self.lr_schedule is not None else _metric(update.metrics, "lr")
+        if declared is None or steps is None or lr is None or self.clip_norm <= 0:
+            return None
+        z, q = declared
+        try:
+            base = oracle_sigma2(noise_multiplier=z, clip=self.clip_norm, num_train=int(update.num_examples),
+                                 sample_rate=q, steps=int(steps), lr=lr, num_params=int(self.num_params))
+        except ValueError:
+            return None
+        return base * momentum_noise_factor(self.momentum, int(steps))
+
+    def screen(self, server_round: int, updates: list[ClientUpdate]) -> list[tuple[ClientUpdate, str]]:
+        """Reject updates whose estimated noise is outside what their declared mechanism allows."""
+        self._estimate = None
+        ids = [u.client_id for u in updates]
+        if self.clip_norm <= 0 or not updates or (self.freeze_weights and all(i in self.frozen_sigma2 for i in ids)):
+            return []  # without the run's clip norm no declared variance exists (the factories always pass it)
+        est = column_noise_variances([u.update for u in updates], chunk_rows=self.chunk_rows,
+                                     num_chunks=self.num_chunks, **self.rpca_options)
+        out = []
+        for u, s2 in zip(updates, est.sigma2):
+            declared = self.declared_sigma2(server_round, u)
+            if declared is None or declared <= 0:
+                out.append((u, "the declared mechanism (noise_multiplier, sample_rate, num_examples, steps_round) "
+                               "does not determine a noise variance"))
+                continue
+            u.record["noise_ratio"] = float(s2) / declared
+            reason = self.noise_check.problem(float(s2), declared)
+            if reason is not None:
+                out.append((u, reason))
+        if not out:
+            self._estimate = (ids, est)
+        return out
 
     def checkpoint_state(self) -> dict[str, Any]:
         """Frozen σ̂² per client (published-code mode) so a resumed run keeps the round-1 weights."""
@@ -223,8 +322,11 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
             sigma2 = np.asarray([self.frozen_sigma2[i] for i in ids])
             extra["weights_frozen"] = True
         else:
-            est = column_noise_variances([u.update for u in updates], chunk_rows=self.chunk_rows,
-                                         num_chunks=self.num_chunks, **self.rpca_options)
+            if self._estimate is not None and self._estimate[0] == ids:
+                est = self._estimate[1]
+            else:
+                est = column_noise_variances([u.update for u in updates], chunk_rows=self.chunk_rows,
+                                             num_chunks=self.num_chunks, **self.rpca_options)
             sigma2 = est.sigma2
             extra.update(rpca_seconds=est.seconds, rpca_iterations=est.iterations, rpca_converged=est.converged,
                          rpca_blocks=est.blocks)
@@ -234,7 +336,10 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
                 sigma2 = np.asarray([self.frozen_sigma2[i] for i in ids])
         for cu, s in zip(updates, sigma2):
             cu.record["sigma2_estimated"] = float(s)
-        return inverse_variance_weights(sigma2), extra
+        weights = inverse_variance_weights(sigma2)
+        capped = cap_shares(weights, self.max_weight_share)
+        extra["weights_capped"] = int(np.sum(weights > capped * (1 + 1e-9)))
+        return capped, extra
 
 
 class WeiAvg(_ReportedEpsilonMixin, OracleDiagnostics, DPFLStrategy):

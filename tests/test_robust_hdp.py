@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -225,3 +226,72 @@ def test_weighted_sum_is_a_float64_sum_across_blocks():
     np.testing.assert_allclose(weighted_sum(mats, [1.0, 2.0, 3.0]), mats[0] + 2 * mats[1] + 3 * mats[2])
     with pytest.raises(ValueError, match="2 updates but 1 weights"):
         weighted_sum(ups[:2], [1.0])
+
+
+def _declared_round(noise_scales, declared_z, seed=3):
+    """20 clients declaring z_i (σ_i² = p z_i² under Eq. 7 with steps=1, η=1, c=1, b̄=1) and adding noise_scales."""
+    strat = make_strategy(RobustHDP, clip_norm=1.0, lr_schedule=lambda rnd: 1.0)
+    updates = synthetic_round(noise_scales, seed=seed)
+    for u, z in zip(updates, declared_z):
+        u.metrics["noise_multiplier"] = float(z)
+        strat.declared[u.client_id] = (float(z), 0.1)
+    return strat, updates
+
+
+def test_honest_clients_pass_the_declared_noise_check():
+    strat, updates = _declared_round(SIGMAS, SIGMAS)
+    assert strat.screen(1, updates) == []
+    ratios = [u.record["noise_ratio"] for u in updates]
+    assert 0.7 < min(ratios) and max(ratios) < 1.5  # synthetic signal leaks into S for the least noisy
+
+
+@pytest.mark.parametrize("cheat, scale, declared, side", [
+    ("zero-noise", 0.0, 0.5, "below the floor"),
+    ("half-noise", 0.25, 0.5, "below the floor"),
+    # declares a large ε (z = 0.1) but adds the noise of a small one (std 0.5)
+    ("declares-large-epsilon", 0.5, 0.1, "above the ceiling"),
+])
+def test_robust_hdp_cheats_are_rejected(cheat, scale, declared, side):
+    scales, zs = SIGMAS.copy(), SIGMAS.copy()
+    scales[5], zs[5] = scale, declared
+    strat, updates = _declared_round(scales, zs)
+    rejected = strat.screen(1, updates)
+    assert [u.client_id for u, _ in rejected] == [5], cheat
+    assert side in rejected[0][1]
+
+
+def test_zero_noise_client_cannot_seize_the_aggregate_end_to_end():
+    """Through aggregate_fit: the zero update is rejected and struck; the rest are weighted, none above the cap."""
+    from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+
+    p, n = 2000, 8
+    strat = RobustHDP(initial_weights=[np.zeros(p, np.float32)], num_rounds=2, clip_norm=1.0,
+                      lr_schedule=lambda rnd: 1.0, max_weight_share=0.3)
+    strat.connected_nodes = set(range(n))
+    rng = np.random.default_rng(0)
+    zs = rng.uniform(0.2, 1.0, n)
+    results = []
+    for i in range(n):
+        # Eq. 7 with steps 1, η 1, c 1, b̄ = ⌊N q⌋ = 1: σ_i² = p z_i²
+        noise = np.zeros(p) if i == 0 else rng.normal(scale=zs[i], size=p)
+        metrics = {"client_id": i, "status": "ok", "noise_multiplier": float(zs[i]), "sample_rate": 0.1,
+                   "steps_round": 1, "delta": 1e-5, "epsilon_spent": 1.0, "epsilon_budget": 1e9}
+        res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters([(0.01 + noise).astype(np.float32)]), 10, metrics)
+        results.append((SimpleNamespace(node_id=i), res))
+    strat.round_log.start(1)
+    strat.aggregate_fit(1, results, [])
+    recs = {r["client_id"]: r for r in strat.round_log.clients()}
+    assert recs[0]["status"] == "rejected" and "below the floor" in recs[0]["reason"]
+    assert strat.strikes.strikes.get(0) == 1
+    weights = [recs[i]["aggregation_weight"] for i in range(1, n)]
+    assert sum(weights) == pytest.approx(1.0) and max(weights) <= 0.3 + 1e-9
+
+
+def test_cap_shares_water_fills():
+    from strategies.aggregate import cap_shares
+
+    w = cap_shares([100.0, 1.0, 1.0, 2.0], 0.4)
+    assert w[0] == pytest.approx(0.4) and w.sum() == pytest.approx(1.0)
+    assert w[3] == pytest.approx(2 * w[1])  # the uncapped keep their proportions
+    assert np.allclose(cap_shares([5.0, 1.0], 0.5), [0.5, 0.5])  # n·cap = 1: everyone 1/n
+    assert np.allclose(cap_shares([1.0, 2.0, 3.0], 1.0), [1 / 6, 2 / 6, 3 / 6])  # no cap binds
