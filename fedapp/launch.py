@@ -12,7 +12,8 @@ watchdog process — when the launcher itself is killed.
     python -m fedapp.launch --num-supernodes 20 --run-config "strategy='robust-hdp' num-server-rounds=5"
 
 The run-config is validated here first, so bad input fails before anything starts: the keys and values in
-process, then a dry run that builds the strategy, its mechanism and one client in a spawned child.
+process (with the client counts and indices they give against ``--num-supernodes``), then a dry run that builds
+the strategy, its mechanism (the noise calibration included) and one client in a spawned child.
 
 ``--engine run-simulation`` runs the same apps on Flower's ``run_simulation`` Python API in one child
 process instead (:mod:`fedapp.run_simulation_engine`): no SuperLink, SuperExec or ``flwr run``, so less
@@ -30,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedapp.config import SCHEMA, ConfigError, resolve_config
+from fedapp.config import SCHEMA, ConfigError, check_federation_size, resolve_config
 from fedapp.fab import stage_app
 from fedapp.processes import (
     CONNECTION,
@@ -120,6 +121,8 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     overrides = parse_overrides(run_config)
     merged = {**pyproject_run_config(app), **overrides}
     cfg = resolve_config(merged)  # raises ConfigError before anything starts
+    if num_supernodes >= 2:  # before num-clients is set from it below, so that the error names --num-supernodes
+        check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
     if num_supernodes >= 2 and not cfg["num-clients"]:
         # the federation's size is known here: the server waits for every SuperNode before round 1, so that
         # client-level DP is set up for the real n (q = r/n) rather than for whoever registered first
@@ -154,7 +157,7 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     summary = json.loads((new_runs[-1] / "summary.json").read_text(encoding="utf-8"))
     if not summary.get("finished"):
         why = f" ({summary['stopped_reason']})" if summary.get("stopped_reason") else ""
-        raise RuntimeError(f"the run stopped after {summary.get('rounds_completed')} of {cfg.rounds} rounds{why}; partial "
+        raise RuntimeError(f"{summary.get('rounds_trained')} of {cfg.rounds} rounds trained{why}; partial "
                            f"results in {new_runs[-1]}, server log: {log_hint}")
     return new_runs[-1]
 
@@ -328,8 +331,12 @@ def main(argv: list[str] | None = None) -> int:
         signum = exc.signum if isinstance(exc, Interrupted) else 2
         print(f"[dpfl] interrupted by signal {signum}; every process it started was stopped", file=sys.stderr)
         return 128 + signum
-    summary = (run_dir / "summary.json").read_text(encoding="utf-8")
-    print(f"[dpfl] results: {run_dir}\n[dpfl] summary.json:\n{summary}")
+    text = (run_dir / "summary.json").read_text(encoding="utf-8")
+    summary = json.loads(text)
+    print(f"[dpfl] results: {run_dir}\n[dpfl] summary.json:\n{text}")
+    print(f"[dpfl] {summary.get('rounds_trained')} of {summary.get('rounds_completed')} rounds trained"
+          + (f", {len(summary['rounds_refused_by_budget'])} refused by the privacy budget"
+             if summary.get("rounds_refused_by_budget") else ""))
     return 0
 
 

@@ -140,15 +140,26 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
     best = max(accs, key=lambda t: t[1]) if accs else (None, None)
     last = rounds[-1]["metrics"] if rounds else {}
     trained = sum(1 for r in rounds if (r["metrics"].get("clients_ok") or 0) > 0)
+    budget_stopped = [r["round"] for r in rounds if (r["metrics"].get("clients_ok") or 0) == 0 and _budget_round(r)]
+    untrained = [r["round"] for r in rounds
+                 if (r["metrics"].get("clients_ok") or 0) == 0 and r["round"] not in budget_stopped]
     individual = [r["metrics"]["epsilon_individual"] for r in rounds if r["metrics"].get("epsilon_individual") is not None]
     out_of_model = {}
     if individual:  # client-level: the aggregate ε needs secure aggregation; this one does not
         out_of_model["max_epsilon_individual_update"] = max(individual)
+    vs_server = [c["epsilon_vs_server"] for r in rounds for c in r["clients"] if c.get("epsilon_vs_server") is not None]
+    vs_release = [r["metrics"]["epsilon_vs_release"] for r in rounds if r["metrics"].get("epsilon_vs_release") is not None]
+    if vs_server:  # client-level: against the server that draws the sample (no amplification)
+        out_of_model["max_epsilon_vs_server"] = max(vs_server)
+    if vs_release:  # client-level: against whoever sees only the released models
+        out_of_model["max_epsilon_vs_release"] = max(vs_release)
     return {
         "rounds_completed": len(rounds), "rounds_trained": trained,
-        # a run "finishes" only when it ran all its rounds and at least one of them aggregated an update
-        "finished": bool(done and trained > 0),
-        "stopped_reason": None if not done or trained else "no client update was aggregated in any round",
+        "rounds_untrained": untrained, "rounds_refused_by_budget": budget_stopped,
+        # a run "finishes" when it ran all its rounds, at least one aggregated an update, and every round a
+        # budget did not refuse trained
+        "finished": bool(done and trained > 0 and not untrained),
+        "stopped_reason": _stopped_reason(done, trained, untrained, len(rounds)),
         "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
         "final_client_accuracy": last.get("client_accuracy"),
         "final_client_val_accuracy": last.get("client_val_accuracy"),
@@ -221,3 +232,23 @@ def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
     fig.tight_layout()
     fig.savefig(run_dir / "privacy.png", dpi=120)
     plt.close(fig)
+
+
+def _budget_round(record: dict[str, Any]) -> bool:
+    """A round a privacy budget refused: nobody was sampled for it, or every client refused for its budget."""
+    if record["metrics"].get("budget_exhausted"):
+        return True
+    clients = record["clients"]
+    return bool(clients) and all(c.get("status") == "refused" and str(c.get("reason") or "").startswith("budget")
+                                 for c in clients)
+
+
+def _stopped_reason(done: bool, trained: int, untrained: list[int], completed: int) -> str | None:
+    if not done:
+        return None
+    if not trained:
+        return "no client update was aggregated in any round"
+    if untrained:
+        shown = ", ".join(map(str, untrained[:10])) + (", ..." if len(untrained) > 10 else "")
+        return f"{len(untrained)} of {completed} rounds aggregated no client update (rounds {shown})"
+    return None

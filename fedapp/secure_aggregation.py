@@ -29,14 +29,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
+from flwr.common import parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common.recorddict_compat import recorddict_to_fitres
 from flwr.server import ServerConfig
 from flwr.server.compat import LegacyContext
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
 from fedapp.config import RunConfig
@@ -66,6 +70,31 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
     def clipping_range(self, value: float) -> None:  # the base class assigns its default; the mechanism rules
         pass
 
+    @property  # type: ignore[override]
+    def modulus_range(self) -> int:
+        """The field of this round's modular sum, wide enough for the round's cohort (:func:`modulus_for`)."""
+        return modulus_for(self.strategy.round_clients(), self.quantization_range)
+
+    @modulus_range.setter
+    def modulus_range(self, value: int) -> None:  # sized per round from the cohort
+        pass
+
+    def unmask_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        """Flower's unmask stage, entered only when the strategy can release and pay for the sum.
+
+        The survivors' metrics arrive with their masked vectors; the strategy checks them and its budget for
+        the sum of ``len(survivors)`` updates first (:meth:`~strategies.client_level.ClientLevelDPStrategy.
+        unmask_refusal`). A refused round is recorded and its sum is never reconstructed; a reconstructed sum is
+        always charged.
+        """
+        cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
+        current_round = int(cfg[WorkflowKey.CURRENT_ROUND])
+        reason = self.strategy.unmask_refusal(current_round, state.legacy_results)
+        if reason is not None:
+            self.strategy.record_unreconstructed(current_round, state.legacy_results, state.failures, reason)
+            return False
+        return super().unmask_stage(grid, context, state)
+
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         """Flower's stage, with each dropped client's failure recorded once (flwr 1.41 appends it twice)."""
         before = len(state.failures)
@@ -75,6 +104,25 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
         if len(new) % 2 == 0 and [repr(e) for e in new[:half]] == [repr(e) for e in new[half:]]:
             del state.failures[before + half:]
         return ok
+
+
+#: the widest field the int64 arithmetic of Flower's SecAgg+ sums without overflow (two values below it add up
+#: to less than 2⁶³)
+MAX_MODULUS = 2**62
+
+
+def modulus_for(cohort: int, quantization_range: int) -> int:
+    """The smallest power of two (at least Flower's 2³²) above the largest sum of ``cohort`` quantized updates.
+
+    Each client's quantized coordinate lies in [0, ``quantization_range``] (weight 1), so the modular sum of a
+    cohort of r is exact when the modulus exceeds r·Q; Flower's default 2³² wraps from r = 1,024 on (Q = 2²²).
+    """
+    need = max(int(cohort), 1) * int(quantization_range) + 1
+    modulus = max(2**32, 1 << (need - 1).bit_length())
+    if modulus > MAX_MODULUS:
+        raise ValueError(f"a secure sum of {cohort} updates quantized to {quantization_range} levels needs a field of "
+                         f"{modulus}, more than SecAgg+'s int64 arithmetic holds ({MAX_MODULUS})")
+    return modulus
 
 
 BYTES_KEY = "dpfl-secagg-bytes"  # Context.state: SecAgg+ bytes this client sent so far in the round
@@ -125,6 +173,10 @@ def _contribution_or_dropout(call_next: Callable[[Message, Context], Message]) -
         if metrics.get("status", "ok") != "ok" or not fitres.parameters.tensors:
             raise NoContribution(f"client_id={metrics.get('client_id')} does not contribute: "
                                  f"{metrics.get('status')}: {metrics.get('reason')}")
+        if not all(np.all(np.isfinite(a)) for a in parameters_to_ndarrays(fitres.parameters)):
+            # the quantizer maps NaN to its lowest level and shifts the whole modular sum: never mask one
+            raise NoContribution(f"client_id={metrics.get('client_id')} does not contribute: its update is not "
+                                 "finite and is never quantized")
         return out
 
     return inner

@@ -20,7 +20,12 @@ fits, nobody is sampled. Round records carry
 
 * ``epsilon`` — the headline: the guarantee against the server as deployed (the aggregate's with secure
   aggregation, one update's without), the one the budget is for;
-* ``epsilon_aggregate`` / ``epsilon_individual`` — both views, composed by the server.
+* ``epsilon_aggregate`` / ``epsilon_individual`` — both views, composed by the server;
+* ``epsilon_vs_release`` (round) — the amplified ε of the released aggregate, for whoever sees only the
+  released models and not the sample;
+* ``epsilon_vs_server`` (per client record) — against the server that draws the sample and sees who replies:
+  no amplification, the Gaussian mechanism at the multiplier the server saw, composed over the rounds the
+  client took part in (reported; budgets are still planned on ``epsilon``).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from strategies.privacy.accountants import History, epsilon_of
 from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.mechanisms import ClientLevelDP, noisy_norm_bound
+from strategies.server.validation import metric_problem, parse_client_id
 
 CFG_SIGMA = "dp-noise-multiplier"  # fit-config: the mechanism's σ (clients cross-check it)
 CFG_ROUND_CLIENTS = "dp-round-clients"  # fit-config: r_t, the number of clients sampled this round
@@ -64,8 +70,17 @@ class ClientLevelDPStrategy(DPFLStrategy):
         self.clip = clip
         self.dp: ClientLevelDP | None = None
         self.other_view = PrivacyLedger(self.ledger.accountant)  # the view the budget is not for
+        #: ε against the server that draws the sample: per client, the unamplified Gaussian (q = 1) of every
+        #: round it took part in, at the multiplier the server saw (the sum's, or one update's without SecAgg+)
+        self.server_view = PrivacyLedger(self.ledger.accountant)
         self.sampled: dict[int, int] = {}
         self.budget_exhausted = False
+        self._contributors = 0  # replies inside this round's secure sum
+        self._unreleased: str | None = None  # why this round's secure sum was not reconstructed
+
+    @property
+    def payload_is_shared(self) -> bool:
+        return self.secure_aggregation
 
     @property
     def private(self) -> bool:
@@ -156,45 +171,129 @@ class ClientLevelDPStrategy(DPFLStrategy):
     def privacy_charge(self, server_round: int, record, metrics):
         return None  # charged to the population in population_charge
 
+    # ---- secure aggregation: decide before the sum is reconstructed ---------------------------
+    def unmask_refusal(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> str | None:
+        """Why this round's secure sum must not be reconstructed (None: unmask it). Called by the SecAgg+
+        workflow after the masked vectors arrived and before the unmask stage, with the survivors' replies.
+
+        The sum is refused when a survivor's metrics are unusable (it would be inside the sum and could not be
+        taken out) or when the budget cannot pay for the noise that ``len(results)`` survivors carry. Whatever
+        is reconstructed is charged (:meth:`population_charge`), so this is the only place a round can be
+        withheld without cost.
+        """
+        server_round = self.actual_round(server_round)
+        connected = self.connected_nodes | {int(p.node_id) for p, _ in results}
+        claims = [parse_client_id(res.metrics.get("client_id")) for _, res in results]
+        twice = sorted({c for c in claims if c is not None and claims.count(c) > 1})
+        if twice:
+            return f"secure aggregation: client_id {twice[0]} is claimed by several survivors"
+        for proxy, res in results:
+            metrics = dict(res.metrics)
+            cid = parse_client_id(metrics.get("client_id"))
+            problem = metric_problem(metrics)
+            if problem is None and cid is not None:
+                problem = self.identity.check(int(proxy.node_id), cid, connected)
+                if problem is None and self.strikes.excluded(cid):
+                    problem = f"client {cid} is excluded"
+                if problem is None and metrics.get("status", "ok") != "ok":
+                    problem = f"status {metrics.get('status')!r} inside the sum"
+                if problem is None:
+                    try:
+                        self.check_sigma(metrics)
+                    except RejectedUpdate as exc:
+                        problem = str(exc)
+            if problem is not None:
+                return f"secure aggregation: node {int(proxy.node_id)}'s reply is unusable ({problem})"
+        if self.dp is None or not results:
+            return None
+        sampled = self.sampled.get(server_round, len(results))
+        z_budget, _ = self.headline_charge(min(len(results), max(sampled, 1)), max(sampled, 1))
+        if exceeds_budget(self.epsilon_after(self.ledger.population + [(z_budget, self.dp.sample_rate, 1)]),
+                          self.dp.epsilon()):
+            return (f"budget: {len(results)} of {sampled} sampled updates would release multiplier {z_budget:.4f}, "
+                    f"more ε than the planned budget {self.dp.epsilon():.4f} has left")
+        return None
+
+    def record_unreconstructed(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                               failures: list[Any], reason: str) -> None:
+        """Record a secure round whose sum was never reconstructed: its replies, the strikes their own metrics
+        earn, status ``withheld``; nothing is released and nothing is charged."""
+        log(WARNING, "round %d: %s; the secure sum is not reconstructed", self.actual_round(server_round), reason)
+        self._unreleased = reason
+        try:
+            self.aggregate_fit(server_round, results, failures)
+        finally:
+            self._unreleased = None
+
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[Any]):
+        self._contributors = len(results)
+        return super().aggregate_fit(server_round, results, failures)
+
+    def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]):
+        if self._unreleased is not None:
+            raise RejectedUpdate(f"not reconstructed: {self._unreleased}")
+        return super().decode_update(server_round, res, metrics)
+
     def population_charge(self, server_round: int, accepted: list[ClientUpdate],
                           records: list[dict[str, Any]]) -> dict[str, Any]:
         sampled = self.sampled.get(server_round, len(accepted))
         out: dict[str, Any] = {"clients_sampled": sampled, "secure_aggregation": self.secure_aggregation}
-        bad = [r for r in records if r.get("status") == "rejected"]
-        if self.secure_aggregation and bad and accepted:
-            # a rejected reply's update is inside the secure sum and cannot be taken out: release nothing
-            reason = (f"secure aggregation: the sum contains the update of node {bad[0].get('node_id')}, rejected "
-                      f"({bad[0].get('reason')}); round withheld")
-            log(WARNING, "round %d: %s", server_round, reason)
-            for u in accepted:
-                u.record["status"], u.record["reason"] = "withheld", reason
-            out["round_withheld"] = True
+        if self._unreleased is not None:
+            for r in records:
+                if r.get("status") == "ok" or r.get("attributable") is False:
+                    r["status"], r["reason"] = "withheld", self._unreleased
+                    r.pop("attributable", None)
+            out.update(round_withheld=True, sum_reconstructed=False)
+            if self.dp is not None:
+                out["epsilon"] = self.ledger.population_epsilon()
             return out
+        bad = [r for r in records if r.get("status") == "rejected"]
+        withhold = None
+        if self.secure_aggregation and bad:
+            # a rejected reply's update is inside the secure sum and cannot be taken out: release nothing of
+            # it; the sum was reconstructed all the same, so it is charged below
+            withhold = (f"secure aggregation: the sum contains the reply of node {bad[0].get('node_id')}, rejected "
+                        f"({bad[0].get('reason')}); round withheld")
+            log(WARNING, "round %d: %s", server_round, withhold)
+            for r in records:
+                if r.get("status") == "ok" or r.get("attributable") is False:
+                    r["status"], r["reason"] = "withheld", withhold
+            out["round_withheld"] = True
         if self.dp is None:
             return out
-        if accepted and sampled > 0:
-            survivors = min(len(accepted), sampled)
+        # what the server has seen: the reconstructed sum of the contributors (secure aggregation), else every
+        # accepted update; either is charged whether or not the round is then released
+        survivors = self._contributors if self.secure_aggregation else len(accepted)
+        if survivors > 0 and sampled > 0:
+            survivors = min(survivors, sampled)
             z_budget, z_other = self.headline_charge(survivors, sampled)
             charge = [(z_budget, self.dp.sample_rate, 1)]
             if exceeds_budget(self.epsilon_after(self.ledger.population + charge), self.dp.epsilon()):
-                # too few survivors: their sum carries too little noise for what is left of the budget, so
-                # nothing of this round is released (the model stays as it was; no ε is spent)
-                reason = (f"budget: {survivors} of {sampled} sampled updates release multiplier {z_budget:.4f}, more "
-                          f"ε than the planned budget {self.dp.epsilon():.4f} has left; round withheld")
-                log(WARNING, "round %d: %s", server_round, reason)
-                for u in accepted:
-                    u.record["status"], u.record["reason"] = "withheld", reason
-                out.update(round_withheld=True, epsilon=self.ledger.population_epsilon())
-                return out
+                log(WARNING, "round %d: %d of %d sampled updates released multiplier %.4f, more than the planned "
+                    "budget %.4f has left; charged as released", server_round, survivors, sampled, z_budget,
+                    self.dp.epsilon())
             self.ledger.charge_population(charge, self.dp.delta)
             self.other_view.charge_population([(z_other, self.dp.sample_rate, 1)], self.dp.delta)
+            z_seen = self.round_charge(survivors, sampled)[0 if self.secure_aggregation else 1]
+            for r in records:  # every reply whose update the server received, inside the sum or alone
+                if r.get("client_id") is not None and r.get("status") in ("ok", "withheld", "rejected"):
+                    self.server_view.charge(int(r["client_id"]), [(z_seen, 1.0, 1)], self.dp.delta)
             if survivors < sampled and self.dp.secure_aggregation:
                 log(WARNING, "round %d: %d of %d sampled clients were aggregated; the sum carried multiplier %.4f, "
                     "accounted as such", server_round, survivors, sampled, z_budget)
             out["noise_multiplier_effective"] = self.round_charge(survivors, sampled)[0]
+        if withhold is not None:
+            out["epsilon"] = self.ledger.population_epsilon()
         aggregate, individual = self.ledger, self.other_view
         if not self.dp.secure_aggregation:
             aggregate, individual = individual, aggregate
+        for r in records:
+            cid = r.get("client_id")
+            if cid is not None and self.server_view.histories.get(int(cid)):
+                r["epsilon_vs_server"] = self.server_view.epsilon(int(cid))
+        out["epsilon_vs_release"] = aggregate.population_epsilon()
+        if self.server_view.histories:
+            out["max_epsilon_vs_server"] = self.server_view.max_epsilon()
         out.update(epsilon=self.ledger.population_epsilon(), epsilon_aggregate=aggregate.population_epsilon(),
                    epsilon_individual=individual.population_epsilon(), delta=self.dp.delta,
                    noise_multiplier=self.dp.noise_multiplier, sample_rate=self.dp.sample_rate,
@@ -215,8 +314,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     # ---- checkpoint ------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"other_view": self.other_view.state(), "sampled": {str(k): v for k, v in self.sampled.items()}}
+        return {"other_view": self.other_view.state(), "server_view": self.server_view.state(),
+                "sampled": {str(k): v for k, v in self.sampled.items()}}
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         self.other_view.load(dict(state.get("other_view", {})))
+        self.server_view.load(dict(state.get("server_view", {})))
         self.sampled = {int(k): int(v) for k, v in dict(state.get("sampled", {})).items()}

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Scalar, parameters_to_ndarrays
+from flwr.common import FitRes, Scalar, log, parameters_to_ndarrays
 
 from strategies.base import ClientUpdate
 from strategies.client_level import ClientLevelDPStrategy
@@ -154,9 +155,16 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
                 idx = rand_k_indices(self.num_params, self.k, mask_seed(self.seed, server_round))
             else:
                 delta_p = np.asarray(self.public_update_fn(self.current_weights, server_round)).ravel()  # type: ignore[misc]
-                if delta_p.shape != (self.num_params,) or not np.all(np.isfinite(delta_p)):
-                    raise RuntimeError(f"round {server_round}: public update is not a finite vector of {self.num_params}")
-                idx = top_k_indices(delta_p, self.k)
+                if delta_p.shape != (self.num_params,):
+                    raise RuntimeError(f"round {server_round}: public update has {delta_p.size} entries, the model "
+                                       f"has {self.num_params}")
+                if np.all(np.isfinite(delta_p)):
+                    idx = top_k_indices(delta_p, self.k)
+                else:  # training on D_p diverged from θ_t: this round's mask is rand-k (data-independent)
+                    log(WARNING, "round %d: the server's public update on D_p is not finite; this round uses a "
+                        "rand-k mask", server_round)
+                    self.round_log.add_metrics({"mask_fallback": "randk"})
+                    idx = rand_k_indices(self.num_params, self.k, mask_seed(self.seed, server_round))
             self.masks = {server_round: idx}  # keep only the current round's mask
         return self.masks[server_round]
 

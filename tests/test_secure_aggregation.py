@@ -76,3 +76,24 @@ def test_a_dropout_is_survived_and_the_noise_left_in_the_sum_is_accounted(tmp_pa
     assert rounds[-1]["metrics"]["epsilon"] == pytest.approx(expected, rel=0.01)  # σ·√(3/4) per round, not σ
     failed = [c for r in rounds for c in r["clients"] if c["status"] == "failed"]
     assert all("injected fault" in c["reason"] for c in failed)
+    # against the server, which drew the sample and saw who replied: no amplification. Recomputed here with
+    # dp_accounting directly, one Gaussian (q = 1) per round the client's update was inside the sum
+    import dp_accounting
+
+    for cid in {c["client_id"] for r in rounds for c in r["clients"]}:
+        took_part = [r["metrics"]["noise_multiplier_effective"] for r in rounds for c in r["clients"]
+                     if c["client_id"] == cid and c["status"] in ("ok", "withheld", "rejected")]
+        stated = [c["epsilon_vs_server"] for r in rounds for c in r["clients"] if c["client_id"] == cid
+                  and c.get("epsilon_vs_server") is not None]
+        if not took_part:
+            assert not stated
+            continue
+        acc = dp_accounting.rdp.RdpAccountant()
+        for z in took_part:
+            acc.compose(dp_accounting.GaussianDpEvent(z))
+        assert stated[-1] == pytest.approx(acc.get_epsilon(rounds[-1]["metrics"]["delta"]), rel=0.01)
+        assert stated[-1] >= rounds[-1]["metrics"]["epsilon"] * (1 - 1e-9)  # amplification only lowers the headline
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["max_epsilon_vs_server"] == max(c["epsilon_vs_server"] for r in rounds for c in r["clients"]
+                                                   if c.get("epsilon_vs_server") is not None)
+    assert summary["max_epsilon_vs_release"] == pytest.approx(rounds[-1]["metrics"]["epsilon"])

@@ -28,7 +28,14 @@ from flwr.client import NumPyClient
 from flwr.common import Context
 from torch import nn
 
-from fedapp.clients.common import ClientSetup, evaluate_on_local_test, noise_seed, round_lr, round_seed
+from fedapp.clients.common import (
+    ClientSetup,
+    evaluate_on_local_test,
+    noise_seed,
+    restart_if_diverged,
+    round_lr,
+    round_seed,
+)
 from fedapp.config import RunConfig
 from fedapp.privacy_profiles import client_level_mechanism
 from fedapp.training import LocalTraining, TrainResult, get_weights, local_train, set_weights, steps_per_epoch
@@ -125,6 +132,10 @@ class ClientLevelDPClient(NumPyClient):
         result = self.local_train(model, lr=lr, seed=round_seed(cfg, p.client_id, server_round, stream=411),
                                   config=config)
         update = flatten(get_weights(model)) - flatten(parameters)
+        if dp is not None:
+            update, _ = restart_if_diverged(update, p.client_id, server_round)
+        elif not np.all(np.isfinite(update)):  # no DP here: the failure may be reported as it is
+            return [], 0, {**metrics, "status": "failed", "reason": "local training diverged (non-finite update)"}
         rng = np.random.default_rng(noise_seed(cfg, p.client_id, server_round))  # secret unless seeded-noise
         try:
             arrays, extra = self.privatize(update, [tuple(a.shape) for a in parameters], config, dp, rng)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.common import ConfigRecord, Context
+from flwr.common import ConfigRecord, Context, log
 
 from fedapp.client_data import load_client_data
 from fedapp.config import RunConfig, resolve_config
@@ -97,3 +98,19 @@ def read_record(context: Context, name: str) -> dict[str, Any]:
 
 def write_record(context: Context, name: str, values: dict[str, Any]) -> None:
     context.state[name] = ConfigRecord(values)
+
+
+def restart_if_diverged(delta: np.ndarray, client_id: int, server_round: int) -> tuple[np.ndarray, bool]:
+    """Client-level DP: (Δ, False) when local training left a finite update, else (0, True).
+
+    A diverged client restarts the round from the global model, so its contribution is the clipped zero
+    vector plus its full noise share: the secure sum stays valid and carries its planned noise, and no
+    NaN ever reaches clipping or SecAgg+'s quantizer. Whether training diverged depends on the client's
+    data before any noise is added, so it is logged here and never sent to the server.
+    """
+    if np.all(np.isfinite(delta)):
+        return delta, False
+    log(WARNING, "client %d, round %d: local training diverged (%d non-finite coordinates); this round restarts "
+        "from the global model (a zero update plus the mechanism's noise)", client_id, server_round,
+        int(np.sum(~np.isfinite(delta))))
+    return np.zeros_like(delta), True

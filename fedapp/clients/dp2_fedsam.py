@@ -27,7 +27,15 @@ from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, Context
 
 from fedapp.clients.client_dp import round_clients
-from fedapp.clients.common import ClientSetup, evaluate_local_splits, make_model, noise_seed, round_lr, round_seed
+from fedapp.clients.common import (
+    ClientSetup,
+    evaluate_local_splits,
+    make_model,
+    noise_seed,
+    restart_if_diverged,
+    round_lr,
+    round_seed,
+)
 from fedapp.config import ConfigError, RunConfig
 from fedapp.data import load_dataset
 from fedapp.privacy_profiles import client_level_mechanism
@@ -136,10 +144,13 @@ class DP2FedSAMClient(NumPyClient):
                               self.s.device)
         new = get_weights(model)
         delta = flatten([w for w, m in zip(new, self.mask) if m]) - flatten(parameters)
+        delta, diverged = restart_if_diverged(delta, p.client_id, rnd)
+        head = [w for w, m in zip(new, self.mask) if not m]
+        diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
         rng = np.random.default_rng(noise_seed(cfg, p.client_id, rnd))
         noisy, norm = dp.privatize(delta, rng, round_clients(config, dp))  # Alg. 2 lines 18–19
-        if self.variant.personalized:
-            self.save_head([w for w, m in zip(new, self.mask) if not m])  # Alg. 2 line 10: h_i^{t+1} stays here
+        if self.variant.personalized and not diverged:  # a diverged round keeps the previous head
+            self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here
         metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rnd, "lr": lr,  # no train loss: not private
                         "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
         if cfg["dp2-report-norms"]:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server

@@ -147,6 +147,11 @@ class DPSGDClient(NumPyClient):
             metrics["steps"] = result.steps
         update = [new - old for new, old in zip(get_weights(model), parameters)]
         metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps})
+        if not all(np.all(np.isfinite(u)) for u in update):
+            # the trained model is DP-SGD's output, so saying it is not finite is post-processing; the round's
+            # privacy cost is spent all the same (the server charges a failed DP-SGD round too)
+            metrics.update({"status": "failed", "reason": "local training diverged (non-finite model)"})
+            return [], self.num_train, metrics
         if not self.private:  # a loss on private records is not covered by the DP guarantee: never sent by DP clients
             metrics["train_loss"] = result.loss
         return update, self.num_train, metrics

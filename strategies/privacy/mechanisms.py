@@ -26,11 +26,23 @@ from strategies.privacy.calibration import calibrate_noise_multiplier
 NORM_ALLOWANCE_SIGMAS = 12.0
 
 
+class NonFiniteUpdate(ValueError):
+    """An update with a NaN or infinite coordinate (or norm): it has no ℓ2 norm to clip, so it is never sent."""
+
+
 def clip_by_l2(update: np.ndarray, clip: float) -> tuple[np.ndarray, float]:
-    """Scale ``update`` to ℓ2 norm at most ``clip``: Δ · min(1, C/‖Δ‖). Returns (clipped, original norm)."""
+    """Scale ``update`` to ℓ2 norm at most ``clip``: Δ · min(1, C/‖Δ‖). Returns (clipped, original norm).
+
+    A vector with a non-finite coordinate or norm raises :class:`NonFiniteUpdate`: ``min(1, C/nan)`` is 1,
+    so such a vector would leave unclipped and break the sensitivity bound the noise is sized for.
+    """
     if clip <= 0:
         raise ValueError(f"clip norm must be > 0, got {clip}")
-    norm = float(np.linalg.norm(update))
+    with np.errstate(over="ignore", invalid="ignore"):
+        norm = float(np.linalg.norm(update))
+    if not (np.isfinite(norm) and np.all(np.isfinite(update))):
+        raise NonFiniteUpdate(f"the update has {int(np.sum(~np.isfinite(update)))} non-finite coordinate(s) "
+                              f"(norm {norm}); it cannot be clipped")
     factor = min(1.0, clip / norm) if norm > 0 else 1.0
     return update * factor, norm
 
