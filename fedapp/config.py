@@ -270,8 +270,7 @@ def validate_cross_fields(cfg: RunConfig) -> None:
 
         model = DEFAULT_MODEL[cfg["dataset"]]
     if model != "auto" and cfg["dataset"] in DATASETS:  # before any data: hf: shapes are checked once loaded (build_model)
-        from fedapp.data import INPUT_SHAPES
-        from fedapp.model_catalog import model_input_problem
+        from fedapp.model_catalog import INPUT_SHAPES, model_input_problem
 
         shape = INPUT_SHAPES[cfg["dataset"]]
         problem = model_input_problem(model, shape)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from fedapp.config import ConfigError
+from fedapp.model_catalog import A9A_FEATURES
 
 # name -> (torchvision class, channels, mean, std)
 _TORCHVISION = {
@@ -23,17 +24,6 @@ _TORCHVISION = {
     "fmnist": ("FashionMNIST", (0.2860,), (0.3530,)),
     "cifar10": ("CIFAR10", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ("CIFAR100", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-}
-A9A_FEATURES = 123
-#: the shape of one example (without the batch dimension) of every named dataset, known before loading it: the
-#: run-config check matches it against the model's inputs (``tests/test_config.py`` checks it against the loaders)
-INPUT_SHAPES: dict[str, tuple[int, ...]] = {
-    "digits": (1, 8, 8),
-    "mnist": (1, 28, 28),
-    "fmnist": (1, 28, 28),
-    "cifar10": (3, 32, 32),
-    "cifar100": (3, 32, 32),
-    "a9a": (A9A_FEATURES,),
 }
 _CACHE_FORMAT = 1  # bump when a decoder's output changes, so cached arrays are rebuilt
 

@@ -15,6 +15,18 @@ DEFAULT_MODEL: dict[str, str] = {
     "a9a": "logreg",
 }
 
+A9A_FEATURES = 123
+#: the shape of one example (without the batch dimension) of every named dataset, known before loading it: the
+#: run-config check matches it against the model's inputs (``tests/test_config.py`` checks it against the loaders)
+INPUT_SHAPES: dict[str, tuple[int, ...]] = {
+    "digits": (1, 8, 8),
+    "mnist": (1, 28, 28),
+    "fmnist": (1, 28, 28),
+    "cifar10": (3, 32, 32),
+    "cifar100": (3, 32, 32),
+    "a9a": (A9A_FEATURES,),
+}
+
 GRAD_SAMPLE_MODES: tuple[str, ...] = ("hooks", "ew", "functorch")
 """Opacus per-sample gradient modes ``fedapp.training`` runs (Opacus' ``ghost`` needs a wrapped criterion: not run)."""
 

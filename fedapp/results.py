@@ -159,7 +159,7 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
         # a run "finishes" when it ran all its rounds, at least one aggregated an update, and every round a
         # budget did not refuse trained
         "finished": bool(done and trained > 0 and not untrained),
-        "stopped_reason": _stopped_reason(done, trained, untrained, len(rounds)),
+        "stopped_reason": _stopped_reason(done, trained, untrained, budget_stopped, len(rounds)),
         "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
         "final_client_accuracy": last.get("client_accuracy"),
         "final_client_val_accuracy": last.get("client_val_accuracy"),
@@ -243,12 +243,21 @@ def _budget_round(record: dict[str, Any]) -> bool:
                                  for c in clients)
 
 
-def _stopped_reason(done: bool, trained: int, untrained: list[int], completed: int) -> str | None:
+def _stopped_reason(done: bool, trained: int, untrained: list[int], budget_stopped: list[int],
+                    completed: int) -> str | None:
+    """Why a run that ran all its rounds did not train in every one (None when it did)."""
     if not done:
         return None
     if not trained:
         return "no client update was aggregated in any round"
+    reasons = []
     if untrained:
-        shown = ", ".join(map(str, untrained[:10])) + (", ..." if len(untrained) > 10 else "")
-        return f"{len(untrained)} of {completed} rounds aggregated no client update (rounds {shown})"
-    return None
+        reasons.append(f"{len(untrained)} of {completed} rounds aggregated no client update (rounds {_rounds(untrained)})")
+    if budget_stopped:
+        reasons.append(f"the privacy budget refused {len(budget_stopped)} of {completed} rounds "
+                       f"(rounds {_rounds(budget_stopped)})")
+    return "; ".join(reasons) or None
+
+
+def _rounds(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")

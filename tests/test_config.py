@@ -106,15 +106,15 @@ def test_the_catalog_knows_which_inputs_each_model_takes(model_name):
 
 def test_every_named_dataset_fits_its_default_model():
     from fedapp.config import DATASETS
-    from fedapp.data import INPUT_SHAPES
-    from fedapp.model_catalog import DEFAULT_MODEL, model_input_problem
+    from fedapp.model_catalog import DEFAULT_MODEL, INPUT_SHAPES, model_input_problem
 
     assert set(INPUT_SHAPES) == set(DATASETS) == set(DEFAULT_MODEL)
     assert {d: model_input_problem(DEFAULT_MODEL[d], INPUT_SHAPES[d]) for d in DATASETS} == dict.fromkeys(DATASETS)
 
 
 def test_declared_input_shapes_are_what_the_loaders_give(shared_data):
-    from fedapp.data import INPUT_SHAPES, load_dataset
+    from fedapp.data import load_dataset
+    from fedapp.model_catalog import INPUT_SHAPES
 
     names = ["digits", "mnist"] + (["a9a"] if (shared_data / "a9a" / "a9a").is_file() else [])
     for name in names:

@@ -1,0 +1,29 @@
+"""summary.json says whether every planned round trained, and why not."""
+
+from __future__ import annotations
+
+from fedapp.results import summarize
+
+
+def _round(n: int, ok: int, clients: list[dict] | None = None, **metrics: object) -> dict:
+    return {"round": n, "metrics": {"clients_ok": ok, **metrics}, "clients": clients or []}
+
+
+def test_a_run_with_an_untrained_round_has_not_finished() -> None:
+    rounds = [_round(1, 3), _round(2, 0, [{"status": "rejected", "client_id": 0}]), _round(3, 3)]
+    s = summarize(rounds, 1.0, done=True)
+    assert not s["finished"] and s["rounds_trained"] == 2 and s["rounds_untrained"] == [2]
+    assert "1 of 3 rounds aggregated no client update (rounds 2)" in s["stopped_reason"]
+
+
+def test_rounds_a_budget_refused_do_not_void_finished_but_are_named() -> None:
+    refused = [{"status": "refused", "client_id": i, "reason": "budget: training round 3 would spend"} for i in (0, 1)]
+    rounds = [_round(1, 2), _round(2, 2), _round(3, 0, refused), _round(4, 0, budget_exhausted=True)]
+    s = summarize(rounds, 1.0, done=True)
+    assert s["finished"] and s["rounds_refused_by_budget"] == [3, 4] and s["rounds_untrained"] == []
+    assert "the privacy budget refused 2 of 4 rounds (rounds 3, 4)" in s["stopped_reason"]
+
+
+def test_a_complete_run_has_no_stopped_reason() -> None:
+    s = summarize([_round(1, 2), _round(2, 2)], 1.0, done=True)
+    assert s["finished"] and s["stopped_reason"] is None
