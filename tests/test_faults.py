@@ -176,8 +176,12 @@ def test_family_strategies_aggregate_the_returned_subset(name: str) -> None:
     results = []
     for cid in (0, 1, 3):
         update = [rng.normal(0, 0.01 * (cid + 1), w.shape).astype(np.float32) for w in weights]
+        # the DP-SGD mechanism that update declares (Robust-HDP checks its noise against it): one step at
+        # η = lr, c = clip-norm, b̄ = ⌊N q⌋ = 1, so the per-coordinate std is η·c·z
+        z = 0.01 * (cid + 1) / (float(cfg["lr"]) * float(cfg["clip-norm"]))
         metrics = {"client_id": cid, "status": "ok", "reported_epsilon": 1.0 + cid, "epsilon_spent": 0.5,
-                   "epsilon_budget": 1.0 + cid}
+                   "epsilon_budget": 1.0 + cid, "noise_multiplier": z, "sample_rate": 0.02, "steps_round": 1,
+                   "delta": 1e-5}
         results.append((SimpleNamespace(node_id=cid), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(update),
                                                              50, metrics)))
     failure = ValueError("Message contains an Error (reason: InjectedFault:<injected fault: client_id=2 round=1>)")
