@@ -1,17 +1,25 @@
 """Turn a sweep (``index.json`` of :mod:`fedapp.sweep`) into a markdown report with intervals and verdicts.
 
-``python -m fedapp.report results/sweeps/<name>/index.json`` writes ``report.md``, ``accuracy_rounds.png``
-(mean and 95 % interval per group over rounds) and, when the grid varies a privacy key,
-``accuracy_epsilon.png`` next to the index.
+``python -m fedapp.report results/sweeps/<name>/index.json [--out DIR]`` writes ``report.md``,
+``accuracy_rounds.png`` (mean and 95 % interval per group over rounds), when the grid varies a privacy key
+``accuracy_epsilon.png``, and a self-contained ``index.json`` into DIR (default: next to the index).
 
 * Groups are cells that differ only in ``seed``; each metric is reported as mean ± the 95 % confidence
   half-width of the mean (Student t, n − 1 degrees of freedom) with n stated.
 * Keys listed under ``tune`` (e.g. ``lr``) are chosen per group on the clients' *validation split*
   (``validation-fraction`` of each client's training part; ``tune-metric``, default
   ``final_client_val_accuracy``), never on the local or central test sets the tables report.
-* A claim compares two groups on one metric (``lower-is-better`` for losses): **holds** when the better
-  group's interval lies entirely on the better side of the worse one's, **does not hold** when entirely on
-  the other side, **inconclusive** when they overlap.
+* A claim compares two groups on one metric (``lower-is-better`` for losses) within every setting of the
+  grid keys it does not name, each group at its tuned setting. The cells are *paired by seed* (a seed gives
+  both the same partition, privacy profiles and initial model): per seed d = better − worse, their mean
+  ± the 95 % t half-width, and a two-sided sign-flip permutation p-value (exact over the 2^n sign patterns
+  for n ≤ 16, seeded Monte Carlo above). The verdict is read from the interval: **holds** when it lies
+  entirely on the claimed side of 0 (> 0, or < 0 with ``lower-is-better``), **does not hold** when entirely
+  on the other side, **inconclusive** when it contains 0; fewer than 2 pairs give no verdict. "Seeds to
+  resolve" is the smallest n with t_{0.975, n−1} · s / √n < |mean d| at the observed mean and spread s.
+* The ``index.json`` written beside the report holds, per cell, its assignments, resolved run-config,
+  ``summary.json`` and the per-round metrics the plots read (``ROUND_METRICS``; no per-client records), so
+  ``python -m fedapp.report <that index.json>`` rewrites the same tables with no results folders present.
 """
 
 from __future__ import annotations
@@ -19,9 +27,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +40,10 @@ METRICS = ("final_accuracy", "best_accuracy", "final_client_accuracy", "final_lo
 TUNING_METRICS = {"final_client_val_accuracy": "higher", "final_client_val_loss": "lower"}
 DEFAULT_TUNING_METRIC = "final_client_val_accuracy"
 PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
+ROUND_METRICS = ("accuracy", "client_accuracy", "loss", "epsilon", "client_val_accuracy", "client_val_loss")
+EXACT_UP_TO = 16  # sign-flip test: exact enumeration of 2^n patterns up to this many pairs
+MONTE_CARLO_DRAWS = 100_000
+MONTE_CARLO_SEED = 0
 
 
 class ReportError(ValueError):
@@ -43,21 +57,122 @@ def tuning_metric(doc: Mapping[str, Any]) -> str:
     return metric
 
 
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def _sd(xs: Sequence[float], mean: float) -> float:
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
 def interval(values: Sequence[float]) -> tuple[float, float, int]:
     """(mean, 95 % half-width of the mean, n); the half-width is nan for n < 2."""
     from scipy import stats
 
-    xs = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    xs = _finite(values)
     n = len(xs)
     if n == 0:
         return math.nan, math.nan, 0
     mean = sum(xs) / n
     if n < 2:
         return mean, math.nan, 1
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    return mean, float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n), n
+    return mean, float(stats.t.ppf(0.975, n - 1)) * _sd(xs, mean) / math.sqrt(n), n
 
 
+# ----------------------------------------------------------------------------- paired comparisons
+@dataclass(frozen=True)
+class Paired:
+    """What the per-seed differences d = better − worse of one claim in one setting say."""
+
+    n: int  # pairs
+    mean: float  # mean of d (nan without pairs)
+    half: float  # 95 % t half-width of that mean (nan for n < 2)
+    p: float  # two-sided sign-flip permutation p-value (nan without pairs)
+    verdict: str
+    needed: int | None  # seeds that resolve ``mean`` at the observed spread; None: never (mean 0) or no spread
+
+
+def sign_flip_p(diffs: Sequence[float], *, draws: int = MONTE_CARLO_DRAWS, seed: int = MONTE_CARLO_SEED) -> float:
+    """Two-sided sign-flip permutation p-value of mean(d) = 0: the share of sign patterns s with
+    |mean(s · d)| ≥ |mean(d)|; every one of the 2^n patterns for n ≤ ``EXACT_UP_TO``, else ``draws`` seeded
+    random ones (the observed pattern counted once more: (1 + hits) / (1 + draws))."""
+    import numpy as np
+
+    d = np.asarray(_finite(diffs), dtype=float)
+    n = len(d)
+    if n == 0:
+        return math.nan
+    tol = 1e-12 * float(np.abs(d).sum())  # the observed pattern and its mirror must count despite rounding
+    if n <= EXACT_UP_TO:
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+        means = (1 - 2 * bits) @ d / n  # row 0 (all +1) is the observed mean, summed the same way
+        return float(np.mean(np.abs(means) >= abs(means[0]) - tol))
+    observed = abs(float(np.ones(n) @ d / n))
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, draws, 10_000):
+        signs = rng.choice([-1.0, 1.0], size=(min(10_000, draws - start), n))
+        hits += int(np.sum(np.abs(signs @ d / n) >= observed - tol))
+    return (1 + hits) / (1 + draws)
+
+
+def seeds_to_resolve(mean: float, sd: float) -> int | None:
+    """The smallest n ≥ 2 with t_{0.975, n−1} · sd / √n < |mean|: the seeds a paired interval needs to exclude
+    0 if the differences kept this mean and spread. None when no n does (mean 0) or the spread is unknown."""
+    from scipy import stats
+
+    if not (math.isfinite(mean) and math.isfinite(sd)) or mean == 0:
+        return None
+
+    def resolves(n: int) -> bool:
+        return float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < abs(mean)
+
+    lo, hi = 1, 2  # resolves(lo) is False by convention (no interval from one seed)
+    while not resolves(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if resolves(mid) else (mid, hi)
+    return hi
+
+
+def paired_verdict(diffs: Sequence[float], lower_is_better: bool = False) -> Paired:
+    """The verdict of a claim from its per-seed differences better − worse (see the module docstring)."""
+    d = _finite(diffs)
+    mean, half, n = interval(d)
+    p = sign_flip_p(d)
+    if n == 0:
+        return Paired(0, mean, half, p, "no paired seeds", None)
+    if n < 2:
+        return Paired(n, mean, half, p, "fewer than 2 pairs: no verdict", None)
+    sign = -1.0 if lower_is_better else 1.0  # the claimed side of 0
+    lo, hi = sorted((sign * (mean - half), sign * (mean + half)))
+    if lo > 0:
+        decided = "holds"
+    elif hi < 0:
+        decided = "does not hold"
+    else:
+        decided = "inconclusive (interval contains 0)"
+    return Paired(n, mean, half, p, decided, seeds_to_resolve(mean, _sd(d, mean)))
+
+
+def pair_by_seed(better: Sequence[Mapping[str, Any]], worse: Sequence[Mapping[str, Any]],
+                 metric: str) -> list[tuple[Any, float]]:
+    """(seed, better − worse) for every seed both groups have ``metric`` for, in seed order."""
+
+    def by_seed(cells: Sequence[Mapping[str, Any]]) -> dict[Any, float]:
+        out = {}
+        for c in cells:
+            v = c["summary"].get(metric)
+            if v is not None and math.isfinite(float(v)):
+                out[c["assignments"].get("seed")] = float(v)
+        return out
+
+    b, w = by_seed(better), by_seed(worse)
+    return [(s, b[s] - w[s]) for s in sorted(set(b) & set(w), key=str)]
+
+
+# ----------------------------------------------------------------------------- groups and tuning
 def _key(assignments: Mapping[str, Any], drop: Iterable[str]) -> tuple[tuple[str, Any], ...]:
     return tuple((k, v) for k, v in assignments.items() if k not in set(drop))
 
@@ -118,17 +233,19 @@ def _fmt(mean: float, half: float, n: int, metric: str) -> str:
     return text + ("" if math.isnan(half) else f" ± {half * scale:.{digits}f}")
 
 
-def verdict(better: tuple[float, float, int], worse: tuple[float, float, int]) -> str:
-    (mb, hb, nb), (mw, hw, nw) = better, worse
-    if nb == 0 or nw == 0:
-        return "no data"
-    if nb < 2 or nw < 2:
-        return "inconclusive (one seed: no interval)"
-    if mb - hb > mw + hw:
-        return "holds"
-    if mb + hb < mw - hw:
-        return "does not hold"
-    return "inconclusive (intervals overlap)"
+def _fmt_paired(p: Paired, metric: str) -> str:
+    if p.n == 0:
+        return "–"
+    text = _fmt(p.mean, p.half, p.n, metric)
+    return ("+" if p.mean > 0 else "") + text + f" (n={p.n})"
+
+
+def _fmt_needed(p: Paired) -> str:
+    if p.n < 2:
+        return "– (no spread)"
+    if p.needed is None:
+        return "never (mean difference 0)"
+    return f"{p.needed} (have {p.n})"
 
 
 def _matches(setting: tuple, where: Mapping[str, Any]) -> bool:
@@ -151,16 +268,101 @@ def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> li
                 continue
             ib = interval([c["summary"].get(metric) for c in gb[0]])
             iw = interval([c["summary"].get(metric) for c in gw[0]])
-            sign = -1.0 if claim.get("lower-is-better") else 1.0  # compare -loss when lower is better
-            decided = verdict((sign * ib[0], ib[1], ib[2]), (sign * iw[0], iw[1], iw[2]))
+            paired = paired_verdict([d for _, d in pair_by_seed(gb[0], gw[0], metric)],
+                                    bool(claim.get("lower-is-better")))
+            p_value = "–" if math.isnan(paired.p) else f"{paired.p:.3g}"
             rows.append(f"| {claim.get('text', '')} | {_label(ctx)} | {metric} | {_fmt(*ib, metric)} (n={ib[2]}) | "
-                        f"{_fmt(*iw, metric)} (n={iw[2]}) | **{decided}** |")
+                        f"{_fmt(*iw, metric)} (n={iw[2]}) | {_fmt_paired(paired, metric)} | {p_value} | "
+                        f"**{paired.verdict}** | {_fmt_needed(paired)} |")
     return rows
 
 
+CLAIMS_NOTE = (
+    "Each claim is judged on its cells *paired by seed* (a seed gives both methods the same partition, privacy "
+    "profiles and initial model{crn}), each method at its tuned setting: per seed d = better − worse, "
+    "its mean ± the 95 % t half-width (n pairs, n − 1 degrees of freedom) and a two-sided sign-flip permutation "
+    "p-value (exact over the 2^n sign patterns for n ≤ {exact}, so never below 2/2^n; {draws:,} seeded random "
+    "patterns above). Verdict from the interval: **holds** when it lies entirely on the claimed side of 0 "
+    "(above 0; below 0 for a lower-is-better metric), **does not hold** when entirely on the other side, "
+    "**inconclusive** when it contains 0. Seeds to resolve: the smallest n with t_{{0.975, n−1}} · s / √n < |mean d| "
+    "if the differences kept their mean and standard deviation s. Accuracy differences are in percentage points.")
+
+
+# ----------------------------------------------------------------------------- self-contained index
+def compact_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Per round of ``rounds.jsonl``: its number and the ``ROUND_METRICS`` it has (no per-client records)."""
+    path = Path(run_dir) / "rounds.jsonl"
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{"round": r["round"], **{k: r["metrics"][k] for k in ROUND_METRICS if k in r["metrics"]}}
+            for r in records]
+
+
+def run_record(run_dir: str | Path) -> dict[str, Any]:
+    """What a cell's index entry keeps of its results folder: the resolved run-config and the round metrics."""
+    run_dir = Path(run_dir)
+    out: dict[str, Any] = {}
+    if (run_dir / "config.json").is_file():
+        out["config"] = json.loads((run_dir / "config.json").read_text(encoding="utf-8")).get("config")
+    if (run_dir / "rounds.jsonl").is_file():
+        out["rounds"] = compact_rounds(run_dir)
+    return out
+
+
+def self_contained(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with every cell's missing ``config`` / ``rounds`` read from its results folder where it exists."""
+    cells = {}
+    for cid, cell in doc["cells"].items():
+        if cell.get("run_dir") and not {"config", "rounds"} <= set(cell):
+            cell = {**cell, **{k: v for k, v in run_record(cell["run_dir"]).items() if k not in cell}}
+        cells[cid] = cell
+    return {**doc, "cells": cells}
+
+
+def dumps_index(doc: Mapping[str, Any]) -> str:
+    """``index.json`` text: indented, one line per round record (small enough to commit, readable in a diff)."""
+    from fedapp.results import _clean
+
+    doc = _clean(dict(doc))
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    cells = {}
+    for cid, cell in doc.get("cells", {}).items():
+        if isinstance(cell.get("rounds"), list):
+            token = f"\x00rounds {len(rounds)}\x00"
+            rounds[token] = cell["rounds"]
+            cell = {**cell, "rounds": token}
+        cells[cid] = cell
+    text = json.dumps({**doc, "cells": cells}, indent=2)
+    for token, records in rounds.items():
+        body = ",\n".join(" " * 8 + json.dumps(r) for r in records)
+        text = text.replace(json.dumps(token), f"[\n{body}\n      ]" if records else "[]", 1)
+    return text + "\n"
+
+
+def write_index(path: Path, doc: Mapping[str, Any]) -> None:
+    """Write ``index.json`` atomically (a reader never sees half of it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(dumps_index(doc))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def ran_seeded(doc: Mapping[str, Any], cell: Mapping[str, Any]) -> bool:
+    """Whether a cell ran with ``seeded-noise = true`` (its resolved run-config, else its assignments over the
+    sweep's config)."""
+    config = cell.get("config")
+    if isinstance(config, Mapping) and "seeded-noise" in config:
+        return bool(config["seeded-noise"])
+    return bool(cell.get("assignments", {}).get("seeded-noise", doc.get("config", {}).get("seeded-noise", False)))
+
+
+# ----------------------------------------------------------------------------- plots
 def _rounds(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
-    path = Path(cell["run_dir"]) / "rounds.jsonl"
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if "rounds" in cell:
+        return list(cell["rounds"])
+    run_dir = cell.get("run_dir")
+    return compact_rounds(run_dir) if run_dir and (Path(run_dir) / "rounds.jsonl").is_file() else []
 
 
 def _axes() -> tuple[Any, Any]:
@@ -190,7 +392,7 @@ def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
         per_round: dict[int, list[float]] = defaultdict(list)
         for cell in cells:
             for r in _rounds(cell):
-                acc = r["metrics"].get("accuracy", r["metrics"].get("client_accuracy"))
+                acc = r.get("accuracy", r.get("client_accuracy"))
                 if acc is not None:
                     per_round[int(r["round"])].append(float(acc))
         xs = sorted(per_round)
@@ -218,16 +420,26 @@ def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path) -> No
     _save(fig, ax, key, "final test accuracy (mean, 95 % interval)", path)
 
 
-def write_report(index: str | Path) -> Path:
-    """Write ``report.md`` (and plots) next to ``index``; returns its path."""
+# ----------------------------------------------------------------------------- the report
+def write_report(index: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``report.md``, its plots and a self-contained ``index.json`` into ``out`` (default: the index's
+    folder, whose ``index.json`` then gains the cells' run-configs and round metrics); returns the report's path."""
     index = Path(index)
     if index.is_dir():
         index = index / "index.json"
-    doc = json.loads(index.read_text(encoding="utf-8"))
-    out = index.parent
+    doc = self_contained(json.loads(index.read_text(encoding="utf-8")))
+    out = Path(out) if out is not None else index.parent
+    out.mkdir(parents=True, exist_ok=True)
     groups, choices = tuned_groups(doc)
     cfg, meta = doc.get("config", {}), doc.get("meta", {})
     lines = [f"# {doc['sweep']} ({meta.get('scale', 'default')} scale)", ""]
+    seeded = sum(ran_seeded(doc, c) for c in finished_cells(doc))
+    if seeded:
+        lines += [f"> **No privacy guarantee:** {seeded} of {len(finished_cells(doc))} finished cells ran with "
+                  "`seeded-noise = true` (common random numbers, so that methods compared on one seed draw from the "
+                  "same noise and sampling seeds): their DP noise, Poisson batch sampling and client sampling derive from the run "
+                  "seed, which the server knows, so it can remove the noise. Their ε are what the same mechanism "
+                  "would spend with secret noise; these runs are for comparing methods, not private.", ""]
     if meta.get("paper"):
         lines.append(f"Reproduces: {meta['paper']}.")
     lines.append(f"Scale here: {doc.get('num_supernodes')} clients, {cfg.get('num-server-rounds', '?')} rounds, "
@@ -251,8 +463,10 @@ def write_report(index: str | Path) -> Path:
             lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))} | {scores} |")
     rows = claim_rows(doc, groups)
     if rows:
-        lines += ["", "## Claims", "", "| claim | setting | metric | better | worse | verdict |",
-                  "|---|---|---|---|---|---|", *rows]
+        crn = ", and with `seeded-noise` the same noise and sampling seeds" if seeded else ""
+        lines += ["", "## Claims", "", CLAIMS_NOTE.format(crn=crn, exact=EXACT_UP_TO, draws=MONTE_CARLO_DRAWS), "",
+                  "| claim | setting | metric | better | worse | better − worse (paired) | p (sign-flip) | verdict "
+                  "| seeds to resolve |", "|---|---|---|---|---|---|---|---|---|", *rows]
     plot_rounds(groups, out / "accuracy_rounds.png")
     lines += ["", "![accuracy over rounds](accuracy_rounds.png)"]
     varied = [k for k in PRIVACY_KEYS if len(doc.get("grid", {}).get(k, [])) > 1]
@@ -262,6 +476,9 @@ def write_report(index: str | Path) -> Path:
     failed = [(cid, c.get("error", c.get("status"))) for cid, c in doc["cells"].items() if c.get("status") != "finished"]
     if failed:
         lines += ["", "## Cells that did not finish", ""] + [f"* `{cid}`: {why}" for cid, why in failed]
+    lines += ["", "Every cell's run-config, summary and round metrics: [index.json](index.json) "
+              "(`python -m fedapp.report index.json` rewrites this report from it alone)."]
+    write_index(out / "index.json", doc)
     path = out / "report.md"
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
@@ -269,10 +486,12 @@ def write_report(index: str | Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Write the markdown report of a sweep.")
-    parser.add_argument("index", type=Path, help="index.json of a sweep (or its folder)")
+    parser.add_argument("index", type=Path, help="index.json of a sweep, or one written beside a report (or its folder)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for report.md, its plots and a self-contained index.json (default: the index's)")
     args = parser.parse_args(argv)
     try:
-        print(write_report(args.index))
+        print(write_report(args.index, args.out))
     except ReportError as exc:
         print(f"[report] {exc}", file=sys.stderr)
         return 2

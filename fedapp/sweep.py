@@ -11,6 +11,7 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     base = "configs/main.toml"              # optional run-config file the cells start from
     tune = ["lr"]                           # keys chosen per group on the clients' validation split
     tune-metric = "final_client_val_accuracy"  # or final_client_val_loss (needs validation-fraction > 0)
+    common-random-numbers = false           # true: seeded-noise = true in every cell (no privacy guarantee)
 
     [sweep.config]                          # run-config shared by every cell
     num-server-rounds = 40
@@ -31,9 +32,17 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
 
 ``python -m fedapp.sweep FILE [--scale quick] [--parallel 2] [--out DIR]`` runs every cell with
 :func:`fedapp.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
-``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes). A
-finished cell is skipped when the sweep runs again, so an interrupted sweep resumes. ``--engine
-inprocess`` drives the same server and client components in this process (no transport; faster, for
+``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
+cell's entry holds its resolved run-config, ``summary.json`` and round metrics, so the index alone rebuilds the
+report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes.
+
+``common-random-numbers = true`` sets ``seeded-noise = true`` in every cell: DP noise, Poisson batch sampling
+and client sampling then derive from the run seed, so two methods compared on one seed also draw from the same
+noise and sampling seeds (common random numbers), which narrows the paired differences :mod:`fedapp.report` judges claims
+on. A server that knows the seed can remove the noise: such runs carry no privacy guarantee, and the report
+says so.
+
+``--engine inprocess`` drives the same server and client components in this process (no transport; faster, for
 notebooks and tests); it cannot run SecAgg+.
 """
 
@@ -55,7 +64,7 @@ from typing import Any
 import tomllib
 
 from fedapp.config import ConfigError, resolve_config
-from fedapp.results import write_json_atomic
+from fedapp.report import TUNING_METRICS, run_record, tuning_metric, write_index
 
 ENGINES = ("flwr", "inprocess")
 
@@ -112,6 +121,7 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
         if not base_path.is_file():
             base_path = Path(base)
         config = {**tomllib.loads(base_path.read_text(encoding="utf-8")), **config}
+    config = _common_random_numbers(path, sw.get("common-random-numbers", False), config, grid)
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{path}: [sweep.grid] {key!r} must be a non-empty list, got {values!r}")
@@ -121,8 +131,6 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
     for t in sweep.tune:
         if t not in grid:
             raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] key")
-    from fedapp.report import TUNING_METRICS, tuning_metric
-
     try:
         tuning_metric({"meta": sweep.meta})
     except ValueError as exc:
@@ -139,9 +147,22 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
     return sweep
 
 
+def _common_random_numbers(path: Path, crn: Any, config: dict[str, Any], grid: dict[str, list[Any]]) -> dict[str, Any]:
+    """``config`` with ``seeded-noise = true`` when the sweep asks for common random numbers."""
+    if not isinstance(crn, bool):
+        raise ConfigError(f"{path}: [sweep] common-random-numbers must be true or false, got {crn!r}")
+    if not crn:
+        return config
+    if "seeded-noise" in grid or config.get("seeded-noise", True) is not True:
+        raise ConfigError(f"{path}: common-random-numbers = true sets seeded-noise = true in every cell; "
+                          "remove seeded-noise from [sweep.config] / [sweep.grid]")
+    return {**config, "seeded-noise": True}
+
+
 # ----------------------------------------------------------------------------- running
 class Index:
-    """``index.json``: the sweep, and per cell its assignments, status, results folder and summary."""
+    """``index.json``: the sweep, and per cell its assignments, status, results folder and summary (finished
+    cells also their resolved run-config and round metrics: :func:`fedapp.report.run_record`)."""
 
     def __init__(self, out: Path, sweep: Sweep) -> None:
         self.path = out / "index.json"
@@ -163,7 +184,7 @@ class Index:
     def record(self, cid: str, entry: dict[str, Any]) -> None:
         with self.lock:
             self.doc["cells"][cid] = entry
-            write_json_atomic(self.path, self.doc)
+            write_index(self.path, self.doc)
 
 
 def _run_cell(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str) -> Path:
@@ -203,7 +224,8 @@ def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr
             return
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
         index.record(cid, {"assignments": cell, "status": "finished" if summary.get("finished") else "stopped",
-                           "run_dir": str(run_dir), "summary": summary, "seconds": time.time() - start})
+                           "run_dir": str(run_dir), "summary": summary, "seconds": time.time() - start,
+                           **run_record(run_dir)})
         print(f"[sweep] {cid}: final accuracy {summary.get('final_accuracy')} ({time.time() - start:.0f}s)", flush=True)
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fedapp.config import ConfigError
-from fedapp.report import ReportError, interval, tuned_groups, verdict, write_report
+from fedapp.report import ReportError, interval, main, paired_verdict, tuned_groups, write_report
 from fedapp.sweep import cell_id, load_sweep, run_sweep
 
 SWEEP = """
@@ -50,10 +50,10 @@ sweep = { num-supernodes = 4 }
 def test_interval_and_verdicts():
     mean, half, n = interval([0.5, 0.6, 0.7])
     assert mean == pytest.approx(0.6) and n == 3 and half == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
-    assert verdict((0.9, 0.01, 3), (0.5, 0.01, 3)) == "holds"
-    assert verdict((0.5, 0.01, 3), (0.9, 0.01, 3)) == "does not hold"
-    assert verdict((0.6, 0.2, 3), (0.5, 0.2, 3)).startswith("inconclusive")
-    assert verdict((0.9, math.nan, 1), (0.5, math.nan, 1)).startswith("inconclusive")
+    assert paired_verdict([0.4, 0.41, 0.39]).verdict == "holds"  # per-seed differences better - worse
+    assert paired_verdict([-0.4, -0.41, -0.39]).verdict == "does not hold"
+    assert paired_verdict([0.1, -0.1, 0.05]).verdict.startswith("inconclusive")
+    assert paired_verdict([0.4]).verdict.startswith("fewer than 2 pairs")
 
 
 def test_sweep_file_is_validated_before_anything_runs(tmp_path: Path):
@@ -92,6 +92,94 @@ def test_every_paper_sweep_file_loads_at_every_scale(path: Path, tmp_path: Path)
     for scale in [None, *tomllib.loads(text).get("scales", {})]:
         sweep = load_sweep(path, scale)  # every cell's run-config resolves; tuning has a validation split
         assert sweep.cells()
+
+
+def test_common_random_numbers_seed_the_noise_of_every_cell(tmp_path: Path):
+    path = tmp_path / "crn.toml"
+    path.write_text(SWEEP.replace('tune = ["lr"]', 'tune = ["lr"]\ncommon-random-numbers = true'))
+    sweep = load_sweep(path)
+    assert sweep.config["seeded-noise"] is True and sweep.meta["common-random-numbers"] is True
+    assert load_sweep(path, "quick").config["seeded-noise"] is True
+    path.write_text(SWEEP.replace("[scales.quick]", "[scales.quick]\nsweep = { common-random-numbers = true }")
+                    .replace("sweep = { num-supernodes = 4 }", ""))
+    assert "seeded-noise" not in load_sweep(path).config and load_sweep(path, "quick").config["seeded-noise"] is True
+    path.write_text(SWEEP.replace('tune = ["lr"]', 'tune = ["lr"]\ncommon-random-numbers = true')
+                    .replace("batch-size = 16", "batch-size = 16\nseeded-noise = false"))
+    with pytest.raises(ConfigError, match="common-random-numbers"):
+        load_sweep(path)  # the sweep cannot both seed the noise and not
+    path.write_text(SWEEP.replace('tune = ["lr"]', 'tune = ["lr"]\ncommon-random-numbers = "yes"'))
+    with pytest.raises(ConfigError, match="true or false"):
+        load_sweep(path)
+
+
+def _fabricate_sweep(root: Path, seeded: bool = False) -> Path:
+    """A finished sweep's folder as fedapp.sweep leaves it: index.json and one results folder per cell."""
+    cells = {}
+    for strategy, gain in (("fedavg", 0.02), ("dpsgd-fedavg", 0.0)):
+        for lr, val in ((0.05, 0.7), (0.5, 0.6)):
+            for seed, base in ((1, 0.4), (2, 0.8), (3, 0.6)):
+                assignments = {"strategy": strategy, "lr": lr, "seed": seed}
+                run_dir = root / "cells" / cell_id(assignments) / "run"
+                run_dir.mkdir(parents=True)
+                lead = gain if lr == 0.05 else -2 * gain  # fedavg leads at its tuned lr only
+                accs = [base / 2 + lead, base + lead + 0.001 * seed]
+                rounds = [{"round": r + 1, "metrics": {"accuracy": a, "client_accuracy": a - 0.01, "loss": 1 - a,
+                                                        "epsilon": 0.5 * (r + 1), "client_val_accuracy": val,
+                                                        "clients_ok": 3},
+                           "clients": [{"client_id": c, "status": "ok", "epsilon_spent": 0.5} for c in range(3)]}
+                          for r, a in enumerate(accs)]
+                (run_dir / "rounds.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rounds))
+                summary = {"finished": True, "final_accuracy": accs[-1], "best_accuracy": max(accs),
+                           "final_client_accuracy": accs[-1] - 0.01, "final_loss": 1 - accs[-1],
+                           "final_client_val_accuracy": val, "max_epsilon": 1.0, "total_uplink_bytes": 3000,
+                           "wall_seconds": 1.5, "max_epsilon_per_client": {"0": 1.0, "1": 1.0, "2": 1.0}}
+                (run_dir / "summary.json").write_text(json.dumps(summary))
+                config = {**assignments, "seeded-noise": seeded, "num-server-rounds": 2}
+                (run_dir / "config.json").write_text(json.dumps({"config": config, "seed": seed}))
+                cells[cell_id(assignments)] = {"assignments": assignments, "status": "finished",
+                                               "run_dir": str(run_dir), "summary": summary, "seconds": 1.0}
+    doc = {"sweep": "fabricated", "file": "fabricated.toml", "meta": {"scale": "quick"}, "num_supernodes": 3,
+           "config": {"num-server-rounds": 2}, "grid": {"strategy": ["fedavg", "dpsgd-fedavg"], "lr": [0.05, 0.5],
+                                                        "seed": [1, 2, 3]},
+           "tune": ["lr"], "claims": [{"text": "no privacy beats DP-SGD", "metric": "final_accuracy",
+                                       "better": {"strategy": "fedavg"}, "worse": {"strategy": "dpsgd-fedavg"}}],
+           "cells": cells}
+    (root / "index.json").write_text(json.dumps(doc))
+    return root / "index.json"
+
+
+def _tables(markdown: str) -> list[str]:
+    return [line for line in markdown.splitlines() if line.startswith("|")]
+
+
+def test_the_index_beside_a_report_rebuilds_its_tables_without_results_folders(tmp_path: Path):
+    import shutil
+
+    index = _fabricate_sweep(tmp_path / "sweep")
+    first = write_report(index).read_text()
+    assert "| strategy=fedavg | lr=0.05 |" in first and "**holds**" in first  # paired, at the tuned lr
+    assert "No privacy guarantee" not in first
+    doc = json.loads(index.read_text())  # the sweep's index now holds every cell's config and round metrics
+    for cell in doc["cells"].values():
+        assert cell["config"]["strategy"] == cell["assignments"]["strategy"] and cell["summary"]["final_accuracy"]
+        assert [r["round"] for r in cell["rounds"]] == [1, 2] and "clients" not in cell["rounds"][0]
+        assert set(cell["rounds"][0]) == {"round", "accuracy", "client_accuracy", "loss", "epsilon",
+                                          "client_val_accuracy"}
+    docs = tmp_path / "docs" / "benchmarks" / "fabricated"
+    assert main([str(index), "--out", str(docs)]) == 0  # a copy for the docs: report, plots and index together
+    assert _tables((docs / "report.md").read_text()) == _tables(first)
+    shutil.rmtree(tmp_path / "sweep" / "cells")
+    for folder in (tmp_path / "sweep", docs):
+        (folder / "report.md").unlink()
+        assert main([str(folder / "index.json")]) == 0  # from the index alone
+        again = (folder / "report.md").read_text()
+        assert _tables(again) and _tables(again) == _tables(first) and again == first
+        assert (folder / "accuracy_rounds.png").stat().st_size > 0
+
+
+def test_a_report_of_seeded_noise_runs_says_they_carry_no_privacy_guarantee(tmp_path: Path):
+    report = write_report(_fabricate_sweep(tmp_path, seeded=True)).read_text()
+    assert "> **No privacy guarantee:** 12 of 12 finished cells ran with `seeded-noise = true`" in report
 
 
 def _cell(lr: float, seed: int, val: float | None, test: float) -> dict:
@@ -144,6 +232,8 @@ def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
     index = run_sweep(sweep, tmp_path / "out", engine="inprocess")  # resumes: the two finished cells are skipped
     doc = json.loads(index.read_text())
     assert len(doc["cells"]) == 8 and all(c["status"] == "finished" for c in doc["cells"].values())
+    for c in doc["cells"].values():  # the index alone holds what the report reads
+        assert c["config"]["seed"] == c["assignments"]["seed"] and [r["round"] for r in c["rounds"]] == [1, 2]
     changed = load_sweep(path)
     changed.config["num-server-rounds"] = 3
     with pytest.raises(ConfigError, match="config changed"):  # resuming must not mix two experiments
