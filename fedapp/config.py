@@ -100,6 +100,7 @@ _KEYS: list[Key] = [
     Key("clip-norm", float, 3.0, "Clipping bound: per-sample c for DP-SGD; per-update C for client-level DP.", _positive, "> 0", section="privacy"),
     Key("dp-rounds", int, 0, "Rounds the budget is planned for (0 = num-server-rounds); beyond it clients refuse.", _nonneg, ">= 0", section="privacy"),
     Key("accountant", str, "rdp", "Opacus accountant for DP-SGD: rdp or prv.", choices=("rdp", "prv"), section="privacy"),
+    Key("record-neighbours", str, "replace-one", "Record-level DP (DP-SGD, SoteriaFL clients): which datasets are neighbours. replace-one (default): one record swapped for another, same N_i; it fits what a client releases (num_examples = N_i, and its q_i and step count are functions of N_i), and costs about twice the add/remove ε at the same noise; composed by dp_accounting's PLD accountant whatever `accountant` says (Opacus' accountants and dp_accounting's RDP have no replace-one analysis of Poisson sampling). add-remove: one record added or removed (Opacus' analysis, composed by `accountant`); it protects nothing once N_i is released, since that size tells such neighbours apart. Client-level families are unaffected (their neighbours are whole clients added or removed).", choices=("replace-one", "add-remove"), section="privacy"),
     Key("grad-sample-mode", str, "auto", "Opacus per-sample gradient mode: auto (the fastest the model supports, measured once per model/batch/device), hooks, ew, functorch.", choices=("auto", "hooks", "ew", "functorch"), section="privacy"),
     Key("lr", float, 0.05, "Client learning rate η.", _positive, "> 0", section="privacy"),
     Key("momentum", float, 0.0, "Client SGD momentum (reset every round).", lambda v: 0 <= v < 1, "in [0, 1)", section="privacy"),
@@ -114,6 +115,7 @@ _KEYS: list[Key] = [
     Key("local-steps", int, 0, "Local SGD steps τ per round of client-level DP clients (0 = local-epochs · ⌈N/b⌉).", _nonneg, ">= 0", section="fed-smp"),
     Key("public-samples", int, 0, "Training examples held out of every client's data as the server's public set D_p (top-k needs > 0).", _nonneg, ">= 0", section="fed-smp"),
     Key("secure-aggregation", bool, True, "Client-level DP families: sum the updates with Flower's SecAgg+ so the server sees only the aggregate (false = the server sees every update, so σ is calibrated for one update's ε: √r times the noise).", section="fed-smp"),
+    Key("client-dp-adversary", str, "server", "Client-level DP: whom the budget holds against. server (default): the server that draws the sample and sees who replies, so no amplification by sampling: σ is calibrated so that dp-rounds unamplified Gaussian rounds spend target-epsilon, and the budget is enforced on epsilon_vs_server. release: whoever sees only the released models, amplified by secret Poisson sampling at q = r/n (the papers' accounting; weaker, say so when you report it). The same with full participation (q = 1).", choices=("server", "release"), section="fed-smp"),
     Key("secagg-num-shares", float, 1.0, "SecAgg+ shares per client: a fraction of the round's sampled clients (1 = all, i.e. SecAgg) or, if > 1, a count.", _positive, "> 0", section="fed-smp"),
     Key("secagg-threshold", float, 0.5, "SecAgg+ reconstruction threshold as a fraction of the shares (the most dropouts a round survives).", _prob, "in (0, 1]", section="fed-smp"),
     Key("public-steps", int, 0, "τ_p: server SGD steps on D_p to pick the top-k mask (0 = same as local-steps).", _nonneg, ">= 0", section="fed-smp"),
@@ -334,7 +336,7 @@ FAMILY_SECTIONS: dict[str, frozenset[str]] = {
 }
 #: record-level keys a client-level family never reads, and Fed-SMP keys DP2-FedSAM never reads
 _CLIENT_LEVEL_IGNORES = frozenset({"privacy-dist", "epsilon-floor", "delta", "falsify-client", "falsify-epsilon",
-                                   "grad-sample-mode", "batch-size-choices"})
+                                   "grad-sample-mode", "batch-size-choices", "record-neighbours"})
 _FAMILY_IGNORES: dict[str, frozenset[str]] = {
     "fed-smp": _CLIENT_LEVEL_IGNORES | {"epsilon"},
     "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"epsilon", "compression-ratio", "local-steps", "public-samples",

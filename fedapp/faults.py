@@ -18,8 +18,8 @@
 5. withholds the update and refuses when the reported cumulative ε is not above the server
    ledger's value for this client (the accountant was lost and restarted; see
    :func:`fedapp.client_state.lost_accountant_reason`) — nothing computed on un-accounted state
-   leaves the client, and every later round of this run is refused too; likewise when the ε of earlier
-   runs plus this run's would exceed the client's lifetime budget (:mod:`fedapp.lifetime_budget`);
+   leaves the client, and every later round of this run is refused too; likewise when the ε (or δ) of
+   earlier runs plus this run's would exceed the client's lifetime budget (:mod:`fedapp.lifetime_budget`);
 6. journals the state after the round, the reply and the request digest (pending until committed).
 
 Privacy: the wrapper adds no mechanism; it guarantees that a failure or a restart never
@@ -28,6 +28,7 @@ makes a client's reported (and enforced) ε smaller than what it actually spent.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from logging import WARNING
@@ -63,6 +64,7 @@ from fedapp.client_state import (
 )
 from fedapp.config import ConfigError, RunConfig
 from fedapp.lifetime_budget import LifetimeBudget
+from strategies.privacy.mechanisms import max_delta
 
 TAINT_KEY = "dpfl-privacy-state-lost"
 DEFAULT_STATE_SUBDIR = ".client-state"  # under output-dir, when no state dir is configured
@@ -104,9 +106,10 @@ class GuardedClient(Client):
 
     def __init__(self, inner: Client, context: Context, cfg: RunConfig, client_id: int, num_clients: int,
                  state_dir: str = "", best_effort: bool = False, lifetime: LifetimeBudget | None = None,
-                 lifetime_epsilon: float | None = None) -> None:
+                 lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> None:
         self.lifetime = lifetime
         self.lifetime_epsilon = lifetime_epsilon  # None: the client's per-run budget
+        self.lifetime_delta = lifetime_delta  # None: 1/(10·N_i) for record-level replies (lifetime_delta_budget)
         self.inner = inner
         self.best_effort = best_effort  # a default state dir that cannot be written disables the journal
         self.ctx = context
@@ -173,7 +176,8 @@ class GuardedClient(Client):
         budget = self.lifetime_epsilon if self.lifetime_epsilon is not None else metrics.get("epsilon_budget")
         if not isinstance(budget, (int, float)):
             return None
-        reason = self.lifetime.refusal(lineage, float(eps), float(budget))
+        delta_budget, source = lifetime_delta_budget(self.lifetime_delta, metrics, bool(self.cfg["allow-large-delta"]))
+        reason = self.lifetime.refusal(lineage, float(eps), float(budget), float(delta), delta_budget, source)
         if reason is None:
             self.lifetime.record(lineage, float(eps), float(delta))
         return reason
@@ -209,5 +213,28 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
     if "state-dir" in node or cfg["lifetime-budget"]:  # on by default for deployed SuperNodes
         lifetime = LifetimeBudget.for_client(state_dir or default_state_dir(cfg), cid)
     cap = float(node["lifetime-epsilon"]) if "lifetime-epsilon" in node else None
+    delta_cap = None
+    if "lifetime-delta" in node:
+        try:
+            delta_cap = float(node["lifetime-delta"])
+        except (TypeError, ValueError):
+            delta_cap = math.nan
+        if not 0 < delta_cap < 1:
+            raise ConfigError(f"node-config 'lifetime-delta' = {node['lifetime-delta']!r} must be a number in (0, 1)")
     return GuardedClient(inner, context, cfg, cid, n, state_dir or default_state_dir(cfg), best_effort=not state_dir,
-                         lifetime=lifetime, lifetime_epsilon=cap)
+                         lifetime=lifetime, lifetime_epsilon=cap, lifetime_delta=delta_cap)
+
+
+def lifetime_delta_budget(node_cap: float | None, metrics: Mapping[str, Any],
+                          allow_large_delta: bool) -> tuple[float | None, str]:
+    """(lifetime δ budget, where it comes from) for a reply: node-config ``lifetime-delta`` when given; else, for a
+    record-level reply (it declares ``record_neighbours`` and its ``num_train`` N_i), 1/(10·N_i) unless
+    ``allow-large-delta``; else (None, '') — no δ check (see :mod:`fedapp.lifetime_budget`)."""
+    if node_cap is not None:
+        return node_cap, "node-config 'lifetime-delta'"
+    n_i = metrics.get("num_train")
+    if allow_large_delta or "record_neighbours" not in metrics or isinstance(n_i, bool) or not isinstance(n_i, int) \
+            or n_i < 1:
+        return None, ""
+    return max_delta(n_i), (f"default 1/(10 N_i) for N_i = {n_i} records; set node-config 'lifetime-delta' to "
+                            "choose another")

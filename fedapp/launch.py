@@ -162,6 +162,29 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     return new_runs[-1]
 
 
+def plan(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT) -> dict:
+    """Every check :func:`run` makes before it starts a process (config, federation size, the dry run), then the
+    run's privacy plan (:mod:`fedapp.privacy_plan`); nothing is started and nothing is written."""
+    from fedapp.privacy_plan import privacy_plan
+
+    overrides = parse_overrides(run_config)
+    merged = {**pyproject_run_config(app.resolve()), **overrides}
+    cfg = resolve_config(merged)
+    if num_supernodes < 2:
+        raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
+    check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
+    if not cfg["num-clients"]:
+        overrides["num-clients"] = num_supernodes
+        if cfg["min-available-clients"] == SCHEMA["min-available-clients"].default:
+            overrides["min-available-clients"] = num_supernodes
+        cfg = resolve_config({**merged, **overrides})
+    from fedapp.faults import check_fault_config
+
+    check_fault_config(cfg)
+    dry_run_in_child(cfg, num_supernodes)
+    return privacy_plan(cfg, num_supernodes)
+
+
 ENGINES = ("superlink", "run-simulation")
 
 
@@ -317,7 +340,17 @@ def main(argv: list[str] | None = None) -> int:
                              "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
                              "SuperLink, SuperExec and `flwr run`: 1.30 vs 1.62 GB peak on the pfl-research task "
                              "(docs/benchmarks.md)")
+    parser.add_argument("--plan", action="store_true",
+                        help="validate and build everything, print the privacy plan (mechanism, σ, q, rounds, planned "
+                             "epsilon_vs_server / epsilon_vs_release per client) and start nothing")
     args = parser.parse_args(argv)
+    if args.plan:
+        try:
+            print(json.dumps(plan(args.num_supernodes, args.run_config, args.app), indent=1, ensure_ascii=False))
+        except ConfigError as exc:
+            print(f"[dpfl] configuration error: {exc}", file=sys.stderr)
+            return 2
+        return 0
     try:
         run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
                       ray_address=args.ray_address, engine=args.engine)

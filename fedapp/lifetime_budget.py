@@ -8,6 +8,15 @@ client's identity (its partition id on its node), written atomically.
 
 On for SuperNodes given a node-config ``state-dir`` (deployment) and wherever ``lifetime-budget = true``;
 the lifetime budget is node-config ``lifetime-epsilon``, else the client's per-run budget.
+
+δ is checked too: Σ δ of the earlier runs plus this run's δ may not exceed the lifetime δ budget, node-config
+``lifetime-delta``, else — for record-level clients (DP-SGD, SoteriaFL) — 1/(10·N_i), the bound a single run's
+δ_i must meet. That default is the per-run bound on purpose: under basic composition the δ of all runs is the
+probability that the combined releases about a record escape the ε bound, and 1/(10·N_i) is the largest such
+probability the project accepts for a record at all (a δ near 1/N_i permits publishing one record outright);
+it holds whether the client runs once at δ = 1/(10·N_i) or ten times at a tenth of it. Run-config
+``allow-large-delta = true`` waives that default as it waives the per-run bound; a node-config ``lifetime-delta``
+always applies. Client-level replies have no default lifetime δ (only node-config ``lifetime-delta``).
 """
 
 from __future__ import annotations
@@ -41,13 +50,20 @@ class LifetimeBudget:
         others = [v for k, v in self.runs().items() if k != lineage]
         return sum(v["epsilon"] for v in others), sum(v["delta"] for v in others)
 
-    def refusal(self, lineage: str, epsilon: float, budget: float) -> str | None:
-        """Why this run may not spend ``epsilon`` (its cumulative ε after the round) under ``budget``."""
+    def refusal(self, lineage: str, epsilon: float, budget: float, delta: float | None = None,
+                delta_budget: float | None = None, delta_source: str = "") -> str | None:
+        """Why this run may not spend ``epsilon`` (its cumulative ε after the round) under ``budget``, or its
+        ``delta`` under ``delta_budget`` (Σ δ of the other runs plus ``delta``; unchecked when either is None).
+        ``delta_source`` says where the δ budget comes from (in the reason)."""
         eps_before, delta_before = self.spent_elsewhere(lineage)
-        if not exceeds_budget(eps_before + epsilon, budget):
-            return None
-        return (f"lifetime budget: earlier runs spent epsilon={eps_before:.4f} (delta={delta_before:.3g}); this "
-                f"round would bring the total to {eps_before + epsilon:.4f} > lifetime budget {budget:.4f}")
+        if exceeds_budget(eps_before + epsilon, budget):
+            return (f"lifetime budget: earlier runs spent epsilon={eps_before:.4f} (delta={delta_before:.3g}); this "
+                    f"round would bring the total to {eps_before + epsilon:.4f} > lifetime budget {budget:.4f}")
+        if delta is not None and delta_budget is not None and exceeds_budget(delta_before + delta, delta_budget):
+            return (f"lifetime delta budget: earlier runs spent delta={delta_before:.3g}; this run's delta={delta:.3g} "
+                    f"would bring the total to {delta_before + delta:.3g} > lifetime delta budget {delta_budget:.3g}"
+                    + (f" ({delta_source})" if delta_source else ""))
+        return None
 
     def record(self, lineage: str, epsilon: float, delta: float) -> None:
         runs = self.runs()

@@ -164,9 +164,11 @@ def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLe
     """The run's client-level mechanism (DP-FedAvg, Fed-SMP, DP2-FedSAM) from its run-config keys.
 
     r = ``clients-per-round`` (0 → all n), T = ``dp-rounds`` (0 → ``num-server-rounds``), δ =
-    ``client-delta`` (0 → 1/(10 n); larger than that only with ``allow-large-delta``), σ = ``noise-multiplier`` or, when 0, calibrated by the accountant so
-    that T rounds at q = r/n spend ``target-epsilon`` — of the aggregate under ``secure-aggregation``, of one
-    update without it (the server then sees every update). Server and clients call this with the same
+    ``client-delta`` (0 → 1/(10 n); larger than that only with ``allow-large-delta``), σ = ``noise-multiplier`` or,
+    when 0, calibrated by the accountant so that T rounds spend ``target-epsilon`` — of the aggregate under
+    ``secure-aggregation``, of one update without it (the server then sees every update); unamplified (q = 1)
+    against the server (``client-dp-adversary = "server"``), amplified at q = r/n against observers of the
+    release. Server and clients call this with the same
     inputs, so they agree on σ (the server also sends it and clients cross-check).
     """
     n = int(num_clients)
@@ -185,7 +187,7 @@ def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLe
         delta = given or default_client_delta(n)
         return _client_level(float(cfg["noise-multiplier"]), float(cfg["target-epsilon"]), float(cfg["clip-norm"]),
                              r, n, rounds, delta, str(cfg.get("accountant", "rdp")),
-                             bool(cfg.get("secure-aggregation", True)))
+                             bool(cfg.get("secure-aggregation", True)), str(cfg.get("client-dp-adversary", "server")))
     except ValueError as exc:
         raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={cfg['target-epsilon']}, "
                           f"noise-multiplier={cfg['noise-multiplier']}, client-delta={cfg.get('client-delta')}, "
@@ -194,11 +196,12 @@ def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLe
 
 @functools.lru_cache(maxsize=64)
 def _client_level(sigma: float, target: float, clip: float, r: int, n: int, rounds: int, delta: float,
-                  accountant: str, secure_aggregation: bool) -> ClientLevelDP:
+                  accountant: str, secure_aggregation: bool, adversary: str) -> ClientLevelDP:
     if sigma > 0:
-        return ClientLevelDP(sigma, clip, r, n, rounds, delta, accountant, secure_aggregation)
+        return ClientLevelDP(sigma, clip, r, n, rounds, delta, accountant, secure_aggregation, adversary)
     return ClientLevelDP.calibrated(target, clip=clip, clients_per_round=r, num_clients=n, rounds=rounds,
-                                    delta=delta, accountant=accountant, secure_aggregation=secure_aggregation)
+                                    delta=delta, accountant=accountant, secure_aggregation=secure_aggregation,
+                                    adversary=adversary)
 
 
 def check_record_delta(cfg: Mapping[str, Any], profiles: list[ClientProfile], sizes: list[int]) -> None:
@@ -233,6 +236,7 @@ def check_dpsgd_calibration(cfg: Mapping[str, Any], profiles: list[ClientProfile
         return
     from fedapp.cache import calibrated_noise_multiplier
     from fedapp.training import dpsgd_sample_rate, steps_per_epoch
+    from strategies.privacy.accountants import record_accountant
 
     rounds = int(cfg.get("dp-rounds", 0)) or int(cfg["num-server-rounds"])
     hardest = min(range(len(profiles)), key=lambda i: (profiles[i].epsilon, profiles[i].delta))
@@ -242,7 +246,8 @@ def check_dpsgd_calibration(cfg: Mapping[str, Any], profiles: list[ClientProfile
     b = p.batch_size
     q, steps = dpsgd_sample_rate(n_i, b), rounds * p.local_epochs * steps_per_epoch(n_i, b)
     try:
-        calibrated_noise_multiplier(p.epsilon, p.delta, q, steps, str(cfg["accountant"]))
+        calibrated_noise_multiplier(p.epsilon, p.delta, q, steps,
+                                    record_accountant(str(cfg["accountant"]), str(cfg["record-neighbours"])))
     except (ValueError, ArithmeticError) as exc:
         if cfg["privacy-dist"] == "fixed":
             source, fix = f"run-config 'epsilon' = {p.epsilon:g}", "a larger 'epsilon'"

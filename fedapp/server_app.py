@@ -20,6 +20,7 @@ from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
 from fedapp.data import load_dataset
 from fedapp.faults import check_fault_config
 from fedapp.heap import return_freed_memory
+from fedapp.privacy_plan import privacy_plan
 from fedapp.privacy_profiles import check_record_delta, client_level_mechanism, federation_profiles
 from fedapp.registry import get_spec
 from fedapp.results import ResultsWriter
@@ -66,13 +67,22 @@ def make_prevalidate(cfg: RunConfig):
     return prevalidate
 
 
+def _ledger_accountant(cfg: RunConfig, threat_model: str) -> str:
+    """The accountant the ledger composes with: record-level DP under its neighbouring relation."""
+    from strategies.privacy.accountants import record_accountant
+
+    if threat_model.startswith("record-level"):
+        return record_accountant(str(cfg["accountant"]), str(cfg["record-neighbours"]))
+    return str(cfg["accountant"])
+
+
 def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
     """What ``config.json`` says about the guarantee this run can claim."""
     seeded = bool(cfg["seeded-noise"])
     out: dict[str, Any] = {
         "threat_model": threat_model,
         "ledger": "server-side: the server composes every client's ε from mechanism parameters with the "
-                  f"'{cfg['accountant']}' accountant; clients' reports are only cross-checked",
+                  f"'{_ledger_accountant(cfg, threat_model)}' accountant; clients' reports are only cross-checked",
         "client_sampling": ("seeded from the run seed: no amplification by sampling against anyone who knows it"
                             if seeded else "secret (OS entropy); participation stays in the server's records"),
         "guarantee": ("NONE: seeded-noise = true derives the DP noise from the run seed, which the server knows"
@@ -84,6 +94,12 @@ def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
             "'epsilon' are the aggregate's" if cfg["secure-aggregation"] else
             "off: the server sees every update; σ is calibrated so one update meets the budget, and the headline "
             "'epsilon' is one update's ('epsilon_aggregate' is for observers of the sums and the final model)")
+        out["budget_holds_against"] = (
+            "the server that draws the sample (client-dp-adversary = server): no amplification by sampling; every "
+            "round is charged at q = 1, which bounds each client's epsilon_vs_server; epsilon_vs_release reports the "
+            "amplified view" if cfg["client-dp-adversary"] == "server" else
+            "observers of the released models only (client-dp-adversary = release): amplified by secret Poisson "
+            "sampling at q = r/n; against the server itself see epsilon_vs_server, which this run does not bound")
     return out
 
 
@@ -99,6 +115,7 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
         "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
                      "description": spec.description},
         "privacy": privacy_meta(cfg, spec.privacy),
+        "privacy_plan": privacy_plan(cfg, int(cfg["num-clients"])) if cfg["num-clients"] else None,
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
         "torchvision_guard": {k: v for k, v in guard_state().items()},

@@ -407,11 +407,15 @@ class DPFLStrategy(Strategy):
         return rec
 
     def privacy_charge(self, server_round: int, record: Mapping[str, Any],
-                       metrics: Mapping[str, Scalar]) -> tuple[History, float] | None:
-        """*hook*: (history, δ) the server charges to the client of an ``ok`` reply (None = nothing).
+                       metrics: Mapping[str, Scalar]) -> tuple[History, float] | tuple[History, float, str] | None:
+        """*hook*: (history, δ) or (history, δ, relation) the server charges to the client of an ``ok`` reply
+        (None = nothing); ``relation`` is the record-level neighbouring relation the ledger composes it under
+        (absent: add/remove).
 
         Default, record-level DP-SGD: the declared (z, q) and the round's steps, with z and q fixed
-        for the run at first contact (a client cannot lower its noise later).
+        for the run at first contact (a client cannot lower its noise later), under the relation the reply
+        declares (``record_neighbours``, the client's run-config ``record-neighbours``) — replace-one when it
+        declares none, the relation that fits a reply carrying N_i — fixed at first contact too.
         """
         z, q = metrics.get("noise_multiplier"), metrics.get("sample_rate")
         steps, delta = metrics.get("steps_round"), metrics.get("delta")
@@ -422,8 +426,13 @@ class DPFLStrategy(Strategy):
         if not (z > 0 and 0 < q <= 1 and steps > 0 and 0 < delta < 1):
             raise RejectedUpdate(f"declared mechanism (noise_multiplier={z}, sample_rate={q}, steps_round={steps}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
-        self.fix_declared(int(record["client_id"]), (z, q), "(noise_multiplier, sample_rate)")
-        return [(z, q, steps)], delta
+        cid = int(record["client_id"])
+        try:
+            relation = self.ledger.declared_relation(cid, metrics.get("record_neighbours"))
+        except ValueError as exc:
+            raise RejectedUpdate(str(exc)) from None
+        self.fix_declared(cid, (z, q), "(noise_multiplier, sample_rate)")
+        return [(z, q, steps)], delta, str(relation)
 
     def fix_declared(self, client_id: int, mechanism: tuple[float, float], what: str) -> None:
         """Fix a client's declared mechanism at first contact; a later, different declaration is rejected

@@ -3,29 +3,31 @@
 The mechanism (:class:`~strategies.privacy.mechanisms.ClientLevelDP`): each sampled client clips its
 update to C and adds Gaussian noise. With secure aggregation (Flower SecAgg+, ``fedapp.secure_aggregation``)
 the server sees only the sum: each client adds N(0, C²σ²/r_t), r_t the round's sampled count (sent as
-``dp-round-clients``), so the sum carries σC whatever r_t is, and the budget is the aggregate's ε.
-Without it the server sees every update: each client adds the fixed N(0, C²σ²/r), one update carries
+``dp-round-clients``; a client never uses more than its own floor ``min-round-clients``), so the sum carries
+σC. Without it the server sees every update: each client adds the fixed N(0, C²σ²/r), one update carries
 multiplier σ/√r, and the budget (σ calibrated for it) is that individual ε.
 
-Sampling matches the accountant: clients are Poisson-sampled with q = r/n (every client independently,
-secret randomness), which is what the subsampled-Gaussian accountant composes (add/remove-one
-neighbours, sensitivity C).
+Sampling: every registered client independently with q = r/n (Poisson, secret randomness), fixed for the
+run; an unavailable or excluded client counts as sampled and dropped, so the realized rate never exceeds
+the accounted one.
 
-Accounting is the server's own (:class:`~strategies.privacy.ledger.PrivacyLedger`): after each round
-the population is charged with the noise that was actually released — for the aggregate σ·√(r'/r_t)
-when only r' of the r_t sampled updates were summed (dropouts, rejections) — so dropouts never lower
-the noise silently, and a resume that recalibrates σ is composed exactly (heterogeneous composition).
-A round the budget cannot pay for is withheld (nothing released), and once a planned round no longer
-fits, nobody is sampled. Round records carry
+Whom the budget holds against (``adversary``): the server that draws the sample (default: no
+amplification, every round charged at q = 1, which bounds every client's ``epsilon_vs_server``), or
+observers of the release (amplified at q = r/n, the papers' accounting).
 
-* ``epsilon`` — the headline: the guarantee against the server as deployed (the aggregate's with secure
-  aggregation, one update's without), the one the budget is for;
-* ``epsilon_aggregate`` / ``epsilon_individual`` — both views, composed by the server;
-* ``epsilon_vs_release`` (round) — the amplified ε of the released aggregate, for whoever sees only the
-  released models and not the sample;
-* ``epsilon_vs_server`` (per client record) — against the server that draws the sample and sees who replies:
-  no amplification, the Gaussian mechanism at the multiplier the server saw, composed over the rounds the
-  client took part in (reported; budgets are still planned on ``epsilon``).
+Accounting is the server's own (:class:`~strategies.privacy.ledger.PrivacyLedger`): each round is charged
+with the noise the server actually saw — σ·√(r'/r_t) when r' of the r_t sampled updates were summed — so
+dropouts never lower the noise silently, and a resume that recalibrates σ is composed exactly. Under
+SecAgg+ the budget is checked before the sum is reconstructed (:meth:`ClientLevelDPStrategy.unmask_refusal`);
+a round it cannot pay for is never unmasked, and every reconstructed sum is charged. Once a planned round no
+longer fits, nobody is sampled. Round records carry
+
+* ``epsilon`` — the headline the budget is for (against ``adversary``; the aggregate's multiplier with secure
+  aggregation, one update's without);
+* ``epsilon_aggregate`` / ``epsilon_individual`` — both multipliers at the accounted q;
+* ``epsilon_vs_release`` (round) — the released sum's ε, amplified by secret sampling at q = r/n;
+* ``epsilon_vs_server`` (per client record) — against the server: one unamplified Gaussian per round the
+  client's update reached it, at the multiplier it saw, composed over the rounds the client took part in.
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
         #: ε against the server that draws the sample: per client, the unamplified Gaussian (q = 1) of every
         #: round it took part in, at the multiplier the server saw (the sum's, or one update's without SecAgg+)
         self.server_view = PrivacyLedger(self.ledger.accountant)
+        self.release_view = PrivacyLedger(self.ledger.accountant)  # the sum, amplified at q = r/n
         self.sampled: dict[int, int] = {}
         self.budget_exhausted = False
         self._contributors = 0  # replies inside this round's secure sum
@@ -90,6 +93,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
         """Build the mechanism for n = ``num_clients`` once (before round 1: errors stop the run early)."""
         if self.mechanism_factory is not None and self.dp is None:
             self.dp = self.mechanism_factory(num_clients)
+            self.sampler.fixed_rate = self.dp.sample_rate  # q = r/n of the registered clients, all run long
 
     def configure_fit(self, server_round: int, parameters, client_manager: ClientManager):
         if self.private and self.dp is None:
@@ -117,7 +121,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     def sample_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
         if self.dp is not None:
-            planned = self.ledger.population + [(self.dp.budget_noise_multiplier, self.dp.sample_rate, 1)]
+            planned = self.ledger.population + [(self.dp.budget_noise_multiplier, self.dp.accounted_sample_rate, 1)]
             if server_round > self.dp.rounds or exceeds_budget(self.epsilon_after(planned), self.dp.epsilon()):
                 if not self.budget_exhausted:
                     log(WARNING, "round %d: the planned client-level budget epsilon=%.4f cannot pay for another "
@@ -208,7 +212,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
             return None
         sampled = self.sampled.get(server_round, len(results))
         z_budget, _ = self.headline_charge(min(len(results), max(sampled, 1)), max(sampled, 1))
-        if exceeds_budget(self.epsilon_after(self.ledger.population + [(z_budget, self.dp.sample_rate, 1)]),
+        if exceeds_budget(self.epsilon_after(self.ledger.population + [(z_budget, self.dp.accounted_sample_rate, 1)]),
                           self.dp.epsilon()):
             return (f"budget: {len(results)} of {sampled} sampled updates would release multiplier {z_budget:.4f}, "
                     f"more ε than the planned budget {self.dp.epsilon():.4f} has left")
@@ -267,13 +271,16 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if survivors > 0 and sampled > 0:
             survivors = min(survivors, sampled)
             z_budget, z_other = self.headline_charge(survivors, sampled)
-            charge = [(z_budget, self.dp.sample_rate, 1)]
+            charge = [(z_budget, self.dp.accounted_sample_rate, 1)]
             if exceeds_budget(self.epsilon_after(self.ledger.population + charge), self.dp.epsilon()):
                 log(WARNING, "round %d: %d of %d sampled updates released multiplier %.4f, more than the planned "
                     "budget %.4f has left; charged as released", server_round, survivors, sampled, z_budget,
                     self.dp.epsilon())
             self.ledger.charge_population(charge, self.dp.delta)
-            self.other_view.charge_population([(z_other, self.dp.sample_rate, 1)], self.dp.delta)
+            self.other_view.charge_population([(z_other, self.dp.accounted_sample_rate, 1)], self.dp.delta)
+            # the released model carries the sum's noise; amplified for whoever does not see the sample
+            self.release_view.charge_population([(self.round_charge(survivors, sampled)[0], self.dp.sample_rate, 1)],
+                                                self.dp.delta)
             z_seen = self.round_charge(survivors, sampled)[0 if self.secure_aggregation else 1]
             for r in records:  # every reply whose update the server received, inside the sum or alone
                 if r.get("client_id") is not None and r.get("status") in ("ok", "withheld", "rejected"):
@@ -291,15 +298,18 @@ class ClientLevelDPStrategy(DPFLStrategy):
             cid = r.get("client_id")
             if cid is not None and self.server_view.histories.get(int(cid)):
                 r["epsilon_vs_server"] = self.server_view.epsilon(int(cid))
-        out["epsilon_vs_release"] = aggregate.population_epsilon()
+        out["epsilon_vs_release"] = self.release_view.population_epsilon()
         if self.server_view.histories:
             out["max_epsilon_vs_server"] = self.server_view.max_epsilon()
         out.update(epsilon=self.ledger.population_epsilon(), epsilon_aggregate=aggregate.population_epsilon(),
                    epsilon_individual=individual.population_epsilon(), delta=self.dp.delta,
                    noise_multiplier=self.dp.noise_multiplier, sample_rate=self.dp.sample_rate,
                    epsilon_budget=self.dp.epsilon(),
-                   epsilon_guarantee="aggregate (secure aggregation)" if self.dp.secure_aggregation
-                   else "individual update (the server sees every update)")
+                   accounted_sample_rate=self.dp.accounted_sample_rate, adversary=self.dp.adversary,
+                   epsilon_guarantee=("aggregate (secure aggregation)" if self.dp.secure_aggregation
+                                      else "individual update (the server sees every update)")
+                   + (", against the server that draws the sample (no amplification)" if self.dp.adversary == "server"
+                      else ", against observers of the release (amplified by secret sampling)"))
         return out
 
     def client_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
@@ -315,9 +325,11 @@ class ClientLevelDPStrategy(DPFLStrategy):
     # ---- checkpoint ------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
         return {"other_view": self.other_view.state(), "server_view": self.server_view.state(),
+                "release_view": self.release_view.state(),
                 "sampled": {str(k): v for k, v in self.sampled.items()}}
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         self.other_view.load(dict(state.get("other_view", {})))
         self.server_view.load(dict(state.get("server_view", {})))
+        self.release_view.load(dict(state.get("release_view", {})))
         self.sampled = {int(k): int(v) for k, v in dict(state.get("sampled", {})).items()}

@@ -494,8 +494,9 @@ class SoteriaFLStrategy(DPFLStrategy):
         return rand_k_decompress(values, self.num_params, expected)
 
     def privacy_charge(self, server_round: int, record: Mapping[str, Any],
-                       metrics: Mapping[str, Scalar]) -> tuple[History, float] | None:
-        """One round of :func:`noise_history` from the declared (σ_p, b, m, split), fixed at first contact."""
+                       metrics: Mapping[str, Scalar]) -> tuple[History, float, str] | None:
+        """One round of :func:`noise_history` from the declared (σ_p, b, m, split), fixed at first contact, under
+        the declared record-level relation (``record_neighbours``; replace-one when absent), fixed likewise."""
         values = [metrics.get(k) for k in ("sigma_p", "batch_size", "num_train", "delta")]
         if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
             return None
@@ -509,8 +510,13 @@ class SoteriaFLStrategy(DPFLStrategy):
         if not (sigma_p > 0 and 1 <= b <= m and 0 < delta < 1):
             raise RejectedUpdate(f"declared mechanism (sigma_p={sigma_p}, batch_size={b}, num_train={m}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
-        self.fix_declared(int(record["client_id"]), (sigma_p, b / m), "(sigma_p, b/m)")
-        return history, delta
+        cid = int(record["client_id"])
+        try:
+            relation = self.ledger.declared_relation(cid, metrics.get("record_neighbours"))
+        except ValueError as exc:
+            raise RejectedUpdate(str(exc)) from None
+        self.fix_declared(cid, (sigma_p, b / m), "(sigma_p, b/m)")
+        return history, delta, relation
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         bits = [int(u.metrics.get("payload_bits", payload_bits(self.method, self.k))) for u in updates]

@@ -71,10 +71,11 @@ CONFIG_CASES: dict[str, tuple[Any, str]] = {
                              r"'model' = 'cnn-cifar' does not fit dataset 'mnist'.*images of 30..37 pixels a side"),
     "tiny-round-timeout": ({"round-timeout": 0.001},
                            r"'round-timeout' = 0.001 is invalid: must be 0 \(no timeout\) or >= 1 s"),
-    # no noise multiplier reaches it: the clients' own calibration, run before round 1
-    "unreachable-epsilon": ({"privacy-dist": "fixed", "epsilon": 1e-9},
+    # no noise multiplier reaches it: the clients' own calibration, run before round 1. RDP (add/remove) has an
+    # ε floor set by δ; the replace-one PLD accountant reaches any ε > 0 (ε = 1e-9 at z ≈ 2e5)
+    "unreachable-epsilon": ({"privacy-dist": "fixed", "epsilon": 1e-9, "record-neighbours": "add-remove"},
                             r"'epsilon' = 1e-09 cannot be reached: no noise multiplier achieves"),
-    "unreachable-drawn-epsilon": ({"privacy-dist": "dist9", "delta": 1e-12},
+    "unreachable-drawn-epsilon": ({"privacy-dist": "dist9", "delta": 1e-12, "record-neighbours": "add-remove"},
                                   r"ε_i = .* \(drawn from run-config 'privacy-dist' = 'dist9'.* cannot be reached: no "
                                   r"noise multiplier achieves"),
     "clients-per-round-above-num-clients": ({"clients-per-round": 10, "num-clients": 4},
@@ -245,7 +246,8 @@ def test_the_launchers_dry_run_raises_the_config_error_itself_from_its_child(tmp
 
 @pytest.mark.parametrize("run_config,key", [
     ("clients-per-round=10", "'clients-per-round' = 10 exceeds the 4 clients of this federation (--num-supernodes 4)"),
-    ("privacy-dist='fixed' epsilon=1e-9", "'epsilon' = 1e-09 cannot be reached: no noise multiplier achieves"),
+    ("privacy-dist='fixed' epsilon=1e-9 record-neighbours='add-remove'",
+     "'epsilon' = 1e-09 cannot be reached: no noise multiplier achieves"),
 ], ids=["clients-per-round", "unreachable-epsilon"])
 def test_the_launcher_refuses_a_bad_config_before_starting_anything(run_config: str, key: str, tmp_path) -> None:
     """The real command line: exit code 2, the key and value on stderr, no Flower home (written just before the

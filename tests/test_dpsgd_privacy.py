@@ -62,7 +62,8 @@ def test_accountant_persists_across_rounds_and_client_refuses_past_budget():
         params = [p + u for p, u in zip(params, update)]
         reported.append(metrics["epsilon_spent"])
     z, q, steps = metrics["noise_multiplier"], metrics["sample_rate"], metrics["steps_round"]
-    one_shot = epsilon_of([(z, q, 3 * steps)], 1e-4)
+    assert client.accountant() == "dpa-pld-replace-one"  # record-neighbours = replace-one by default
+    one_shot = epsilon_of([(z, q, 3 * steps)], 1e-4, client.accountant())
     assert reported[0] < reported[1] < reported[2]
     assert math.isclose(reported[2], one_shot, rel_tol=1e-12)
     assert 2.0 * 0.99 <= reported[2] <= 2.0

@@ -149,7 +149,8 @@ def test_twenty_percent_failing_run_completes_with_exact_accounting(tmp_path) ->
             trained = sum(1 for r in range(1, rec["round"] + 1) if cid not in failing_clients(seed, r, n, 0.2))
             per_round_steps.setdefault(cid, c["steps"] // trained)
             assert c["steps"] == trained * per_round_steps[cid]
-            eps = epsilon_of([(c["noise_multiplier"], c["sample_rate"], c["steps"])], c["delta"])
+            eps = epsilon_of([(c["noise_multiplier"], c["sample_rate"], c["steps"])], c["delta"],
+                             "dpa-pld-replace-one")  # record-neighbours = replace-one (the default)
             assert math.isclose(c["epsilon_spent"], eps, rel_tol=1e-9), (cid, c["epsilon_spent"], eps)
             assert c["epsilon_spent"] <= c["epsilon_budget"] * (1 + 1e-9)
 

@@ -42,10 +42,12 @@ def manager(n: int) -> SimpleClientManager:
 
 
 def strategy(sparsifier="randk", private=True, ratio=0.2, clip=1.0, sigma=1.0, r=3, n=4, secagg=False,
-             **kw) -> ClientLevelStrategy:
-    """A server strategy fed plain replies (``secagg=True`` pretends they came through SecAgg+)."""
+             adversary="release", **kw) -> ClientLevelStrategy:
+    """A server strategy fed plain replies (``secagg=True`` pretends they came through SecAgg+). The arithmetic
+    tests account as the papers do (amplified by sampling, ``adversary="release"``) unless they say otherwise."""
     weights = [np.zeros(s, dtype=np.float32) for s in SHAPES]
-    factory = (lambda n_: ClientLevelDP(sigma, clip, r, n_, 5, 1e-3, secure_aggregation=secagg)) if private else None
+    factory = (lambda n_: ClientLevelDP(sigma, clip, r, n_, 5, 1e-3, secure_aggregation=secagg,
+                                        adversary=adversary)) if private else None
     kw.setdefault("sampling", "fixed")  # exact r per round: these tests check the server's arithmetic
     s = ClientLevelStrategy(initial_weights=weights, num_rounds=5, seed=0, clients_per_round=r,
                             sparsifier=sparsifier, compression_ratio=ratio, clip=clip,
@@ -218,6 +220,7 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
           "public-samples": 100, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 1.0,
           "clients-per-round": 3, "noise-multiplier": 1.0, "fraction-evaluate": 0.0,
           "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/test_secure_aggregation.py)
+          "client-dp-adversary": "release",  # amplified by the Poisson sampling, as recomputed below
           "seeded-noise": True}  # reproducible draws: a secret Poisson draw of 0 of 4 (1/256 a round) left a round unsampled
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=4,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -270,7 +273,7 @@ def test_dropouts_never_push_the_ledger_over_the_budget():
                 s.record_unreconstructed(rnd, results, [], reason)
             statuses += [r["status"] for r in s.round_log.clients()]
         s.flush_round()
-    planned = ClientLevelDP(1.0, 1.0, 3, 4, 5, 1e-3, secure_aggregation=True).epsilon()
+    planned = ClientLevelDP(1.0, 1.0, 3, 4, 5, 1e-3, secure_aggregation=True, adversary="release").epsilon()
     # the first rounds are paid at the higher (dropout) cost; the round the budget cannot pay is refused before
     # its sum is reconstructed (withheld, not charged), and every reconstructed sum is charged
     assert statuses[0] == "ok" and "withheld" in statuses
@@ -283,9 +286,9 @@ def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the
     server samples nobody once the budget cannot pay for a planned round."""
     target, q, delta = 1.0, 3 / 4, 1e-3
     old = ClientLevelDP.calibrated(target, clip=1.0, clients_per_round=3, num_clients=4, rounds=3, delta=delta,
-                                   secure_aggregation=True)
+                                   secure_aggregation=True, adversary="release")
     new = ClientLevelDP.calibrated(target, clip=1.0, clients_per_round=3, num_clients=4, rounds=4, delta=delta,
-                                   secure_aggregation=True)
+                                   secure_aggregation=True, adversary="release")
     assert new.noise_multiplier > old.noise_multiplier
     first = strategy("randk", sigma=old.noise_multiplier, r=3, n=4, secagg=True)
     first.dp = old
@@ -310,3 +313,24 @@ def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the
     composed = epsilon_of([(old.noise_multiplier, q, 2), (new.noise_multiplier, q, ran)], delta)
     assert resumed.ledger.population_epsilon() == pytest.approx(composed) and composed <= target * (1 + 1e-9)
     assert ran < 2  # the old, less noisy rounds used up more of the budget than the new plan assumed
+
+
+def test_against_the_server_every_round_is_charged_unamplified_and_the_release_view_is_reported():
+    """Default adversary: the server drew the sample, so the ledger charges q = 1 every round (a bound on every
+    client's epsilon_vs_server); the amplified ε of the released sums is reported as epsilon_vs_release."""
+    s = strategy("none", sigma=2.0, r=2, n=4, secagg=True, adversary="server")
+    for rnd in (1, 2):
+        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), manager(4))
+        results = [(p, fit_res([np.zeros(sh, np.float32) for sh in SHAPES], int(p.node_id) - 1, sigma=2.0))
+                   for p, _ in ins]
+        assert s.unmask_refusal(rnd, results) is None
+        _, metrics = s.aggregate_fit(rnd, results, [])
+        clients = s.round_log.clients()
+        s.flush_round()
+    delta = 1e-3
+    assert metrics["epsilon"] == pytest.approx(epsilon_of([(2.0, 1.0, 2)], delta))
+    assert metrics["epsilon_vs_release"] == pytest.approx(epsilon_of([(2.0, 0.5, 2)], delta))
+    assert metrics["epsilon_vs_release"] < metrics["epsilon"]
+    assert s.sampler.fixed_rate == 0.5  # q = r/n of the registered clients, whoever is available
+    vs_server = [c["epsilon_vs_server"] for c in clients if c.get("epsilon_vs_server") is not None]
+    assert vs_server and max(vs_server) <= metrics["epsilon"] * (1 + 1e-9)

@@ -28,6 +28,14 @@ from flwr.client import NumPyClient
 from flwr.common import Context
 from torch import nn
 
+from fedapp.clients.client_level_guard import (
+    ClientFloors,
+    accounted_rounds,
+    floor_refusal,
+    record_release,
+    releases,
+    round_clients,
+)
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
@@ -40,7 +48,7 @@ from fedapp.config import RunConfig
 from fedapp.privacy_profiles import client_level_mechanism
 from fedapp.training import LocalTraining, TrainResult, get_weights, local_train, set_weights, steps_per_epoch
 from strategies.aggregate import flatten, unflatten
-from strategies.client_level import CFG_ROUND_CLIENTS, CFG_SIGMA
+from strategies.client_level import CFG_SIGMA
 from strategies.compression import encode_sparse
 from strategies.fed_smp import dp_dense, dp_spar, mask_from_config
 from strategies.privacy.budget import budget_refusal
@@ -50,11 +58,6 @@ from strategies.privacy.mechanisms import ClientLevelDP, cached_epsilon
 def local_steps(cfg: RunConfig, num_examples: int, batch_size: int) -> int:
     """τ: ``local-steps`` if set, else ``local-epochs`` · ⌈N/b⌉."""
     return int(cfg["local-steps"]) or int(cfg["local-epochs"]) * steps_per_epoch(num_examples, batch_size)
-
-
-def round_clients(config: dict[str, Any], dp: ClientLevelDP) -> int:
-    """r_t of this round as the server sent it (clamped to 1..n; default the planned r)."""
-    return min(max(int(config.get(CFG_ROUND_CLIENTS, dp.clients_per_round)), 1), dp.num_clients)
 
 
 class ClientLevelDPClient(NumPyClient):
@@ -72,13 +75,21 @@ class ClientLevelDPClient(NumPyClient):
             return None
         return client_level_mechanism(self.s.cfg, self.s.profile.num_clients)
 
+    @property
+    def floors(self) -> ClientFloors:
+        return ClientFloors.from_node_config(self.context.node_config if self.context is not None else {})
+
     def budget_check(self, dp: ClientLevelDP, server_round: int) -> tuple[float, str | None]:
-        """(ε after this round, refusal reason or None). Budget = ε(T) of the planned ``dp-rounds``."""
+        """(ε after this round, refusal reason or None). Budget = ε(T) of the planned ``dp-rounds``; the round
+        is charged as round max(server round, own releases + 1) (:func:`accounted_rounds`)."""
         budget = cached_epsilon(dp, None)
-        eps_next = cached_epsilon(dp, server_round)
-        if server_round > dp.rounds:
-            return eps_next, f"budget: round {server_round} is past dp-rounds={dp.rounds}, the rounds ε was planned for"
-        return eps_next, budget_refusal(server_round, eps_next, budget, f"client-level, planned for dp-rounds={dp.rounds}")
+        rounds = accounted_rounds(server_round, releases(self.context))
+        eps_next = cached_epsilon(dp, rounds)
+        if rounds > dp.rounds:
+            return eps_next, (f"budget: this would be round {rounds} (server round {server_round}, "
+                              f"{releases(self.context)} updates released), past dp-rounds={dp.rounds}, the rounds "
+                              "ε was planned for")
+        return eps_next, budget_refusal(rounds, eps_next, budget, f"client-level, planned for dp-rounds={dp.rounds}")
 
     # ---- hooks -----------------------------------------------------------------------
     def local_steps(self) -> int:
@@ -95,7 +106,7 @@ class ClientLevelDPClient(NumPyClient):
         """*hook*: Δ (flat) → wire arrays + metrics. Dense per-layer arrays, or the k masked values."""
         sparsifier, indices = mask_from_config(config, update.size)
         clip = float(self.s.cfg["clip-norm"])
-        r_t = round_clients(config, dp) if dp is not None else None
+        r_t = round_clients(config, dp, self.floors) if dp is not None else None
         if indices is None:
             noisy, norm = dp_dense(update, clip=clip, dp=dp, rng=rng, round_clients=r_t)
             return unflatten(noisy, shapes), {"update_norm": norm, "k": update.size}
@@ -118,6 +129,7 @@ class ClientLevelDPClient(NumPyClient):
             if CFG_SIGMA in config and not math.isclose(float(config[CFG_SIGMA]), dp.noise_multiplier, rel_tol=1e-9):
                 reason = (f"server asks for noise multiplier {config[CFG_SIGMA]} but this client's run-config "
                           f"gives {dp.noise_multiplier}")
+            reason = reason or floor_refusal(dp, self.floors)
             if reason is not None:
                 metrics.update({"status": "refused", "reason": reason,
                                 "epsilon_spent": cached_epsilon(dp, min(server_round - 1, dp.rounds))})
@@ -142,6 +154,8 @@ class ClientLevelDPClient(NumPyClient):
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
             return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
         metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps, **extra})
+        if dp is not None:
+            record_release(self.context)
         if dp is None:  # non-private baselines only: loss and pre-clip norm of private data are not covered by DP
             metrics["train_loss"] = result.loss
         else:

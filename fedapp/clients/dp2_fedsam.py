@@ -26,7 +26,14 @@ import torch
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, Context
 
-from fedapp.clients.client_dp import round_clients
+from fedapp.clients.client_level_guard import (
+    ClientFloors,
+    accounted_rounds,
+    floor_refusal,
+    record_release,
+    releases,
+    round_clients,
+)
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_local_splits,
@@ -116,12 +123,14 @@ class DP2FedSAMClient(NumPyClient):
         if n_train == 0:
             return [], 0, {**metrics, "status": "refused", "reason": "empty local training set"}
         dp = client_level_mechanism(cfg, p.num_clients)
+        floors = ClientFloors.from_node_config(self.context.node_config)
         budget = self.budget(cached_epsilon(dp, dp.rounds))
-        eps_now, eps_next = cached_epsilon(dp, rnd - 1), cached_epsilon(dp, rnd)
+        rounds = accounted_rounds(rnd, releases(self.context))  # never fewer than its own releases + 1
+        eps_now, eps_next = cached_epsilon(dp, rounds - 1), cached_epsilon(dp, rounds)
         metrics.update({"noise_multiplier": dp.noise_multiplier, "sample_rate": dp.sample_rate, "delta": dp.delta,
-                        "epsilon_budget": budget, "reported_epsilon": budget, "steps": rnd - 1})
-        reason = budget_refusal(rnd, eps_next, budget, f"client-level, sigma={dp.noise_multiplier:.4f}, "
-                                f"q={dp.sample_rate:.4f}, planned T={dp.rounds}")
+                        "epsilon_budget": budget, "reported_epsilon": budget, "steps": rounds - 1})
+        reason = budget_refusal(rounds, eps_next, budget, f"client-level, sigma={dp.noise_multiplier:.4f}, "
+                                f"q={dp.sample_rate:.4f}, planned T={dp.rounds}") or floor_refusal(dp, floors)
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         start = time.perf_counter()
@@ -148,10 +157,11 @@ class DP2FedSAMClient(NumPyClient):
         head = [w for w, m in zip(new, self.mask) if not m]
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
         rng = np.random.default_rng(noise_seed(cfg, p.client_id, rnd))
-        noisy, norm = dp.privatize(delta, rng, round_clients(config, dp))  # Alg. 2 lines 18–19
+        noisy, norm = dp.privatize(delta, rng, round_clients(config, dp, floors))  # Alg. 2 lines 18–19
+        record_release(self.context)
         if self.variant.personalized and not diverged:  # a diverged round keeps the previous head
             self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here
-        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rnd, "lr": lr,  # no train loss: not private
+        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rounds, "lr": lr,  # no train loss: not private
                         "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
         if cfg["dp2-report-norms"]:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
             metrics["local_update_norm"] = norm

@@ -3,17 +3,23 @@
 Protects every *record* of the client's local dataset against anyone who sees its updates
 (the server included): local, record-level (ε_i, δ_i)-DP over all rounds.
 
-Before its first round a client calibrates its noise multiplier z_i with the Opacus
-accountant so that ``dp-rounds`` rounds of K_i·⌈N_i/b_i⌉ DP-SGD steps spend exactly ε_i
-(to 0.1 %). The accountant history lives in Flower ``Context.state`` so each reported ε is
-cumulative and exact. A round that would push ε above ε_i is refused: the client does not
-train and replies ``status = "refused"`` with the reason.
+Before its first round a client calibrates its noise multiplier z_i with the accountant so
+that ``dp-rounds`` rounds of K_i·⌈N_i/b_i⌉ DP-SGD steps spend exactly ε_i (to 0.1 %). The
+neighbouring relation is run-config ``record-neighbours``: replace-one by default (the client
+releases N_i, which tells add/remove neighbours apart), composed by dp_accounting's PLD
+accountant; add-remove composes with ``accountant`` (Opacus). The reply declares the relation
+(``record_neighbours``) so the server's ledger composes the same. The accountant history lives
+in Flower ``Context.state`` so each reported ε is cumulative and exact. A round that would push
+ε above ε_i is refused: the client does not train and replies ``status = "refused"`` with the
+reason; so is every round when δ_i > 1/(10·N_i) (node-config or run-config ``delta``) unless
+``allow-large-delta`` — checked here, so a deployed SuperNode's node-config δ is covered.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,8 +47,9 @@ from fedapp.training import (
     set_weights,
     steps_per_epoch,
 )
-from strategies.privacy.accountants import compact_history, epsilon_of
+from strategies.privacy.accountants import compact_history, epsilon_of, record_accountant
 from strategies.privacy.budget import budget_refusal
+from strategies.privacy.mechanisms import max_delta
 
 STATE_KEY = "dpsgd-accountant"
 
@@ -86,11 +93,15 @@ class DPSGDClient(NumPyClient):
             self.save_history(z, hist, 0)
         return z
 
+    def accountant(self) -> str:
+        """The accountant of this client's ε: run-config ``accountant`` under ``record-neighbours``."""
+        return record_accountant(self.s.cfg["accountant"], self.s.cfg["record-neighbours"])
+
     def calibrate(self) -> float:
         """z_i such that ``dp-rounds`` rounds of this client's DP-SGD spend ε_i (shared-cache aware)."""
         p = self.s.profile
         return calibrated_noise_multiplier(p.epsilon, p.delta, self.sample_rate(),
-                                           self.s.cfg.dp_rounds * self.steps_per_round(), self.s.cfg["accountant"])
+                                           self.s.cfg.dp_rounds * self.steps_per_round(), self.accountant())
 
     def grad_sample_mode(self) -> str:
         cfg = self.s.cfg
@@ -117,15 +128,19 @@ class DPSGDClient(NumPyClient):
         lr = round_lr(cfg, server_round)
         seed = round_seed(cfg, p.client_id, server_round)  # plain SGD shuffling: no secret needed
         if self.private:
+            reason = record_delta_refusal(p.delta, self.num_train, self.context.node_config, cfg)
+            if reason is not None:
+                return [], 0, {**metrics, "status": "refused", "reason": reason}
             seed = noise_seed(cfg, p.client_id, server_round)  # DP noise + Poisson sampling: secret
             z = self.noise_multiplier()
             _, hist = self.load_history()
             rounds_done = int(read_record(self.context, STATE_KEY).get("rounds", 0))
-            q, steps = self.sample_rate(), self.steps_per_round()
-            eps_now = epsilon_of(hist, p.delta, cfg["accountant"])
-            eps_next = epsilon_of(hist + [(z, q, steps)], p.delta, cfg["accountant"])
+            q, steps, kind = self.sample_rate(), self.steps_per_round(), self.accountant()
+            eps_now = epsilon_of(hist, p.delta, kind)
+            eps_next = epsilon_of(hist + [(z, q, steps)], p.delta, kind)
             metrics.update({"noise_multiplier": z, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
-                            "reported_epsilon": p.reported_epsilon, "steps": sum(h[2] for h in hist)})
+                            "reported_epsilon": p.reported_epsilon, "steps": sum(h[2] for h in hist),
+                            "record_neighbours": str(cfg["record-neighbours"])})
             reason = budget_refusal(server_round, eps_next, p.epsilon, f"spent {eps_now:.4f} in {rounds_done} rounds")
             if reason is not None:
                 metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
@@ -138,7 +153,7 @@ class DPSGDClient(NumPyClient):
                                    f"accountant expected q={q}, {steps} steps")
             hist = hist + [(z, q, steps)]
             self.save_history(z, hist, rounds_done + 1)
-            metrics.update({"epsilon_spent": epsilon_of(hist, p.delta, cfg["accountant"]),
+            metrics.update({"epsilon_spent": epsilon_of(hist, p.delta, kind),
                             "steps": sum(h[2] for h in hist)})
         else:
             spec = LocalTraining(batch_size=p.batch_size, steps=self.steps_per_round(), lr=lr,
@@ -160,6 +175,18 @@ class DPSGDClient(NumPyClient):
         return evaluate_on_local_test(self.s, parameters)
 
 
+
+
+def record_delta_refusal(delta: float, num_records: int, node_config: Mapping[str, Any],
+                         cfg: Mapping[str, Any]) -> str | None:
+    """Why a record-level client with δ_i = ``delta`` over N_i = ``num_records`` records may not train: δ_i above
+    1/(10·N_i) without run-config ``allow-large-delta`` (None when it may). Checked by the client itself, so a
+    deployed SuperNode's node-config δ is covered as well as a simulation's run-config δ."""
+    if cfg.get("allow-large-delta", False) or num_records < 1 or delta <= max_delta(num_records):
+        return None
+    source = "node-config 'delta'" if "delta" in node_config else "run-config 'delta'"
+    return (f"{source} = {delta:g} is above 1/(10 N_i) = {max_delta(num_records):.3g} for this client's N_i = "
+            f"{num_records} records; set run-config 'allow-large-delta' = true to train with it anyway")
 
 
 def min_epsilon_profile(setup: ClientSetup) -> ClientSetup:

@@ -3,9 +3,11 @@
 Protects every record of the client's local data against the (untrusted) server and anyone
 who sees its messages: record-level local (ε_i, δ_i)-DP over ``dp-rounds`` rounds. Per-sample
 gradients are clipped to G = ``clip-norm``, Gaussian noise N(0, σ_p² I) is added on the client,
-and only the noisy estimator is (shift-)compressed. σ_p is calibrated once with the Opacus
-accountant (:func:`strategies.soteriafl.calibrate_sigma`); a round that would exceed ε_i is
-refused (``status = "refused"``).
+and only the noisy estimator is (shift-)compressed. σ_p is calibrated once with the accountant
+(:func:`strategies.soteriafl.calibrate_sigma`) under run-config ``record-neighbours`` (replace-one by
+default, dp_accounting's PLD: the client releases m = N_i; add-remove: ``accountant``), which the reply
+declares (``record_neighbours``) for the server's ledger; a round that would exceed ε_i is refused
+(``status = "refused"``), and so is every round when δ_i > 1/(10·m) unless ``allow-large-delta``.
 
 Persistent client state lives in Flower ``Context.state``: the shift s_i, the SVRG snapshot w
 and its full clipped gradient, the SAGA table (``ArrayRecord`` "soteriafl-arrays") and the
@@ -32,10 +34,11 @@ from fedapp.clients.common import (
     read_record,
     write_record,
 )
+from fedapp.clients.dpsgd import record_delta_refusal
 from fedapp.config import ConfigError
 from fedapp.training import get_weights, set_weights
 from strategies.compression import rand_k_omega
-from strategies.privacy.accountants import epsilon_of
+from strategies.privacy.accountants import epsilon_of, record_accountant
 from strategies.privacy.budget import budget_refusal
 from strategies.soteriafl import (
     ClientState,
@@ -108,13 +111,17 @@ class SoteriaFLClient(NumPyClient):
         return default_batch_size(self.method.estimator, self.m, epsilon=p.epsilon, delta=p.delta,
                                   clip=float(self.s.cfg["clip-norm"]), d=d, omega=omega, n=p.num_clients)
 
+    def accountant(self) -> str:
+        """The accountant of this client's ε: run-config ``accountant`` under ``record-neighbours``."""
+        return record_accountant(self.s.cfg["accountant"], self.s.cfg["record-neighbours"])
+
     def privacy(self, b: int) -> dict[str, Any]:
         """The privacy ledger; σ_p is calibrated on first use for ``dp-rounds`` rounds."""
         rec = read_record(self.context, PRIVACY_KEY)
         if "sigma_p" not in rec:
             cfg, p = self.s.cfg, self.s.profile
             sigma, split = calibrate_sigma(self.method.estimator, p.epsilon, p.delta, float(cfg["clip-norm"]), b,
-                                           self.m, cfg.dp_rounds, cfg["accountant"])
+                                           self.m, cfg.dp_rounds, self.accountant())
             rec = {"sigma_p": sigma, "split": split, "batch_size": b, "rounds": 0,
                    "sigma_theorem2": theorem2_sigma(self.method.estimator, p.epsilon, p.delta,
                                                     float(cfg["clip-norm"]), self.m, cfg.dp_rounds)}
@@ -126,7 +133,7 @@ class SoteriaFLClient(NumPyClient):
             return 0.0
         hist = noise_history(self.method.estimator, float(rec["sigma_p"]), float(self.s.cfg["clip-norm"]),
                              int(rec["batch_size"]), self.m, rounds, float(rec["split"]))
-        return epsilon_of(hist, self.s.profile.delta, self.s.cfg["accountant"])
+        return epsilon_of(hist, self.s.profile.delta, self.accountant())
 
     # ---- Flower API ----------------------------------------------------------------------
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:
@@ -140,6 +147,9 @@ class SoteriaFLClient(NumPyClient):
         if str(config.get("soteriafl-method", self.method.name)) != self.method.name:
             return [], 0, {**metrics, "status": "refused",
                            "reason": f"server runs {config.get('soteriafl-method')!r}, client {self.method.name!r}"}
+        reason = record_delta_refusal(p.delta, self.m, self.context.node_config, cfg)
+        if reason is not None:
+            return [], 0, {**metrics, "status": "refused", "reason": reason}
         d, k, omega, gamma = self.dims()
         b = self.batch_size(d, omega)
         if not 1 <= b <= self.m:
@@ -151,6 +161,7 @@ class SoteriaFLClient(NumPyClient):
         metrics.update({"batch_size": b, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
                         "reported_epsilon": p.reported_epsilon, "steps": done, "sigma_p": float(rec["sigma_p"]),
                         "sigma_theorem2": float(rec["sigma_theorem2"]), "noise_split": float(rec["split"]),
+                        "record_neighbours": str(cfg["record-neighbours"]),
                         # z of the (subsampled) minibatch term; SVRG/SAGA also have z₂ of the full-data term
                         "noise_multiplier": noise_history(self.method.estimator, float(rec["sigma_p"]),
                                                           float(cfg["clip-norm"]), b, self.m, 1,

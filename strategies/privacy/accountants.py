@@ -13,9 +13,23 @@ Implementations (:func:`get_accountant` by name):
 * ``prv``  — Opacus PRV (Gopi et al. 2021), Poisson sampling.
 * ``dpa-rdp`` — Google dp_accounting RDP, Poisson sampling (a cross-check of ``rdp``).
 * ``dpa-pld`` — Google dp_accounting privacy-loss distributions, Poisson sampling (tighter).
+* ``dpa-pld-replace-one`` — Google dp_accounting privacy-loss distributions, Poisson sampling,
+  *replace-one* neighbours (:class:`ReplaceOnePLD`). Record-level DP's default (run-config
+  ``record-neighbours``; :func:`record_accountant` maps a run's accountant and relation to a name).
 * :class:`WithoutReplacementRDP` — dp_accounting RDP for *fixed-size* sampling of r of n without
   replacement under the replace-one relation (Opacus has no such accountant). A replaced unit's
   clipped contribution can move the sum by 2C, so by default z is halved (``sensitivity_factor = 2``).
+
+Neighbouring relations. Add/remove-one (D′ = D ∪ {x} or D \\ {x}) is what Opacus' accountants and the
+client-level families compose; every accountant above except the replace-one ones is add/remove.
+Replace-one (|D′| = |D|, one record swapped) is the relation that fits a record-level client that
+releases its dataset size N_i (``num_examples``; q_i = 1/⌈N_i/b_i⌉ and the step count are functions of
+N_i): releasing N_i tells add/remove neighbours apart outright, so an add/remove guarantee says nothing
+about them, while replace-one neighbours have the same N_i. For the Poisson-subsampled Gaussian with
+per-record contributions of norm ≤ C, dp_accounting's replace-one analysis pairs the mixtures
+(1 − q)·N(0, σ²) + q·N(±C, σ²) — the same z = σ/C as under add/remove, about twice the ε. dp_accounting's
+RDP accountant refuses ``PoissonSampledDpEvent`` under ``REPLACE_ONE`` (0.6.0: add/remove or
+replace-special only), so replace-one is composed with its PLD accountant.
 """
 
 from __future__ import annotations
@@ -49,6 +63,8 @@ class Accountant(ABC):
     """ε of a history of subsampled-Gaussian steps at a given δ."""
 
     name: str = ""
+    #: the neighbouring relation the accountant composes (``add-remove`` unless it says otherwise)
+    relation: str = "add-remove"
 
     def epsilon(self, history: Iterable[Sequence[float]], delta: float) -> float:
         """ε spent by ``history`` at ``delta``: 0 for an empty history, ∞ when a step has no noise.
@@ -175,6 +191,7 @@ class WithoutReplacementRDP(Accountant):
     """
 
     name = "dpa-rdp-wor"
+    relation = "replace-one"
 
     def __init__(self, population: int, sensitivity_factor: float = 2.0) -> None:
         if population < 1:
@@ -204,9 +221,80 @@ class WithoutReplacementRDP(Accountant):
         return float(acc.get_epsilon(delta))
 
 
+#: record-level neighbouring relations (run-config ``record-neighbours``)
+REPLACE_ONE = "replace-one"
+ADD_REMOVE = "add-remove"
+RECORD_NEIGHBOURS: tuple[str, ...] = (REPLACE_ONE, ADD_REMOVE)
+
+#: the PLD grid of :class:`ReplaceOnePLD` (the same as :class:`DPAccountingPLD`'s default; pessimistic rounding,
+#: so a coarser grid only over-states ε: at the main job's (z, q, T) it agrees with 1e-4 to 1e-4 relative)
+REPLACE_ONE_PLD_INTERVAL = 1e-3
+
+
+@functools.lru_cache(maxsize=32)  # a PLD is a dense pmf (tens of kB to a few MB): keep few
+def _replace_one_step_pld(noise_multiplier: float, sample_rate: float, interval: float):
+    """dp_accounting's PLD of one Poisson-subsampled Gaussian step under replace-one neighbours (what its
+    ``PLDAccountant`` builds for ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``), cached per (z, q)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld_lib
+    from dp_accounting.privacy_accountant import NeighboringRelation
+
+    return pld_lib.from_gaussian_mechanism(standard_deviation=noise_multiplier, sampling_prob=sample_rate,
+                                           value_discretization_interval=interval,
+                                           neighboring_relation=NeighboringRelation.REPLACE_ONE)
+
+
+@functools.lru_cache(maxsize=8)
+def _replace_one_steps_pld(noise_multiplier: float, sample_rate: float, steps: int, interval: float):
+    return _replace_one_step_pld(noise_multiplier, sample_rate, interval).self_compose(steps)
+
+
+class ReplaceOnePLD(Accountant):
+    """Google dp_accounting's PLD accountant, Poisson sampling, *replace-one* neighbours.
+
+    The same computation as ``PLDAccountant(NeighboringRelation.REPLACE_ONE, interval).compose(event)``
+    (a test checks it against that accountant): one step's PLD per (z, q) with
+    ``from_gaussian_mechanism(..., neighboring_relation=REPLACE_ONE)``, self-composed ``steps`` times, the
+    history's entries composed. One step's PLD is cached per (z, q) and ε per (history, δ), so a client's
+    ε after each round (and the server's ledger) costs one self-composition, not a fresh accountant."""
+
+    name = "dpa-pld-replace-one"
+    relation = REPLACE_ONE
+
+    def __init__(self, value_discretization_interval: float = REPLACE_ONE_PLD_INTERVAL) -> None:
+        self.interval = float(value_discretization_interval)
+
+    def _epsilon(self, history: History, delta: float) -> float:
+        return _replace_one_epsilon(tuple(history), float(delta), self.interval)
+
+
+@functools.lru_cache(maxsize=4096)
+def _replace_one_epsilon(history: tuple[tuple[float, float, int], ...], delta: float, interval: float) -> float:
+    composed = None
+    for z, q, steps in history:
+        part = _replace_one_steps_pld(float(z), float(q), int(steps), interval)
+        composed = part if composed is None else composed.compose(part)
+    return float(composed.get_epsilon_for_delta(delta))  # type: ignore[union-attr]
+
+
 ACCOUNTANTS: dict[str, type[Accountant]] = {
-    cls.name: cls for cls in (OpacusRDP, OpacusPRV, DPAccountingRDP, DPAccountingPLD)
+    cls.name: cls for cls in (OpacusRDP, OpacusPRV, DPAccountingRDP, DPAccountingPLD, ReplaceOnePLD)
 }
+
+
+def record_accountant(accountant: str, relation: str) -> str:
+    """The accountant name for record-level DP with run-config ``accountant`` under neighbouring ``relation``.
+
+    ``add-remove``: ``accountant`` itself (Opacus RDP/PRV, dp_accounting RDP/PLD: all add/remove-one).
+    ``replace-one``: :class:`ReplaceOnePLD` whatever ``accountant`` names — Opacus' accountants (``rdp``,
+    ``prv``) compose add/remove only and dp_accounting's RDP has no replace-one analysis of Poisson
+    sampling, so the one standard replace-one accountant for the Poisson-subsampled Gaussian is
+    dp_accounting's PLD. The client-level families never call this: their neighbours are whole clients
+    added or removed, composed by ``accountant`` as before."""
+    if relation == ADD_REMOVE:
+        return accountant
+    if relation == REPLACE_ONE:
+        return ReplaceOnePLD.name
+    raise ValueError(f"unknown record-level neighbouring relation {relation!r}; valid: {list(RECORD_NEIGHBOURS)}")
 
 
 @functools.cache
@@ -225,7 +313,8 @@ def accountant_versions() -> str:
 
 @functools.cache
 def get_accountant(kind: str) -> Accountant:
-    """The Poisson-sampling accountant named ``kind`` (one of :data:`ACCOUNTANTS`)."""
+    """The Poisson-sampling accountant named ``kind`` (one of :data:`ACCOUNTANTS`; add/remove-one neighbours
+    except ``dpa-pld-replace-one``)."""
     if kind not in ACCOUNTANTS:
         raise ValueError(f"unknown accountant {kind!r}; valid: {sorted(ACCOUNTANTS)}")
     return ACCOUNTANTS[kind]()

@@ -12,7 +12,7 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from strategies.privacy.accountants import compact_history, epsilon_of
+from strategies.privacy.accountants import REPLACE_ONE, compact_history, epsilon_of, get_accountant
 
 
 def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: float = 1.0, rtol: float = 1e-3,
@@ -97,6 +97,11 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
                                kind: str = "rdp", rtol: float = 1e-3, prior: Iterable[Sequence[float]] = ()) -> float:
     """Smallest z such that ``prior + [(z, q, steps)]`` spends at most ``target_epsilon`` at ``delta``.
 
+    ``kind`` names the accountant, and with it the neighbouring relation: record-level callers pass
+    :func:`~strategies.privacy.accountants.record_accountant` of the run's ``accountant`` and
+    ``record-neighbours`` (the client's ``epsilon_spent`` and the server's ledger compose with the same name);
+    the client-level families pass ``accountant`` itself (add/remove of whole clients), as before.
+
     Memoized per process: clients of one simulation actor with the same (ε, δ, q, steps) — e.g. every
     client under ``privacy-dist = fixed`` with one batch size — calibrate once."""
     return _calibrate_z(float(target_epsilon), float(delta), float(sample_rate), int(steps), str(kind), float(rtol),
@@ -116,5 +121,7 @@ def _calibrate_z(target_epsilon: float, delta: float, sample_rate: float, steps:
     # moments-accountant estimate z ≈ q·√(2T·log(1/δ))/ε (Abadi et al. 2016, Thm 1): starts the search
     # within a few percent of the answer, away from small z where Opacus' series converge slowly
     start = max(sample_rate * math.sqrt(2.0 * steps * math.log(1.0 / delta)) / target_epsilon, 0.05)
+    if get_accountant(kind).relation == REPLACE_ONE:
+        start *= 1.8  # a swapped record moves the sum by 2C: ~1.8x the add/remove z (docs/privacy.md's table)
     return calibrate(lambda z: epsilon_of(base + [(z, sample_rate, steps)], delta, kind), target_epsilon,
                      start=start, rtol=rtol, what=f"noise multiplier (delta={delta}, {steps} steps at q={sample_rate})")

@@ -14,6 +14,13 @@ Two kinds of charges:
   DP with Poisson sampling: every client accrues ε each round, sampled or not).
 
 A client's ε is the composition of its own charges and the population's.
+
+Neighbouring relation. A record-level charge names the relation it is composed under (``relation``:
+``add-remove`` or ``replace-one``, run-config ``record-neighbours``); the ledger maps the run's
+``accountant`` and that relation to one accountant (:func:`~strategies.privacy.accountants.record_accountant`),
+the very mapping the client used for its own ε, so the two agree. Charges without a relation, and the
+population's (client-level DP: whole clients added or removed), are add/remove under ``accountant``, as
+before. A client's relation is fixed by its first charge.
 """
 
 from __future__ import annotations
@@ -22,7 +29,15 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from strategies.privacy.accountants import History, compact_history, epsilon_of
+from strategies.privacy.accountants import (
+    ADD_REMOVE,
+    RECORD_NEIGHBOURS,
+    REPLACE_ONE,
+    History,
+    compact_history,
+    epsilon_of,
+    record_accountant,
+)
 
 
 class PrivacyLedger:
@@ -35,12 +50,22 @@ class PrivacyLedger:
         self.deltas: dict[int, float] = {}
         self.population: History = []
         self.population_delta: float | None = None
+        self.relations: dict[int, str] = {}  # client_id -> record-level relation of its charges (absent: add/remove)
         self._cache: dict[int, float] = {}
 
     # ---- charging --------------------------------------------------------------------
-    def charge(self, client_id: int, history: Iterable[Sequence[float]], delta: float) -> None:
+    def charge(self, client_id: int, history: Iterable[Sequence[float]], delta: float,
+               relation: str = ADD_REMOVE) -> None:
+        """Charge ``history`` at ``delta`` to ``client_id``, composed under the record-level ``relation``
+        (a ``ValueError`` when it differs from the relation of the client's earlier charges)."""
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
+        record_accountant(self.accountant, relation)  # an unknown relation raises here
+        if self.relation(client_id) != relation and self.histories.get(client_id):
+            raise ValueError(f"client {client_id} was charged under {self.relation(client_id)!r} neighbours, "
+                             f"not {relation!r}")
+        if relation != ADD_REMOVE:
+            self.relations[client_id] = relation
         self.histories[client_id] = compact_history(self.histories.get(client_id, []) + list(history))
         self.deltas[client_id] = float(delta)
         self._cache.pop(client_id, None)
@@ -52,6 +77,28 @@ class PrivacyLedger:
         self.population_delta = float(delta)
         self._cache.clear()
 
+    def relation(self, client_id: int) -> str:
+        """The record-level relation ``client_id``'s charges are composed under (``add-remove`` by default)."""
+        return self.relations.get(client_id, ADD_REMOVE)
+
+    def declared_relation(self, client_id: int, declared: Any) -> str:
+        """The relation to charge a record-level reply under: what it declares (metric ``record_neighbours``),
+        replace-one when it declares none; a ``ValueError`` for an unknown relation or one that differs from
+        the relation of the client's earlier charges (fixed at first contact, like its noise)."""
+        relation = REPLACE_ONE if declared is None else declared
+        if not isinstance(relation, str) or relation not in RECORD_NEIGHBOURS:
+            text = repr(relation)
+            raise ValueError(f"declared record_neighbours = {text if len(text) <= 60 else text[:57] + '...'} is "
+                             f"not one of {list(RECORD_NEIGHBOURS)}")
+        if self.histories.get(client_id) and self.relation(client_id) != relation:
+            raise ValueError(f"declared record_neighbours = {relation!r} differs from the "
+                             f"{self.relation(client_id)!r} client {client_id} was charged under")
+        return relation
+
+    def accountant_for(self, client_id: int) -> str:
+        """The accountant that composes ``client_id``'s ε: ``accountant`` under its relation."""
+        return record_accountant(self.accountant, self.relation(client_id))
+
     def register(self, client_id: int) -> None:
         """Make a client known (its ε is then at least the population's)."""
         self.histories.setdefault(client_id, [])
@@ -62,7 +109,8 @@ class PrivacyLedger:
         if client_id not in self._cache:
             hist = self.population + self.histories.get(client_id, [])
             delta = self.deltas.get(client_id, self.population_delta)
-            self._cache[client_id] = 0.0 if not hist or delta is None else epsilon_of(hist, delta, self.accountant)
+            self._cache[client_id] = 0.0 if not hist or delta is None else epsilon_of(
+                hist, delta, self.accountant_for(client_id))
         return self._cache[client_id]
 
     def population_epsilon(self) -> float:
@@ -95,12 +143,14 @@ class PrivacyLedger:
         return {"accountant": self.accountant,
                 "histories": {str(k): [list(h) for h in v] for k, v in self.histories.items()},
                 "deltas": {str(k): v for k, v in self.deltas.items()},
+                "relations": {str(k): v for k, v in self.relations.items()},
                 "population": [list(h) for h in self.population], "population_delta": self.population_delta}
 
     def load(self, state: Mapping[str, Any]) -> None:
         self.accountant = str(state.get("accountant", self.accountant))
         self.histories = {int(k): compact_history(v) for k, v in dict(state.get("histories", {})).items()}
         self.deltas = {int(k): float(v) for k, v in dict(state.get("deltas", {})).items()}
+        self.relations = {int(k): str(v) for k, v in dict(state.get("relations", {})).items()}  # older: add/remove
         self.population = compact_history(state.get("population", []))
         pd = state.get("population_delta")
         self.population_delta = None if pd is None else float(pd)

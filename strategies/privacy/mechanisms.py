@@ -22,6 +22,8 @@ import numpy as np
 from strategies.privacy.accountants import epsilon_of
 from strategies.privacy.calibration import calibrate_noise_multiplier
 
+#: whom a client-level budget holds against (:class:`ClientLevelDP`)
+ADVERSARIES = ("server", "release")
 #: t of the norm allowance ‖noise‖ ≤ s(√k + t): a legitimate update exceeds it with probability ≤ e^(−t²/2)
 NORM_ALLOWANCE_SIGMAS = 12.0
 
@@ -60,11 +62,16 @@ class ClientLevelDP:
     ``noise_multiplier`` σ applies to the sum of ``clients_per_round`` clipped updates; clients are
     sampled with rate q = r/n each round for ``rounds`` rounds.
 
-    ``secure_aggregation`` says which guarantee the budget is for. True: the server sees only the sum
+    ``secure_aggregation`` says which multiplier the budget is for. True: the server sees only the sum
     (SecAgg+), ε is the aggregate's (multiplier σ), and each client adds C·σ/√r_t with r_t the round's
     sampled count so the sum always carries σC. False: the server sees every update, ε is one update's
-    (multiplier σ/√r), and each client adds the fixed C·σ/√r — budgets then hold against the server, at
-    the price of √r times the noise of the aggregate for the same ε.
+    (multiplier σ/√r), and each client adds the fixed C·σ/√r, at the price of √r times the noise of the
+    aggregate for the same ε.
+
+    ``adversary`` says against whom. ``"server"``: the server draws the sample and sees who replies, so a
+    round in which a client takes part is an unamplified Gaussian for it; the budget composes T such rounds
+    (q = 1, every client could be sampled every round). ``"release"``: whoever sees only the released
+    models, amplified by secret Poisson sampling at q = r/n (the papers' accounting).
     """
 
     noise_multiplier: float
@@ -75,10 +82,13 @@ class ClientLevelDP:
     delta: float
     accountant: str = "rdp"
     secure_aggregation: bool = True
+    adversary: str = "server"
 
     def __post_init__(self) -> None:
         if not 0 < self.clients_per_round <= self.num_clients:
             raise ValueError(f"clients per round r={self.clients_per_round} must be in 1..n={self.num_clients}")
+        if self.adversary not in ADVERSARIES:
+            raise ValueError(f"adversary must be one of {ADVERSARIES}, got {self.adversary!r}")
         if self.noise_multiplier < 0 or self.clip <= 0 or self.rounds <= 0 or not 0 < self.delta < 1:
             raise ValueError(f"invalid client-level DP parameters: {self}")
 
@@ -86,6 +96,11 @@ class ClientLevelDP:
     def sample_rate(self) -> float:
         """q = r / n."""
         return self.clients_per_round / self.num_clients
+
+    @property
+    def accounted_sample_rate(self) -> float:
+        """The sampling rate the budget composes: 1 against the server that draws the sample, q otherwise."""
+        return 1.0 if self.adversary == "server" else self.sample_rate
 
     @property
     def per_client_std(self) -> float:
@@ -121,29 +136,40 @@ class ClientLevelDP:
         return self.noise_multiplier if self.secure_aggregation else self.individual_noise_multiplier
 
     def epsilon(self, rounds_done: int | None = None) -> float:
-        """ε of the guarantee the mechanism is for (aggregate with secure aggregation, one update without)
-        after ``rounds_done`` rounds (default: all planned rounds)."""
+        """ε of the guarantee the budget is for (the aggregate's multiplier with secure aggregation, one
+        update's without; against :attr:`adversary`) after ``rounds_done`` rounds (default: all planned)."""
         t = self.rounds if rounds_done is None else rounds_done
-        return epsilon_of([(self.budget_noise_multiplier, self.sample_rate, t)], self.delta, self.accountant)
+        return epsilon_of([(self.budget_noise_multiplier, self.accounted_sample_rate, t)], self.delta,
+                          self.accountant)
 
     def epsilon_aggregate(self, rounds_done: int | None = None) -> float:
-        """ε against an observer of the sum only (multiplier σ), same q and T."""
+        """ε against an observer of the sum only (multiplier σ), same accounted q and T."""
+        t = self.rounds if rounds_done is None else rounds_done
+        return epsilon_of([(self.noise_multiplier, self.accounted_sample_rate, t)], self.delta, self.accountant)
+
+    def epsilon_individual(self, rounds_done: int | None = None) -> float:
+        """ε against a server that sees each noisy update alone (multiplier σ/√r), same accounted q and T."""
+        t = self.rounds if rounds_done is None else rounds_done
+        return epsilon_of([(self.individual_noise_multiplier, self.accounted_sample_rate, t)], self.delta,
+                          self.accountant)
+
+    def epsilon_vs_release(self, rounds_done: int | None = None) -> float:
+        """ε against whoever sees only the released models: the sum's multiplier σ, amplified at q = r/n."""
         t = self.rounds if rounds_done is None else rounds_done
         return epsilon_of([(self.noise_multiplier, self.sample_rate, t)], self.delta, self.accountant)
 
-    def epsilon_individual(self, rounds_done: int | None = None) -> float:
-        """ε against a server that sees each noisy update alone (multiplier σ/√r), same q and T."""
-        t = self.rounds if rounds_done is None else rounds_done
-        return epsilon_of([(self.individual_noise_multiplier, self.sample_rate, t)], self.delta, self.accountant)
-
     @classmethod
     def calibrated(cls, target_epsilon: float, *, clip: float, clients_per_round: int, num_clients: int, rounds: int,
-                   delta: float, accountant: str = "rdp", secure_aggregation: bool = True) -> ClientLevelDP:
-        """σ such that T rounds at q = r/n spend ``target_epsilon`` (to 0.1 %) for the guarantee the mechanism
-        is for: the aggregate's multiplier σ, or one update's σ/√r without secure aggregation."""
-        z = calibrate_noise_multiplier(target_epsilon, delta, clients_per_round / num_clients, rounds, accountant)
+                   delta: float, accountant: str = "rdp", secure_aggregation: bool = True,
+                   adversary: str = "server") -> ClientLevelDP:
+        """σ such that T rounds at the accounted q (1 against the server, r/n against observers of the release)
+        spend ``target_epsilon`` (to 0.1 %) for the multiplier the budget is for: the aggregate's σ, or one
+        update's σ/√r without secure aggregation."""
+        q = 1.0 if adversary == "server" else clients_per_round / num_clients
+        z = calibrate_noise_multiplier(target_epsilon, delta, q, rounds, accountant)
         sigma = z if secure_aggregation else z * math.sqrt(clients_per_round)
-        return cls(sigma, clip, clients_per_round, num_clients, rounds, delta, accountant, secure_aggregation)
+        return cls(sigma, clip, clients_per_round, num_clients, rounds, delta, accountant, secure_aggregation,
+                   adversary)
 
 
 @functools.lru_cache(maxsize=4096)

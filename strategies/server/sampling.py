@@ -2,7 +2,9 @@
 
 * ``fixed``   exactly r of the n available clients, uniformly without replacement;
 * ``poisson`` every available client independently with probability q = r/n (the sampling the
-  Poisson subsampled-Gaussian accountant composes; the realized r_t varies);
+  Poisson subsampled-Gaussian accountant composes; the realized r_t varies). With ``fixed_rate`` set
+  (client-level DP: q = r/n of the registered federation), q does not grow when clients are unavailable
+  or excluded: they count as sampled and dropped;
 * r = 0 or r ≥ n: every client, every round.
 
 Secret by default: the generator is seeded from OS entropy, so no one who knows the run seed can
@@ -35,6 +37,9 @@ class ClientSampler:
         self.mode = mode
         self.seed = seed
         self.rng = np.random.default_rng()  # OS entropy
+        #: Poisson rate fixed for the run (q = r/n over the registered federation): the accountant's q holds
+        #: whatever is available, and a client that is not available counts as sampled and dropped
+        self.fixed_rate: float | None = None
 
     @property
     def secret(self) -> bool:
@@ -51,6 +56,11 @@ class ClientSampler:
     def sample(self, server_round: int, candidates: Sequence[T]) -> list[T]:
         """The round's clients among ``candidates`` (given in a stable order), in that order."""
         n, r = len(candidates), self.clients_per_round
+        if self.mode == "poisson" and self.fixed_rate is not None:
+            if self.fixed_rate >= 1.0:
+                return list(candidates)
+            chosen = np.flatnonzero(self._rng(server_round).random(n) < self.fixed_rate)
+            return [candidates[int(i)] for i in chosen]
         if r == 0 or r >= n:
             return list(candidates)
         rng = self._rng(server_round)
