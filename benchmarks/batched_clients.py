@@ -2,7 +2,7 @@
 
     python -m benchmarks.batched_clients [--clients 20] [--samples 300] [--repeats 3] [--device cpu|cuda]
 
-The cohort is issue 15's 20-client MNIST federation (shards, batch sizes drawn from 16/32/64/128 as under
+The cohort is the 20-client MNIST federation of benchmarks/speed.py (shards, batch sizes drawn from 16/32/64/128 as under
 dist2, clip 3, one local epoch; ``digits`` when ../shared/data has no MNIST). Both paths start from the same
 global model with the same per-client seeds; the script prints the per-round time of each path, their
 ratio measured within this run, and the largest weight difference between the paths (they compute the same

@@ -1,4 +1,4 @@
-"""Foundation benchmarks (issue 2): DP-SGD step cost, simulation overhead, peak memory, MNIST accuracy.
+"""Foundation benchmarks: DP-SGD step cost, simulation overhead, peak memory, MNIST accuracy.
 
     python -m benchmarks.foundation step       [--quick]   # DP-SGD ÷ non-private step time per Opacus mode
     python -m benchmarks.foundation overhead   [--quick]   # Flower simulation wall ÷ summed client training

@@ -1,4 +1,4 @@
-"""Side by side with Apple's pfl-research (issue #15, item 2): this project's ``dp-fedavg`` vs pfl's
+"""Side by side with Apple's pfl-research: this project's ``dp-fedavg`` vs pfl's
 FederatedAveraging + central Gaussian mechanism on the same MNIST task, in wall time and memory.
 
     .venv/bin/python -m benchmarks.peer_pfl [--rounds 30] [--repeats 3] [--pfl-python /work/pfl-venv/bin/python]
@@ -352,7 +352,7 @@ def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: st
                 f"| peak PSS Σ | {peak:.2f} GB | {_med(pfl, 'peak_bytes') / 1e9:.2f} GB | {ratio('peak_bytes')} |",
                 f"| CPU s (sampled) | {_med(ours, 'cpu_seconds'):.0f} | {_med(pfl, 'cpu_seconds'):.0f} | "
                 f"{ratio('cpu_seconds')} |", "",
-                f"Targets (issue #15), {label}: wall ≤ {TARGET_WALL_RATIO:.1f}× pfl: "
+                f"Targets, {label}: wall ≤ {TARGET_WALL_RATIO:.1f}× pfl: "
                 f"{'met' if wall_ratio <= TARGET_WALL_RATIO else 'not met'} ({wall_ratio:.2f}×"
                 f"{', not meaningful: busy machine' if busiest > QUIET_LOAD else ''}); "
                 f"peak summed memory ≤ {TARGET_PEAK_GB} GB: {'met' if peak <= TARGET_PEAK_GB else 'not met'} "

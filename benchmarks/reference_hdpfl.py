@@ -1,4 +1,4 @@
-"""Robust-HDP: this project's aggregation weights against the authors' reference code on the same updates (issue #19).
+"""Robust-HDP: this project's aggregation weights against the authors' reference code on the same updates.
 
 Reference: github.com/Saber-mm/HDPFL. Its ``utils/aggregate.py`` class ``R_pca`` (Principal Component Pursuit by
 ADMM with a fixed μ = pn / (4‖M‖₁), ``np.linalg.norm(M, ord=1)`` = the largest column ℓ1 norm, λ = 1/√max(p, n))

@@ -1,4 +1,4 @@
-"""SoteriaFL: this project's math against the authors' reference numpy code, on identical inputs (issue #19, item 4).
+"""SoteriaFL: this project's math against the authors' reference numpy code, on identical inputs.
 
 Reference: github.com/haoyuzhao123/soteriafl (``optimizers.py``: ``SoteriaFL``, ``CDP_SGD``; notebook
 ``SoteriaFL_a9a.ipynb``) on top of its dependency github.com/liboyue/Network-Distributed-Algorithm (``nda``:

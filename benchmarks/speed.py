@@ -1,4 +1,4 @@
-"""Speed and footprint (issue 15): start-up, per-mode DP-SGD step cost, federations of 100 and 1,000 clients.
+"""Speed and footprint: start-up, per-mode DP-SGD step cost, federations of 100 and 1,000 clients.
 
     python -m benchmarks.speed startup [--rounds 5]          # round-1 start-up, cold vs warm shared cache
     python -m benchmarks.speed modes   [--batch 64]          # per model: each Opacus mode, auto's pick, DP ÷ plain
@@ -25,7 +25,7 @@ DATA_DIR = str((REPO.parent / "shared" / "data").resolve())
 STARTUP_TARGET_S = 5.0
 MEMORY_TARGET_GB = 1.5
 
-# the 20-client MNIST federation of issue 15: shards, dist2, heterogeneous batch sizes, 300 training samples a client
+# the 20-client MNIST federation: shards, dist2, heterogeneous batch sizes, 300 training samples a client
 MNIST_FEDERATION = ("strategy='dpsgd-fedavg' dataset='mnist' data-dir='{data}' partitioner='shards' "
                     "privacy-dist='dist2' batch-size-choices='16,32,64,128' clip-norm=3.0 lr=0.05 max-samples=7500 "
                     "fraction-evaluate=0.0 num-server-rounds={rounds} output-dir='{out}' run-name='{name}'")

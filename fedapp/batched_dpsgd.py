@@ -1,4 +1,4 @@
-"""Many clients' DP-SGD in one batched step (``torch.func``): issue 15's multi-client path.
+"""Many clients' DP-SGD in one batched step (``torch.func``): the multi-client path.
 
 Clients that share a model architecture train in lockstep. Their parameters are stacked ``[K, ...]``;
 per-sample gradients come from ``vmap`` over clients of ``vmap`` over samples of ``grad(ℓ)``; each client

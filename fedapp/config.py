@@ -436,22 +436,24 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-README_START, README_END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+TABLE_START, TABLE_END = "<!-- config-table:start -->", "<!-- config-table:end -->"
+#: the generated reference (``python -m fedapp.config --write-docs``)
+CONFIG_DOC = "docs/config.md"
 
 
-def readme_with_table(readme: str) -> str:
-    """``readme`` with the generated config table between the markers."""
-    head, _, rest = readme.partition(README_START)
-    _, _, tail = rest.partition(README_END)
-    return f"{head}{README_START}\n{markdown_table()}\n{README_END}{tail}"
+def doc_with_table(doc: str) -> str:
+    """``doc`` with the generated config table between the markers."""
+    head, _, rest = doc.partition(TABLE_START)
+    _, _, tail = rest.partition(TABLE_END)
+    return f"{head}{TABLE_START}\n{markdown_table()}\n{TABLE_END}{tail}"
 
 
 if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    if "--write-readme" in sys.argv:
-        path = Path(__file__).resolve().parents[1] / "README.md"
-        path.write_text(readme_with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
+    if "--write-docs" in sys.argv:
+        path = Path(__file__).resolve().parents[1] / CONFIG_DOC
+        path.write_text(doc_with_table(path.read_text(encoding="utf-8")), encoding="utf-8")
     else:
         print(markdown_table())

@@ -1,11 +1,11 @@
-"""Give freed heap memory back to the OS after each message a ClientApp handles (issue 15: footprint).
+"""Give freed heap memory back to the OS after each message a ClientApp handles.
 
 A client's fit allocates and frees tens of MB (its data copy, batches, activations, Opacus' per-sample
 gradients). glibc keeps freed chunks in the process's heap for reuse, and a long-lived Ray actor that has
 trained many clients keeps the high-water mark of all of them resident. ``malloc_trim(0)`` returns every free
 page of the heap to the kernel (``madvise``), which is what a process that exits would have done; the next fit
 faults in what it needs again. On other C libraries (macOS, musl) it is a no-op, and ``DPFL_HEAP_TRIM=off`` turns
-it off (to measure what it costs: docs/benchmarks.md, issue 15 session 9).
+it off (to measure what it costs: docs/benchmarks.md).
 """
 
 from __future__ import annotations

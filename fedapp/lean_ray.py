@@ -1,4 +1,4 @@
-"""A local Ray head without the daemons and workers a simulation never uses (issue 15).
+"""A local Ray head without the daemons and workers a simulation never uses.
 
 ``ray.init()`` on a machine with no cluster starts, besides the GCS and the raylet a simulation needs, the
 autoscaler monitor (nothing to autoscale on one machine), the log monitor (it streams worker logs to the driver,

@@ -133,7 +133,7 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
         batch = int(cfg["batch-size"])
     else:
         batch = int(sample_batch_sizes(parse_int_list("batch-size-choices", cfg["batch-size-choices"]), n, seed)[cid])
-        batch = min(batch, _train_size(cfg, n, cid) or batch)  # a drawn b_i never exceeds N_i (issue 17)
+        batch = min(batch, _train_size(cfg, n, cid) or batch)  # a drawn b_i never exceeds N_i
     delta = float(cfg["delta"])
     epochs = int(cfg["local-epochs"])
     if "epsilon" in node_config:

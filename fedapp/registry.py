@@ -49,7 +49,7 @@ _SPECS: list[StrategySpec] = [
                  "fedapp.factories:make_dpsgd_client",
                  tm.RECORD_LOCAL_DPSGD,
                  "DPFedAvg (Noble et al.): DP-SGD clients, w_i ∝ N_i"),
-    # --- Robust-HDP family (issue 3) -------------------------------------------------
+    # --- Robust-HDP family -------------------------------------------------------
     StrategySpec("robust-hdp", "robust-hdp", "fedapp.factories:build_robust_hdp",
                  "fedapp.factories:make_dpsgd_client",
                  tm.RECORD_LOCAL_DPSGD,
@@ -64,7 +64,7 @@ _SPECS: list[StrategySpec] = [
                  "fedapp.factories:make_min_eps_client",
                  tm.RECORD_LOCAL_MIN_EPS,
                  "minimum-ε: every client trains with min_j ε_j, w_i ∝ N_i"),
-    # --- Fed-SMP family (issue 4) ----------------------------------------------------
+    # --- Fed-SMP family ----------------------------------------------------------
     StrategySpec("dp-fedavg", "fed-smp", "fedapp.factories:build_dp_fedavg",
                  "fedapp.factories:make_client_dp_client",
                  tm.CLIENT_LEVEL_LOCAL_NOISE,
@@ -83,7 +83,7 @@ _SPECS: list[StrategySpec] = [
     StrategySpec("fedavg-topk", "fed-smp", "fedapp.factories:build_fedavg_topk",
                  "fedapp.factories:make_compressed_client", tm.NONE_SPARSIFIED,
                  "FedAvg-top_k: Fed-SMP top_k without noise (server public-set mask, clip)"),
-    # --- SoteriaFL family (issue 5) --------------------------------------------------
+    # --- SoteriaFL family --------------------------------------------------------
     StrategySpec("soteriafl-sgd", "soteriafl", "fedapp.factories:build_soteriafl",
                  "fedapp.factories:make_soteriafl_client",
                  tm.RECORD_LOCAL_SOTERIAFL,
@@ -112,7 +112,7 @@ _SPECS: list[StrategySpec] = [
                  "fedapp.factories:make_soteriafl_client",
                  tm.RECORD_LOCAL_SOTERIAFL,
                  "LDP-SVRG (Sec. 6 baseline): SVRG estimator, no compression"),
-    # --- DP2-FedSAM family (issue 6) -------------------------------------------------
+    # --- DP2-FedSAM family -------------------------------------------------------
     StrategySpec("dp2-fedsam", "dp2-fedsam", "fedapp.factories:build_dp2_fedsam",
                  "fedapp.factories:make_dp2_fedsam_client",
                  tm.CLIENT_LEVEL_PERSONALIZED,

@@ -4,11 +4,10 @@
 default SuperLink engine, on the same Flower Simulation Engine (one Ray actor per ``--num-cpus`` of the
 machine), from the same validated run-config. What it leaves out are the three Flower processes that
 stand between the launcher and the ServerApp — ``flower-superlink``, its ``flower-superexec`` and
-``flwr run --stream`` (~0.29 GB together at the peak, session 8) — and
+``flwr run --stream`` (~0.29 GB together at the peak) — and
 their start-up (~4 s outside rounds). Both engines start their Ray head lean (:mod:`fedapp.lean_ray`: no
 autoscaler monitor, log monitor, dashboard API server or prestarted idle workers): here around
-``run_simulation``, in the SuperLink engine inside Flower's ``flwr-simulation``. Measured in docs/benchmarks.md
-(issue 15, sessions 8 to 10).
+``run_simulation``, in the SuperLink engine inside Flower's ``flwr-simulation``. Measured in docs/benchmarks.md.
 
 What it does not give: the run is not registered in a SuperLink (no ``flwr ls`` / ``flwr log``), and the
 app runs from this source tree rather than from an installed FAB. Privacy is unchanged: the strategies,

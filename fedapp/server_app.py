@@ -124,7 +124,7 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
                           prevalidate=make_prevalidate(cfg))
     strategy = spec.strategy_factory()(cfg, ctx)
     check_fault_config(cfg)
-    remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults (issue 7)
+    remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults
     return ServerAppComponents(strategy=strategy, config=ServerConfig(
         num_rounds=remaining, round_timeout=float(cfg["round-timeout"]) or None))
 

@@ -1,4 +1,4 @@
-"""Checkpoint format, strategy state round trip and an interrupted + resumed run (issue 7)."""
+"""Checkpoint format, strategy state round trip and an interrupted + resumed run."""
 
 from __future__ import annotations
 
@@ -230,7 +230,7 @@ def test_interrupted_and_resumed_run_equals_uninterrupted(tmp_path) -> None:
     from conftest import read_rounds, run_small_simulation
 
     # one fixed Opacus mode: "auto" picks the fastest by timing, in each actor until the cache has a pick, and two
-    # modes agree only to the last float bit, which this bitwise comparison would see (a CI run did, session 10)
+    # modes agree only to the last float bit, which this bitwise comparison would see (a fresh-clone CI run did)
     base = {"strategy": "dpsgd-fedavg", "seed": 5, "seeded-noise": True, "max-samples": 450, "batch-size": 16, "dp-rounds": 3,
             "privacy-dist": "fixed", "epsilon": 2.0, "fraction-evaluate": 0.0, "grad-sample-mode": "hooks"}
     full = run_small_simulation({**base, "num-server-rounds": 3, "output-dir": str(tmp_path / "full"),

@@ -169,11 +169,11 @@ def test_falsified_epsilon_is_reported_not_trained_with():
 import numpy as np  # noqa: E402
 
 
-def test_readme_config_table_is_generated_from_schema():
-    from fedapp.config import readme_with_table
+def test_config_reference_is_generated_from_schema():
+    from fedapp.config import CONFIG_DOC, TABLE_START, doc_with_table
 
-    readme = (REPO / "README.md").read_text()
-    assert readme == readme_with_table(readme), "run: python -m fedapp.config --write-readme"
+    doc = (REPO / CONFIG_DOC).read_text()
+    assert TABLE_START in doc and doc == doc_with_table(doc), "run: python -m fedapp.config --write-docs"
 
 
 @pytest.mark.parametrize("strategy,key,value,unused", [

@@ -1,4 +1,4 @@
-"""Issue 17: crash-consistent resume with real processes, the commit order, and scale-safe defaults."""
+"""Crash-consistent resume with real processes, the commit order, and scale-safe defaults."""
 
 from __future__ import annotations
 

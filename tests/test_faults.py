@@ -1,4 +1,4 @@
-"""Fault injection, the lost-accountant guard and a 20 %-failing federation (issue 7)."""
+"""Fault injection, the lost-accountant guard and a 20 %-failing federation."""
 
 from __future__ import annotations
 
@@ -194,7 +194,7 @@ def test_family_strategies_aggregate_the_returned_subset(name: str) -> None:
     assert any(np.any(a != b) for a, b in zip(weights, strat.current_weights))
 
 
-# ----------------------------------------------------------------------------- crash-consistent client journal (#17)
+# ----------------------------------------------------------------------------- crash-consistent client journal
 def _journal_ins(rnd: int, weights: float, committed: int | None) -> FitIns:
     config = {"server-round": rnd, "run-lineage": "runJ"}
     if committed is not None:

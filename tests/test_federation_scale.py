@@ -1,4 +1,4 @@
-"""Building the profiles of an n-client federation is linear in n (issue 15, item 3): every client's
+"""Building the profiles of an n-client federation is linear in n: every client's
 profile used to re-derive all n train sizes and all n ε draws — 53 s of the launcher's dry run at n = 1,000."""
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def test_bad_config_fails_before_anything_starts(tmp_path):
     assert _flower_processes(str(tmp_path)) == set()
 
 
-# ----------------------------------------------------------------------------- the launcher owns its run (#17, #18)
+# ----------------------------------------------------------------------------- the launcher owns its run
 def test_empty_data_dir_is_a_clear_error_and_nothing_is_downloaded_or_created(tmp_path):
     empty = tmp_path / "data"
     empty.mkdir()
