@@ -97,3 +97,23 @@ def test_a_dropout_is_survived_and_the_noise_left_in_the_sum_is_accounted(tmp_pa
     assert summary["max_epsilon_vs_server"] == max(c["epsilon_vs_server"] for r in rounds for c in r["clients"]
                                                    if c.get("epsilon_vs_server") is not None)
     assert summary["max_epsilon_vs_release"] == pytest.approx(rounds[-1]["metrics"]["epsilon"])
+
+
+@pytest.mark.slow
+def test_a_sum_the_budget_cannot_pay_for_is_never_reconstructed(tmp_path: Path) -> None:
+    """Half the sampled clients drop out every round, so each sum carries σ/√2 instead of σ. The budget is planned
+    for T = 3 rounds at σ (Σ 1/z² = 3): round 1 costs 2, and round 2's sum would bring it to 4 — the SecAgg+
+    workflow asks the strategy before its unmask stage, which then never runs, and nothing is charged."""
+    run = simulate(tmp_path, {"strategy": "dp-fedavg", "fault-fraction": 0.5, "fault-mode": "raise",
+                              "secure-aggregation": True, "num-server-rounds": 3})
+    rounds = rounds_of(run)
+    first, later = rounds[0], rounds[1:]
+    assert first["metrics"]["clients_ok"] == 2
+    assert first["metrics"]["noise_multiplier_effective"] == pytest.approx(1.0 / math.sqrt(2))
+    for rec in later:
+        assert rec["metrics"].get("sum_reconstructed") is False and rec["metrics"]["round_withheld"]
+        withheld = [c for c in rec["clients"] if c["status"] == "withheld"]
+        assert len(withheld) == 2 and all("budget" in c["reason"] for c in withheld)
+    spent = DPAccountingRDP().epsilon([(1.0 / math.sqrt(2), 1.0, 1)], first["metrics"]["delta"])
+    assert rounds[-1]["metrics"]["epsilon"] == pytest.approx(spent, rel=0.01)  # round 1 only
+    assert rounds[-1]["metrics"]["epsilon"] <= first["metrics"]["epsilon_budget"]
