@@ -21,6 +21,7 @@ place, so a reader never sees a half-written entry and concurrent writers cannot
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +45,21 @@ def cache_dir() -> Path | None:
     except OSError:
         return None
     return base if os.access(base, os.W_OK) else None
+
+
+@functools.cache
+def library_versions(*packages: str) -> str:
+    """``name=version`` of each installed package (``-`` when absent): part of a cache key whenever those
+    packages produce what is cached, so an upgrade rebuilds it instead of reusing another version's output."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in packages:
+        try:
+            out.append(f"{name}={version(name)}")
+        except PackageNotFoundError:
+            out.append(f"{name}=-")
+    return ",".join(out)
 
 
 def fingerprint(files: Iterable[Path], *extra: object) -> str:

@@ -7,7 +7,7 @@ import hashlib
 
 import numpy as np
 
-from fedapp.cache import cached_arrays, release_mapped_pages
+from fedapp.cache import cached_arrays, library_versions, release_mapped_pages
 from fedapp.config import RunConfig
 from fedapp.data import ArrayDataset, load_dataset
 from fedapp.partition import partition, train_test_split_local, train_validation_split_local
@@ -62,7 +62,8 @@ def _partitions(dataset: str, data_dir: str, max_samples: int, method: str, num_
     cfg = {"dataset": dataset, "data-dir": data_dir, "max-samples": max_samples, "seed": seed,
            "public-samples": public_samples}
     pool = training_pool(cfg)  # type: ignore[arg-type]
-    args = (method, num_clients, seed, shards_per_client, classes_per_client, alpha, _PARTITION_FORMAT)
+    args = (method, num_clients, seed, shards_per_client, classes_per_client, alpha, _PARTITION_FORMAT,
+            library_versions("flwr-datasets", "numpy"))  # the partitioners' code and RNG
     key = hashlib.sha256(np.ascontiguousarray(pool.y).tobytes() + repr(args).encode()).hexdigest()[:24]
 
     def build() -> dict[str, np.ndarray]:  # flwr-datasets (and its ~90 MB of imports) only on a cache miss

@@ -152,10 +152,11 @@ def _source_files(name: str, data_dir: str) -> list[Path]:
 
 def _decoded(name: str, data_dir: str, build) -> tuple[ArrayDataset, ArrayDataset]:
     """``build()``'s arrays through the shared cache (:mod:`fedapp.cache`) when the sources can be fingerprinted."""
-    from fedapp.cache import cached_arrays, fingerprint
+    from fedapp.cache import cached_arrays, fingerprint, library_versions
 
     files = _source_files(name, data_dir)
-    arrays = cached_arrays(f"{name}-{fingerprint(files, _CACHE_FORMAT)}", build) if files else build()
+    key = fingerprint(files, _CACHE_FORMAT, library_versions("numpy", "scikit-learn", "torchvision", "pillow"))
+    arrays = cached_arrays(f"{name}-{key}", build) if files else build()
     k = int(arrays["num_classes"][0])
     return (ArrayDataset(arrays["train_x"], arrays["train_y"], k), ArrayDataset(arrays["test_x"], arrays["test_y"], k))
 

@@ -145,3 +145,24 @@ def test_client_data_is_a_writable_copy_of_a_read_only_pool(cache_root):
     assert not train.x.flags.writeable and not train.y.flags.writeable
     local_train, _, _ = load_client_data(cfg, 1, 4)
     assert local_train.x.flags.writeable and len(local_train) > 0  # the client's own copy
+
+
+def test_cache_keys_change_with_the_libraries_that_produce_the_arrays(monkeypatch) -> None:
+    """A partition cached under one flwr-datasets/numpy is not reused under another."""
+    from fedapp import cache, client_data
+
+    assert cache.library_versions("numpy", "no-such-package-x").startswith("numpy=")
+    assert cache.library_versions("no-such-package-x") == "no-such-package-x=-"
+    names: list[str] = []
+
+    def record(name, build):
+        names.append(name)
+        return build()
+
+    monkeypatch.setattr(client_data, "cached_arrays", record)
+    for versions in ("flwr-datasets=0.6.0,numpy=2.0", "flwr-datasets=0.7.0,numpy=2.0"):
+        monkeypatch.setattr(client_data, "library_versions", lambda *names, v=versions: v)
+        client_data._partitions.cache_clear()
+        client_data._partitions("digits", "", 0, "iid", 4, 0, 8, 2, 0.5)
+    assert len(names) == 2 and names[0] != names[1]
+    client_data._partitions.cache_clear()
