@@ -141,8 +141,10 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
     last = rounds[-1]["metrics"] if rounds else {}
     trained = sum(1 for r in rounds if (r["metrics"].get("clients_ok") or 0) > 0)
     budget_stopped = [r["round"] for r in rounds if (r["metrics"].get("clients_ok") or 0) == 0 and _budget_round(r)]
-    untrained = [r["round"] for r in rounds
-                 if (r["metrics"].get("clients_ok") or 0) == 0 and r["round"] not in budget_stopped]
+    unsampled = [r["round"] for r in rounds if (r["metrics"].get("clients_ok") or 0) == 0 and _unsampled_round(r)
+                 and r["round"] not in budget_stopped]
+    untrained = [r["round"] for r in rounds if (r["metrics"].get("clients_ok") or 0) == 0
+                 and r["round"] not in budget_stopped and r["round"] not in unsampled]
     individual = [r["metrics"]["epsilon_individual"] for r in rounds if r["metrics"].get("epsilon_individual") is not None]
     out_of_model = {}
     if individual:  # client-level: the aggregate ε needs secure aggregation; this one does not
@@ -155,11 +157,11 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
         out_of_model["max_epsilon_vs_release"] = max(vs_release)
     return {
         "rounds_completed": len(rounds), "rounds_trained": trained,
-        "rounds_untrained": untrained, "rounds_refused_by_budget": budget_stopped,
-        # a run "finishes" when it ran all its rounds, at least one aggregated an update, and every round a
-        # budget did not refuse trained
+        "rounds_untrained": untrained, "rounds_refused_by_budget": budget_stopped, "rounds_unsampled": unsampled,
+        # a run "finishes" when it ran all its rounds, at least one aggregated an update, and every round that
+        # neither a budget refused nor Poisson sampling left with fewer than 2 clients trained
         "finished": bool(done and trained > 0 and not untrained),
-        "stopped_reason": _stopped_reason(done, trained, untrained, budget_stopped, len(rounds)),
+        "stopped_reason": _stopped_reason(done, trained, untrained, budget_stopped, len(rounds), unsampled),
         "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
         "final_client_accuracy": last.get("client_accuracy"),
         "final_client_val_accuracy": last.get("client_val_accuracy"),
@@ -243,8 +245,15 @@ def _budget_round(record: dict[str, Any]) -> bool:
                                  for c in clients)
 
 
+def _unsampled_round(record: dict[str, Any]) -> bool:
+    """A round whose Poisson sample had too few clients to run (none, or one under SecAgg+, which needs two):
+    nothing was sent, nothing released, by the sampling design rather than by a failure."""
+    sampled = record["metrics"].get("clients_sampled")
+    return not record["clients"] and sampled is not None and int(sampled) < 2
+
+
 def _stopped_reason(done: bool, trained: int, untrained: list[int], budget_stopped: list[int],
-                    completed: int) -> str | None:
+                    completed: int, unsampled: list[int] | None = None) -> str | None:
     """Why a run that ran all its rounds did not train in every one (None when it did)."""
     if not done:
         return None
@@ -256,6 +265,9 @@ def _stopped_reason(done: bool, trained: int, untrained: list[int], budget_stopp
     if budget_stopped:
         reasons.append(f"the privacy budget refused {len(budget_stopped)} of {completed} rounds "
                        f"(rounds {_rounds(budget_stopped)})")
+    if unsampled:
+        reasons.append(f"client sampling drew fewer than 2 clients in {len(unsampled)} of {completed} rounds "
+                       f"(rounds {_rounds(unsampled)})")
     return "; ".join(reasons) or None
 
 

@@ -132,6 +132,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
                 return []
         nodes = super().sample_clients(server_round, client_manager)
         self.sampled[server_round] = len(nodes)
+        self.round_log.add_metrics({"clients_sampled": len(nodes)})  # also when too few to run the round
         return nodes
 
     def epsilon_after(self, history: History) -> float:

@@ -27,3 +27,10 @@ def test_rounds_a_budget_refused_do_not_void_finished_but_are_named() -> None:
 def test_a_complete_run_has_no_stopped_reason() -> None:
     s = summarize([_round(1, 2), _round(2, 2)], 1.0, done=True)
     assert s["finished"] and s["stopped_reason"] is None
+
+
+def test_a_round_poisson_sampling_left_with_fewer_than_two_clients_is_named_not_failed() -> None:
+    rounds = [_round(1, 3), _round(2, 0, [], clients_sampled=1), _round(3, 0, [], clients_sampled=0), _round(4, 2)]
+    s = summarize(rounds, 1.0, done=True)
+    assert s["finished"] and s["rounds_unsampled"] == [2, 3] and s["rounds_untrained"] == []
+    assert "client sampling drew fewer than 2 clients in 2 of 4 rounds (rounds 2, 3)" in s["stopped_reason"]
