@@ -546,8 +546,9 @@ class DPFLStrategy(Strategy):
             if not known:
                 self.declared.pop(cid, None)
         if charge is not None:
+            history, delta, *relation = charge
             self.ledger.register(cid)
-            self.ledger.charge(cid, *charge)
+            self.ledger.charge(cid, history, delta, *relation, provisional=True)
 
     def _screen_outliers(self, server_round: int, updates: list[ClientUpdate]) -> None:
         """Reject updates far above the round's median norm (mechanisms without a declared bound)."""

@@ -91,3 +91,19 @@ def test_a_client_reported_failure_is_charged_and_never_struck() -> None:
         assert got == {1000: "failed", 1001: "ok"}
     assert s.strikes.strikes == {} and not s.strikes.excluded(0)
     assert s.ledger.epsilon(0) > 0  # DP-SGD ran: the round is spent whether or not its model was finite
+
+
+def test_a_contested_claim_cannot_fix_the_owners_declared_relation() -> None:
+    """A spoofer that declares add/remove neighbours in the contested rounds does not get the owner's replies
+    (replace-one, the default) rejected once it leaves: contested charges are provisional."""
+    s = strategy()
+    for rnd in (1, 2):
+        spoof = dpsgd_reply(0)
+        spoof.metrics["record_neighbours"] = "add-remove"
+        got = run_round(s, rnd, [(node(0), dpsgd_reply(0)), (node(2), spoof), (node(1), dpsgd_reply(1))])
+        assert got[1000] == got[1002] == "rejected"
+    provisional = s.ledger.epsilon(0)
+    assert provisional > 0 and s.ledger.relation(0) == "replace-one"
+    got = run_round(s, 3, [(node(0), dpsgd_reply(0)), (node(1), dpsgd_reply(1))])  # the spoofer is gone
+    assert got == {1000: "ok", 1001: "ok"} and s.strikes.strikes == {}
+    assert s.ledger.relation(0) == "replace-one" and s.ledger.epsilon(0) > provisional

@@ -51,16 +51,33 @@ class PrivacyLedger:
         self.population: History = []
         self.population_delta: float | None = None
         self.relations: dict[int, str] = {}  # client_id -> record-level relation of its charges (absent: add/remove)
+        #: clients charged only through contested claims so far: their relation is replace-one (the larger ε)
+        #: until the client's own first uncontested reply fixes it
+        self.provisional: set[int] = set()
         self._cache: dict[int, float] = {}
 
     # ---- charging --------------------------------------------------------------------
     def charge(self, client_id: int, history: Iterable[Sequence[float]], delta: float,
-               relation: str = ADD_REMOVE) -> None:
+               relation: str = ADD_REMOVE, provisional: bool = False) -> None:
         """Charge ``history`` at ``delta`` to ``client_id``, composed under the record-level ``relation``
-        (a ``ValueError`` when it differs from the relation of the client's earlier charges)."""
+        (a ``ValueError`` when it differs from the relation of the client's earlier charges).
+
+        ``provisional``: a charge whose claimant the server cannot authenticate (a contested client id). It never
+        fixes the client's relation: a client charged only provisionally is composed under replace-one (the
+        larger ε) until its own first charge fixes the relation, which then applies to the whole history."""
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         record_accountant(self.accountant, relation)  # an unknown relation raises here
+        if provisional:
+            if not self.histories.get(client_id) or client_id in self.provisional:
+                self.provisional.add(client_id)
+                self.relations[client_id] = REPLACE_ONE
+            relation = self.relation(client_id)  # composed under the client's own relation once it is fixed
+        elif client_id in self.provisional:
+            self.provisional.discard(client_id)
+            self.relations.pop(client_id, None)
+            if relation != ADD_REMOVE:
+                self.relations[client_id] = relation
         if self.relation(client_id) != relation and self.histories.get(client_id):
             raise ValueError(f"client {client_id} was charged under {self.relation(client_id)!r} neighbours, "
                              f"not {relation!r}")
@@ -90,7 +107,7 @@ class PrivacyLedger:
             text = repr(relation)
             raise ValueError(f"declared record_neighbours = {text if len(text) <= 60 else text[:57] + '...'} is "
                              f"not one of {list(RECORD_NEIGHBOURS)}")
-        if self.histories.get(client_id) and self.relation(client_id) != relation:
+        if self.histories.get(client_id) and client_id not in self.provisional and self.relation(client_id) != relation:
             raise ValueError(f"declared record_neighbours = {relation!r} differs from the "
                              f"{self.relation(client_id)!r} client {client_id} was charged under")
         return relation
@@ -144,6 +161,7 @@ class PrivacyLedger:
                 "histories": {str(k): [list(h) for h in v] for k, v in self.histories.items()},
                 "deltas": {str(k): v for k, v in self.deltas.items()},
                 "relations": {str(k): v for k, v in self.relations.items()},
+                "provisional": sorted(self.provisional),
                 "population": [list(h) for h in self.population], "population_delta": self.population_delta}
 
     def load(self, state: Mapping[str, Any]) -> None:
@@ -151,6 +169,7 @@ class PrivacyLedger:
         self.histories = {int(k): compact_history(v) for k, v in dict(state.get("histories", {})).items()}
         self.deltas = {int(k): float(v) for k, v in dict(state.get("deltas", {})).items()}
         self.relations = {int(k): str(v) for k, v in dict(state.get("relations", {})).items()}  # older: add/remove
+        self.provisional = {int(k) for k in state.get("provisional", [])}
         self.population = compact_history(state.get("population", []))
         pd = state.get("population_delta")
         self.population_delta = None if pd is None else float(pd)
