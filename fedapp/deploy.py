@@ -181,7 +181,31 @@ def probe_as_outsider(work: Path, public: str, ca: Path | None, public_key: Path
         ok = res.returncode == 0 and not re.search(r"403|not served|error|fail", text, re.IGNORECASE)
         out[name] = f"ACCEPTED: {text[-300:]}" if ok else "refused"
         (work / f"outsider-{name}.log").write_text(f"exit {res.returncode}\n{text}\n", encoding="utf-8")
+    for name, path in TRAVERSALS.items():  # the Control API behind the gateway, by path tricks
+        status = raw_request_status(public, ca, "POST", path)
+        out[name] = "refused" if status in (400, 403, 404, 405) else f"ACCEPTED: HTTP {status} for {path}"
     return out
+
+
+#: raw request paths an outsider tries against the gateway (written byte for byte: no client normalizes them)
+TRAVERSALS = {"traversal-dots": "/v1/fleet/../control/list-runs",
+              "traversal-encoded": "/v1/fleet/%2e%2e/control/register-node",
+              "traversal-slash": "/v1/fleet/..%2fcontrol/list-runs"}
+
+
+def raw_request_status(address: str, ca: Path | None, method: str, path: str) -> int:
+    """The HTTP status of one request whose request line is sent exactly as given (TLS when ``ca``)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        conn: Any = raw
+        if ca is not None:
+            conn = ssl.create_default_context(cafile=str(ca)).wrap_socket(raw, server_hostname=host)
+        conn.sendall(f"{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode("latin-1"))
+        head = conn.recv(64).decode("latin-1")
+    return int(head.split()[1]) if head.startswith("HTTP/") else -1
 
 
 def register_supernode(env: dict[str, str], public_key: Path) -> None:

@@ -90,7 +90,9 @@ def test_tls_authenticated_federation_of_three_supernodes(tmp_path) -> None:
                  node_overrides=["0:epsilon=0.8 dataset='digits'"], unauthorized=1, work_dir=tmp_path / "work",
                  timeout=900, outsider=True, log=lambda *_: None)
     # the outsider holds only ca.crt and the public (gateway) address: each Control API action is refused ...
-    assert res.outsider == {"register": "refused", "ls": "refused", "run": "refused"}, res.outsider
+    # ... and so is the Control API reached by path traversal through the gateway
+    assert res.outsider == {"register": "refused", "ls": "refused", "run": "refused", "traversal-dots": "refused",
+                            "traversal-encoded": "refused", "traversal-slash": "refused"}, res.outsider
     assert "403" in (res.work_dir / "outsider-register.log").read_text() or "not served" in (
         res.work_dir / "outsider-register.log").read_text()
     assert not list((res.work_dir / "certs").glob("ca.key")) and not list(res.work_dir.rglob("ca.key"))
