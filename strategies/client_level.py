@@ -267,10 +267,12 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if self.dp is None:
             return out
         # what the server has seen: the reconstructed sum of the contributors (secure aggregation), else every
-        # accepted update; either is charged whether or not the round is then released
-        survivors = self._contributors if self.secure_aggregation else len(accepted)
-        if survivors > 0 and sampled > 0:
-            survivors = min(survivors, sampled)
+        # update that arrived (accepted or not); either is charged whether or not the round is then released
+        seen = self._contributors if self.secure_aggregation else \
+            sum(1 for r in records if r.get("status") in ("ok", "withheld", "rejected"))
+        survivors = seen if self.secure_aggregation else len(accepted)  # inside the released sum
+        if seen > 0 and sampled > 0:
+            survivors = min(max(survivors, 1), sampled)
             z_budget, z_other = self.headline_charge(survivors, sampled)
             charge = [(z_budget, self.dp.accounted_sample_rate, 1)]
             if exceeds_budget(self.epsilon_after(self.ledger.population + charge), self.dp.epsilon()):
@@ -279,9 +281,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
                     self.dp.epsilon())
             self.ledger.charge_population(charge, self.dp.delta)
             self.other_view.charge_population([(z_other, self.dp.accounted_sample_rate, 1)], self.dp.delta)
-            # the released model carries the sum's noise; amplified for whoever does not see the sample
-            self.release_view.charge_population([(self.round_charge(survivors, sampled)[0], self.dp.sample_rate, 1)],
-                                                self.dp.delta)
+            if withhold is None and (self.secure_aggregation or accepted):  # something reaches the released model
+                # it carries the sum's noise; amplified for whoever does not see the sample
+                self.release_view.charge_population(
+                    [(self.round_charge(survivors, sampled)[0], self.dp.sample_rate, 1)], self.dp.delta)
             z_seen = self.round_charge(survivors, sampled)[0 if self.secure_aggregation else 1]
             for r in records:  # every reply whose update the server received, inside the sum or alone
                 if r.get("client_id") is not None and r.get("status") in ("ok", "withheld", "rejected"):
