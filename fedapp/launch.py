@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from fedapp.config import SCHEMA, ConfigError, check_federation_size, resolve_config
+from fedapp.config import SCHEMA, ConfigError, RunConfig, check_federation_size, resolve_config
 from fedapp.fab import stage_app
 from fedapp.processes import (
     CONNECTION,
@@ -118,27 +118,7 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     if engine == "run-simulation" and app != PROJECT_ROOT.resolve():
         raise ConfigError(f"--engine run-simulation runs this project's apps from {PROJECT_ROOT}; --app {app} needs "
                           "--engine superlink")
-    overrides = parse_overrides(run_config)
-    merged = {**pyproject_run_config(app), **overrides}
-    cfg = resolve_config(merged)  # raises ConfigError before anything starts
-    if num_supernodes >= 2:  # before num-clients is set from it below, so that the error names --num-supernodes
-        check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
-    if num_supernodes >= 2 and not cfg["num-clients"]:
-        # the federation's size is known here: the server waits for every SuperNode before round 1, so that
-        # client-level DP is set up for the real n (q = r/n) rather than for whoever registered first
-        overrides["num-clients"] = num_supernodes
-        if cfg["min-available-clients"] == SCHEMA["min-available-clients"].default:
-            overrides["min-available-clients"] = num_supernodes
-        cfg = resolve_config({**merged, **overrides})
-    from fedapp.faults import check_fault_config
-
-    check_fault_config(cfg)
-    if num_supernodes < 2:
-        raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
-    # every config check, before anything starts: the strategy, its mechanism and one client are built
-    for key in dry_run_in_child(cfg, num_supernodes):
-        print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg['strategy']!r}; "
-              "it has no effect", file=sys.stderr, flush=True)
+    cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
     output_dir = absolutize_paths(cfg, overrides, app)
     before = list_runs(output_dir)
     if engine == "run-simulation":
@@ -162,18 +142,17 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     return new_runs[-1]
 
 
-def plan(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT) -> dict:
-    """Every check :func:`run` makes before it starts a process (config, federation size, the dry run), then the
-    run's privacy plan (:mod:`fedapp.privacy_plan`); nothing is started and nothing is written."""
-    from fedapp.privacy_plan import privacy_plan
-
+def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tuple[RunConfig, dict, dict]:
+    """Every check before a process starts: the run-config, the federation size, fault options and the dry run
+    (strategy, mechanism and one client built); returns (config, the overrides the run gets, the merged
+    run-config). ``num-clients`` is set from ``num_supernodes``: the server waits for every SuperNode before
+    round 1, so client-level DP is set up for the real n (q = r/n), not for whoever registered first."""
     overrides = parse_overrides(run_config)
-    merged = {**pyproject_run_config(app.resolve()), **overrides}
-    cfg = resolve_config(merged)
-    if num_supernodes < 2:
-        raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
-    check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
-    if not cfg["num-clients"]:
+    merged = {**pyproject_run_config(app), **overrides}
+    cfg = resolve_config(merged)  # raises ConfigError before anything starts
+    if num_supernodes >= 2:  # before num-clients is set from it below, so that the error names --num-supernodes
+        check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
+    if num_supernodes >= 2 and not cfg["num-clients"]:
         overrides["num-clients"] = num_supernodes
         if cfg["min-available-clients"] == SCHEMA["min-available-clients"].default:
             overrides["min-available-clients"] = num_supernodes
@@ -181,7 +160,20 @@ def plan(num_supernodes: int = 20, run_config: str | None = None, app: Path = PR
     from fedapp.faults import check_fault_config
 
     check_fault_config(cfg)
-    dry_run_in_child(cfg, num_supernodes)
+    if num_supernodes < 2:
+        raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
+    for key in dry_run_in_child(cfg, num_supernodes):
+        print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg['strategy']!r}; "
+              "it has no effect", file=sys.stderr, flush=True)
+    return cfg, overrides, merged
+
+
+def plan(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT) -> dict:
+    """Every check :func:`run` makes before it starts a process (:func:`checked_config`), then the run's privacy
+    plan (:mod:`fedapp.privacy_plan`); nothing is started and nothing is written."""
+    from fedapp.privacy_plan import privacy_plan
+
+    cfg, _, _ = checked_config(num_supernodes, run_config, app.resolve())
     return privacy_plan(cfg, num_supernodes)
 
 

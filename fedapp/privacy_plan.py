@@ -56,18 +56,18 @@ def _client_level(cfg: RunConfig, n: int) -> dict[str, Any]:
             raise ConfigError(f"run-config 'secure-aggregation' = true with {n} clients: {exc}") from None
         mechanism.update(quantization_bits=int(math.log2(QUANTIZATION_RANGE)), field_bits=int(math.log2(field)))
     t = dp.rounds
-    seen = dp.noise_multiplier if secagg else dp.individual_noise_multiplier  # what the server sees each round
     return {"mechanism": mechanism, "epsilon_budget": dp.epsilon(),
             "every_client": {
-                # worst case against the server: the client takes part in all T rounds, each unamplified
-                "epsilon_vs_server": epsilon_of([(seen, 1.0, t)], dp.delta, dp.accountant),
+                # worst case against the server: the client takes part in all T rounds, each unamplified, at the
+                # multiplier the server sees (the sum's with SecAgg+, one update's without)
+                "epsilon_vs_server": epsilon_of([(dp.budget_noise_multiplier, 1.0, t)], dp.delta, dp.accountant),
                 "epsilon_vs_release": dp.epsilon_vs_release(), "delta": dp.delta}}
 
 
 def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:
     from fedapp.client_data import client_train_sizes
     from fedapp.privacy_profiles import federation_profiles
-    from fedapp.training import steps_per_epoch
+    from fedapp.training import dpsgd_sample_rate, steps_per_epoch
 
     profiles = federation_profiles(cfg, n)
     sizes = client_train_sizes(cfg, n)
@@ -77,9 +77,8 @@ def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:
                                # local DP: the client's own noise, so the same ε against the server and the release
                                "epsilon_vs_server": p.epsilon, "epsilon_vs_release": p.epsilon}
         if dpsgd:  # DP-SGD's Poisson batches: q_i = 1/⌈N_i/b_i⌉, K_i⌈N_i/b_i⌉ steps a round
-            per_epoch = steps_per_epoch(n_i, p.batch_size) if n_i else 0
-            row.update(batch_size=p.batch_size, sample_rate=1.0 / per_epoch if per_epoch else None,
-                       steps_per_round=p.local_epochs * per_epoch)
+            row.update(batch_size=p.batch_size, sample_rate=dpsgd_sample_rate(n_i, p.batch_size) if n_i else None,
+                       steps_per_round=p.local_epochs * steps_per_epoch(n_i, p.batch_size))
         clients.append(row)
     return {"mechanism": {"name": "local DP-SGD / noisy local estimator on each client (noise added before "
                                   "anything leaves it); each client calibrates its own noise to its ε_i over "

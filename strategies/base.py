@@ -495,16 +495,13 @@ class DPFLStrategy(Strategy):
                 raise RejectedUpdate(f"client {cid} is excluded after {self.strikes.limit} rejected updates")
             self.identity.bind(node, cid)
             self.ledger.register(cid)
-            if record["status"] == "failed":  # trained and failed on its own: charged, not struck
-                charge = self.privacy_charge(server_round, record, metrics)
-                if charge is not None:
-                    self.ledger.charge(cid, *charge)
-                return None
-            if record["status"] != "ok":
+            if record["status"] not in ("ok", "failed"):
                 return None
             charge = self.privacy_charge(server_round, record, metrics)
-            if charge is not None:  # the client trained and released its update: charge before validating it
+            if charge is not None:  # the client trained (and released its update): charge before validating it
                 self.ledger.charge(cid, *charge)
+            if record["status"] == "failed":  # trained and failed on its own: charged, not struck
+                return None
             self.validator.check_examples(cid, int(res.num_examples))
             stage = "payload"
             try:

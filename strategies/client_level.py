@@ -273,7 +273,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
         survivors = seen if self.secure_aggregation else len(accepted)  # inside the released sum
         if seen > 0 and sampled > 0:
             survivors = min(max(survivors, 1), sampled)
-            z_budget, z_other = self.headline_charge(survivors, sampled)
+            z_sum, _ = self.round_charge(survivors, sampled)
+            z_budget, z_other = self.headline_charge(survivors, sampled)  # z_budget: the multiplier the server saw
             charge = [(z_budget, self.dp.accounted_sample_rate, 1)]
             if exceeds_budget(self.epsilon_after(self.ledger.population + charge), self.dp.epsilon()):
                 log(WARNING, "round %d: %d of %d sampled updates released multiplier %.4f, more than the planned "
@@ -283,16 +284,14 @@ class ClientLevelDPStrategy(DPFLStrategy):
             self.other_view.charge_population([(z_other, self.dp.accounted_sample_rate, 1)], self.dp.delta)
             if withhold is None and (self.secure_aggregation or accepted):  # something reaches the released model
                 # it carries the sum's noise; amplified for whoever does not see the sample
-                self.release_view.charge_population(
-                    [(self.round_charge(survivors, sampled)[0], self.dp.sample_rate, 1)], self.dp.delta)
-            z_seen = self.round_charge(survivors, sampled)[0 if self.secure_aggregation else 1]
+                self.release_view.charge_population([(z_sum, self.dp.sample_rate, 1)], self.dp.delta)
             for r in records:  # every reply whose update the server received, inside the sum or alone
                 if r.get("client_id") is not None and r.get("status") in ("ok", "withheld", "rejected"):
-                    self.server_view.charge(int(r["client_id"]), [(z_seen, 1.0, 1)], self.dp.delta)
+                    self.server_view.charge(int(r["client_id"]), [(z_budget, 1.0, 1)], self.dp.delta)
             if survivors < sampled and self.dp.secure_aggregation:
                 log(WARNING, "round %d: %d of %d sampled clients were aggregated; the sum carried multiplier %.4f, "
                     "accounted as such", server_round, survivors, sampled, z_budget)
-            out["noise_multiplier_effective"] = self.round_charge(survivors, sampled)[0]
+            out["noise_multiplier_effective"] = z_sum
         if withhold is not None:
             out["epsilon"] = self.ledger.population_epsilon()
         aggregate, individual = self.ledger, self.other_view

@@ -83,12 +83,12 @@ class ClientLevelDPClient(NumPyClient):
         """(ε after this round, refusal reason or None). Budget = ε(T) of the planned ``dp-rounds``; the round
         is charged as round max(server round, own releases + 1) (:func:`accounted_rounds`)."""
         budget = cached_epsilon(dp, None)
-        rounds = accounted_rounds(server_round, releases(self.context))
+        released = releases(self.context)
+        rounds = accounted_rounds(server_round, released)
         eps_next = cached_epsilon(dp, rounds)
         if rounds > dp.rounds:
-            return eps_next, (f"budget: this would be round {rounds} (server round {server_round}, "
-                              f"{releases(self.context)} updates released), past dp-rounds={dp.rounds}, the rounds "
-                              "ε was planned for")
+            return eps_next, (f"budget: this would be round {rounds} (server round {server_round}, {released} updates "
+                              f"released), past dp-rounds={dp.rounds}, the rounds ε was planned for")
         return eps_next, budget_refusal(rounds, eps_next, budget, f"client-level, planned for dp-rounds={dp.rounds}")
 
     # ---- hooks -----------------------------------------------------------------------
@@ -154,12 +154,11 @@ class ClientLevelDPClient(NumPyClient):
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
             return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
         metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps, **extra})
-        if dp is not None:
-            record_release(self.context)
         if dp is None:  # non-private baselines only: loss and pre-clip norm of private data are not covered by DP
             metrics["train_loss"] = result.loss
         else:
             metrics.pop("update_norm", None)
+            record_release(self.context)
         # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
         return arrays, 1 if dp is not None and self.s.cfg["secure-aggregation"] else len(self.s.train), metrics
 
