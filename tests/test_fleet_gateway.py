@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from fedapp.fleet_gateway import ALLOWED, FLEET_RPCS, allowed
+from fedapp.processes import free_port, stop_process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 CONTROL = ["/v1/control/list-runs", "/v1/control/register-node", "/v1/control/start-run",
@@ -108,12 +109,6 @@ def _upstream_server(upstream: Upstream) -> ThreadingHTTPServer:
     return Server(("127.0.0.1", upstream.port), Handler)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _send(port: int, method: bytes, target: bytes, body: bytes = b"", headers: bytes = b"") -> tuple[int, bytes]:
     """One request on a fresh TCP connection, written byte for byte (no client library normalises ``target``)."""
     head = b"%s %s HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nContent-Type: application/protobuf\r\nContent-Length: %d\r\n" \
@@ -139,15 +134,15 @@ class Live:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     """The real gateway process on a free loopback port, forwarding to the fake SuperLink."""
-    upstream = Upstream(_free_port())
+    upstream = Upstream(free_port())
     server = _upstream_server(upstream)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    port, log = _free_port(), tmp_path_factory.mktemp("gateway") / "fleet-gateway.log"
+    port, log = free_port(), tmp_path_factory.mktemp("gateway") / "fleet-gateway.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "fedapp.fleet_gateway", "--listen", f"127.0.0.1:{port}",
                                  "--upstream", f"127.0.0.1:{upstream.port}"], cwd=str(REPO), stdout=out,
-                                stderr=subprocess.STDOUT)
+                                stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -160,12 +155,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
                 time.sleep(0.05)
         yield Live(port, upstream, log)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process_tree(proc)
         server.shutdown()
         server.server_close()
 

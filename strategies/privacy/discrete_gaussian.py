@@ -1,5 +1,9 @@
 """The distributed discrete Gaussian mechanism (Kairouz, Liu, Steinke, ICML 2021) and its accountant.
 
+What it protects: client-level DP (one client's whole update, sensitivity = its clip norm), distributed: each
+client adds its share of the noise, and the guarantee holds against whoever sees only the modular sum (the
+server under secure aggregation, and observers of the released model), no amplification by sampling assumed.
+
 Secure aggregation sums integers modulo 2^b, so continuous Gaussian noise followed by rounding is not the
 mechanism whose privacy is proved. The distributed discrete Gaussian (DDG) is: each of the n clients
 
