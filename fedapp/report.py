@@ -320,9 +320,9 @@ def self_contained(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def dumps_index(doc: Mapping[str, Any]) -> str:
     """``index.json`` text: indented, one line per round record (small enough to commit, readable in a diff)."""
-    from fedapp.results import _clean
+    from fedapp.results import json_safe
 
-    doc = _clean(dict(doc))
+    doc = json_safe(dict(doc))
     rounds: dict[str, list[dict[str, Any]]] = {}
     cells = {}
     for cid, cell in doc.get("cells", {}).items():

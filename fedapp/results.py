@@ -44,20 +44,21 @@ def package_versions() -> dict[str, str | None]:
     return out
 
 
-def _clean(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` with every non-finite float (nested in dicts, lists, tuples) replaced by None, as JSON allows."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [json_safe(v) for v in value]
     return value
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(_clean(payload), fh, indent=2, sort_keys=False)
+        json.dump(json_safe(payload), fh, indent=2, sort_keys=False)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
@@ -106,7 +107,7 @@ class ResultsWriter:
         assert self.run_dir is not None
         self.rounds.append(record)
         with open(self.run_dir / "rounds.jsonl", "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(_clean(record)) + "\n")
+            fh.write(json.dumps(json_safe(record)) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         write_json_atomic(self.run_dir / "summary.json", summarize(self.rounds, time.time() - self.started))
