@@ -116,7 +116,9 @@ _KEYS: list[Key] = [
     Key("public-samples", int, 0, "Training examples held out of every client's data as the server's public set D_p (top-k needs > 0).", _nonneg, ">= 0", section="fed-smp"),
     Key("secure-aggregation", bool, True, "Client-level DP families: sum the updates with Flower's SecAgg+ so the server sees only the aggregate (false = the server sees every update, so σ is calibrated for one update's ε: √r times the noise).", section="fed-smp"),
     Key("client-dp-adversary", str, "server", "Client-level DP: whom the budget holds against. server (default): the server that draws the sample and sees who replies, so no amplification by sampling: σ is calibrated so that dp-rounds unamplified Gaussian rounds spend target-epsilon, and the budget is enforced on epsilon_vs_server. release: whoever sees only the released models, amplified by secret Poisson sampling at q = r/n (the papers' accounting; weaker, say so when you report it). The same with full participation (q = 1).", choices=("server", "release"), section="fed-smp"),
-    Key("secagg-num-shares", float, 1.0, "SecAgg+ shares per client: a fraction of the round's sampled clients (1 = all, i.e. SecAgg) or, if > 1, a count.", _positive, "> 0", section="fed-smp"),
+    Key("secagg-mechanism", str, "ddg", "Client-level DP under SecAgg+: the noise each client adds to its share of the secure sum. ddg (default): the distributed discrete Gaussian (Kairouz, Liu, Steinke 2021): rotated, scaled, conditionally rounded integer updates plus discrete Gaussian noise, summed modulo 2^secagg-bits, σ raised until its Rényi DP is at most the planned Gaussian's (needs accountant = rdp and client-dp-adversary = server). gaussian: continuous Gaussian noise, then Flower's stochastic quantizer (2^22 levels); the privacy of that rounded sum is not analysed here.", choices=("ddg", "gaussian"), section="fed-smp"),
+    Key("secagg-bits", int, 20, "secagg-mechanism = ddg: bits b of the modular sum (the field 2^b; Flower's quantizer holds at most 31). Fewer bits round more coarsely and cost more noise for the same ε; the plan refuses a width that cannot reach it.", lambda v: 8 <= v <= 31, "in 8..31", section="fed-smp"),
+    Key("secagg-num-shares", float, 1.0, "SecAgg+ shares per client: a fraction of the round's sampled clients (1 = all, i.e. SecAgg) or, if > 1, a count: an odd integer >= 3 (Flower's SecAgg+ ring of neighbours breaks on an even count: every client fails its key sharing).", lambda v: 0 < v <= 1 or (v == int(v) and int(v) >= 3 and int(v) % 2 == 1), "in (0, 1] or an odd integer >= 3", section="fed-smp"),
     Key("secagg-threshold", float, 0.5, "SecAgg+ reconstruction threshold as a fraction of the shares (the most dropouts a round survives).", _prob, "in (0, 1]", section="fed-smp"),
     Key("public-steps", int, 0, "τ_p: server SGD steps on D_p to pick the top-k mask (0 = same as local-steps).", _nonneg, ">= 0", section="fed-smp"),
     # --- dp2-fedsam: personalized partial sharing + SAM (DP2-FedSAM, CENTAUR, DP-FedSAM, FT baselines) ---
@@ -304,10 +306,29 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         check_federation_size(cfg, cfg["num-clients"], f"run-config 'num-clients' = {cfg['num-clients']}")
     if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
+    check_secure_sum(cfg)
     ignored = ignored_keys(cfg)
     if ignored:
         raise ConfigError("; ".join(f"run-config {name!r} = {cfg[name]!r} would have no effect: {why}"
                                     for name, why in ignored.items()))
+
+
+def check_secure_sum(cfg: Mapping[str, Any]) -> None:
+    """The distributed discrete Gaussian is charged as an RDP bound without amplification by sampling: refuse the
+    settings that would claim more (a PRV composition of that bound, or the release adversary's amplified ε)."""
+    from fedapp.registry import get_spec
+
+    if not (get_spec(cfg["strategy"]).privacy.startswith("client-level") and cfg["secure-aggregation"]
+            and cfg["secagg-mechanism"] == "ddg"):
+        return
+    if cfg["accountant"] != "rdp":
+        raise ConfigError(f"run-config 'accountant' = {cfg['accountant']!r} with secagg-mechanism = 'ddg': the "
+                          "distributed discrete Gaussian's privacy is a Rényi DP bound (Kairouz et al., Prop. 14), "
+                          "composed by the rdp accountant only; set accountant = 'rdp' or secagg-mechanism = 'gaussian'")
+    if cfg["client-dp-adversary"] != "server":
+        raise ConfigError(f"run-config 'client-dp-adversary' = {cfg['client-dp-adversary']!r} with secagg-mechanism = "
+                          "'ddg': amplification by sampling is analysed here for the continuous Gaussian only; set "
+                          "client-dp-adversary = 'server' or secagg-mechanism = 'gaussian'")
 
 
 def check_federation_size(cfg: Mapping[str, Any], num_clients: int, source: str = "") -> None:
@@ -400,6 +421,13 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
               lambda c: "secure-aggregation = false runs no SecAgg+; set secure-aggregation = true"),
     _ReadWhen("secagg-threshold", lambda c: bool(c["secure-aggregation"]),
               lambda c: "secure-aggregation = false runs no SecAgg+; set secure-aggregation = true"),
+    _ReadWhen("secagg-mechanism", lambda c: bool(c["secure-aggregation"]),
+              lambda c: "secure-aggregation = false runs no SecAgg+: each client adds continuous Gaussian noise; set "
+                        "secure-aggregation = true"),
+    _ReadWhen("secagg-bits", lambda c: bool(c["secure-aggregation"]) and c["secagg-mechanism"] == "ddg",
+              lambda c: "only the distributed discrete Gaussian has a bit width (secure-aggregation = true and "
+                        f"secagg-mechanism = 'ddg'); here secure-aggregation = {str(c['secure-aggregation']).lower()}, "
+                        f"secagg-mechanism = {c['secagg-mechanism']!r}"),
     _ReadWhen("sam-eta", lambda c: bool(c["sam-adaptive"]),
               lambda c: "sam-adaptive = false runs plain SAM, which has no η; set sam-adaptive = true (ASAM)"),
     _ReadWhen("rpca-chunks", lambda c: c["rpca-chunk-rows"] > 0,

@@ -26,7 +26,7 @@ from fedapp.clients.dp2_fedsam import DP2FedSAMClient, shared_weights
 from fedapp.clients.dpsgd import DPSGDClient, min_epsilon_profile
 from fedapp.clients.soteriafl import SoteriaFLClient, soteriafl_params
 from fedapp.config import ConfigError, RunConfig, resolve_config
-from fedapp.privacy_profiles import client_level_mechanism
+from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
 from fedapp.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
 from strategies.aggregate import flatten
 from strategies.base import StrategyContext
@@ -152,6 +152,7 @@ def _client_level_kwargs(cfg: Mapping[str, Any], ctx: StrategyContext, private: 
     kwargs["clip"] = float(cfg["clip-norm"])
     if private:
         kwargs["mechanism_factory"] = lambda n: client_level_mechanism(cfg, int(cfg["num-clients"]) or n)
+        kwargs["secure_sum_factory"] = lambda dp, dim: secure_sum_mechanism(cfg, dp, dim)
     return kwargs
 
 

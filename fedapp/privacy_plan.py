@@ -9,24 +9,26 @@ every sampled client survives; the ledger then charges what actually happened.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from fedapp.config import ConfigError, RunConfig
 from fedapp.registry import get_spec
-from fedapp.secure_aggregation import modulus_for
-
-#: Flower SecAgg+'s quantization levels per coordinate (``SecAggPlusWorkflow.quantization_range``)
-QUANTIZATION_RANGE = 2**22
+from fedapp.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 
 
-def privacy_plan(cfg: RunConfig, num_clients: int) -> dict[str, Any]:
-    """The plan of ``cfg`` for a federation of ``num_clients`` (see the module docstring)."""
+def privacy_plan(cfg: RunConfig, num_clients: int,
+                 initial_weights: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
+    """The plan of ``cfg`` for a federation of ``num_clients`` (see the module docstring). ``initial_weights``: the
+    run's initial model when already built (the distributed discrete Gaussian is sized for its payload)."""
     spec = get_spec(cfg["strategy"])
     plan: dict[str, Any] = {"strategy": spec.name, "threat_model": spec.privacy, "rounds": int(cfg.rounds),
                             "dp_rounds": int(cfg.dp_rounds), "clients": int(num_clients),
                             "seeded_noise": bool(cfg["seeded-noise"])}
     if spec.privacy.startswith("client-level"):
-        plan.update(_client_level(cfg, num_clients))
+        plan.update(_client_level(cfg, num_clients, initial_weights))
     elif spec.privacy.startswith("record-level"):
         plan.update(_record_level(cfg, num_clients, dpsgd=spec.family != "soteriafl"))
     else:
@@ -36,8 +38,24 @@ def privacy_plan(cfg: RunConfig, num_clients: int) -> dict[str, Any]:
     return plan
 
 
-def _client_level(cfg: RunConfig, n: int) -> dict[str, Any]:
-    from fedapp.privacy_profiles import client_level_mechanism
+def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | None = None) -> int:
+    """The length of the vector each client of ``cfg``'s client-level strategy privatizes (the strategy's own
+    :meth:`~strategies.client_level.ClientLevelDPStrategy.payload_dim`, built from the run's initial model)."""
+    from strategies.base import StrategyContext
+
+    if initial_weights is None:
+        from fedapp.clients.common import make_model
+        from fedapp.data import load_dataset
+        from fedapp.training import get_weights
+
+        _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+        initial_weights = get_weights(make_model(cfg, test))
+    strategy = get_spec(cfg["strategy"]).strategy_factory()(cfg, StrategyContext(initial_weights=list(initial_weights)))
+    return int(strategy.payload_dim())  # type: ignore[attr-defined]
+
+
+def _client_level(cfg: RunConfig, n: int, initial_weights: Sequence[np.ndarray] | None) -> dict[str, Any]:
+    from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
     from strategies.privacy.accountants import epsilon_of
 
     dp = client_level_mechanism(cfg, n)
@@ -49,19 +67,33 @@ def _client_level(cfg: RunConfig, n: int) -> dict[str, Any]:
         "sample_rate": dp.sample_rate, "delta": dp.delta, "accountant": dp.accountant,
         "budget_holds_against": dp.adversary,
     }
-    if secagg:
+    ddg = secure_sum_mechanism(cfg, dp, secure_payload_dim(cfg, initial_weights)) if secagg and \
+        cfg["secagg-mechanism"] == "ddg" else None
+    if ddg is not None:
+        mechanism.update(
+            name="distributed discrete Gaussian on the sum of clipped client updates (Kairouz, Liu, Steinke 2021): "
+                 "each sampled client sends its rotated, scaled, conditionally rounded update plus discrete "
+                 "Gaussian noise modulo 2^bits",
+            field_bits=ddg.bits, payload_dim=ddg.dim, padded_dim=ddg.padded_dim, granularity=ddg.granularity,
+            noise_multiplier=ddg.noise_multiplier, planned_gaussian_multiplier=dp.noise_multiplier,
+            gaussian_equivalent=ddg.gaussian_equivalent(n, n),
+            payload_bytes=ddg.padded_dim * ddg.bits / 8)
+    elif secagg:
         try:
             field = modulus_for(n, QUANTIZATION_RANGE)
         except ValueError as exc:
             raise ConfigError(f"run-config 'secure-aggregation' = true with {n} clients: {exc}") from None
         mechanism.update(quantization_bits=int(math.log2(QUANTIZATION_RANGE)), field_bits=int(math.log2(field)))
     t = dp.rounds
+    r = dp.clients_per_round  # the discrete sum is charged at its Gaussian equivalent (never below σ), unamplified
+    z_server = ddg.gaussian_equivalent(r, r) if ddg is not None else dp.budget_noise_multiplier
+    # worst case against the server: the client takes part in all T rounds, each unamplified, at the multiplier the
+    # server sees (the sum's with SecAgg+, one update's without)
+    vs_server = epsilon_of([(z_server, 1.0, t)], dp.delta, dp.accountant)
     return {"mechanism": mechanism, "epsilon_budget": dp.epsilon(),
-            "every_client": {
-                # worst case against the server: the client takes part in all T rounds, each unamplified, at the
-                # multiplier the server sees (the sum's with SecAgg+, one update's without)
-                "epsilon_vs_server": epsilon_of([(dp.budget_noise_multiplier, 1.0, t)], dp.delta, dp.accountant),
-                "epsilon_vs_release": dp.epsilon_vs_release(), "delta": dp.delta}}
+            "every_client": {"epsilon_vs_server": vs_server,
+                             "epsilon_vs_release": vs_server if ddg is not None else dp.epsilon_vs_release(),
+                             "delta": dp.delta}}
 
 
 def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.config import ConfigError, RunConfig, check_federation_size, parse_int_list
+from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
 
 # (weights, means, stds) for mixtures of normals; ("uniform", low, high) otherwise.
@@ -202,6 +203,26 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
     return ClientLevelDP.calibrated(target, clip=clip, clients_per_round=r, num_clients=n, rounds=rounds,
                                     delta=delta, accountant=accountant, secure_aggregation=secure_aggregation,
                                     adversary=adversary)
+
+
+def secure_sum_mechanism(cfg: Mapping[str, Any], dp: ClientLevelDP, dim: int) -> DistributedDiscreteGaussian | None:
+    """The distributed discrete Gaussian the run's secure sums carry (``secagg-mechanism = 'ddg'`` under SecAgg+), or
+    None (continuous Gaussian shares, or no secure aggregation). Server and clients build it from the same plan:
+    the sum's multiplier is raised from σ until its Gaussian equivalent reaches σ (for a sum of all n clients),
+    at ``secagg-bits`` bits for payloads of ``dim`` values; too few bits raise ``ConfigError`` naming the key."""
+    if not (dp.secure_aggregation and cfg.get("secure-aggregation", True) and cfg.get("secagg-mechanism") == "ddg"):
+        return None
+    bits = int(cfg["secagg-bits"])
+    try:
+        return _ddg(dp.noise_multiplier, dp.clip, dp.num_clients, int(dim), bits)
+    except ValueError as exc:
+        raise ConfigError(f"run-config 'secagg-bits' = {bits}: {exc} (σ = {dp.noise_multiplier:.4g}, "
+                          f"clip = {dp.clip:g}; or set secagg-mechanism = 'gaussian')") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _ddg(sigma: float, clip: float, cohort: int, dim: int, bits: int) -> DistributedDiscreteGaussian:
+    return DistributedDiscreteGaussian.calibrated(sigma, clip=clip, max_cohort=cohort, dim=dim, bits=bits)
 
 
 def check_record_delta(cfg: Mapping[str, Any], profiles: list[ClientProfile], sizes: list[int]) -> None:

@@ -20,6 +20,20 @@ How the pieces fit:
   same aggregate as parameters; it validates the metrics, charges the ledger for r' of r_t and, when any
   contribution is invalid (it cannot be separated from the sum), withholds the whole round.
 
+Two mechanisms ride on it (run-config ``secagg-mechanism``):
+
+* ``ddg`` (default), the distributed discrete Gaussian (``strategies/privacy/discrete_gaussian.py``): each client
+  sends a residue modulo 2^b of its rotated, scaled, conditionally rounded update plus discrete Gaussian noise,
+  and the server learns the residue of the sum, which is what Kairouz, Liu and Steinke (2021) prove private.
+  Flower's quantizer carries the residues exactly: with Q = 2^b − 1 levels, clipping range Q/2, weight 1
+  and a field of 2^b, a client value u − Q/2 (u its residue) quantizes to u itself (every step is an exact
+  float operation), masks are added modulo 2^b, and Flower's dequantized mean w = (s − r'Q/2)·Q/(2^b − r') of
+  r' survivors gives back the residue s of the sum (:func:`residues_from_mean`). Clients check the field the
+  server set up before they send (a wider field would reveal how often the shares wrapped);
+* ``gaussian``: continuous Gaussian noise, then Flower's stochastic quantizer (2^22 levels, clipping range C plus
+  12 noise stds, a field wide enough for the cohort). The rounding noise is far below the DP noise, but the
+  privacy of that rounded sum is not analysed.
+
 Metadata SecAgg+ does not hide: who took part (the server samples and talks to each client), timing,
 and the clients' metrics.
 """
@@ -33,9 +47,10 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
-from flwr.common import parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from flwr.compat.common.recorddict_compat import recorddict_to_fitres
+from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common.secure_aggregation.quantization import quantize
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE
+from flwr.compat.common.recorddict_compat import fitres_to_recorddict, recorddict_to_fitres
 from flwr.server import ServerConfig
 from flwr.server.compat import LegacyContext
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
@@ -47,6 +62,24 @@ from fedapp.config import RunConfig
 
 #: SecAgg+ weights each masked update by num_examples / max_weight; clients send 1 (a uniform sum)
 MAX_WEIGHT = 1.0
+#: Flower SecAgg+'s quantization levels per coordinate for continuous Gaussian shares
+QUANTIZATION_RANGE = 2**22
+#: fit metric: the bit width of a distributed discrete Gaussian share (absent: a continuous share)
+SECAGG_BITS = "secagg_bits"
+
+
+def ddg_transport(bits: int) -> dict[str, Any]:
+    """Flower SecAgg+ parameters that carry residues modulo 2^b exactly (see the module docstring)."""
+    levels = (1 << bits) - 1
+    return {"clipping_range": levels / 2, "quantization_range": levels, "modulus_range": 1 << bits,
+            "max_weight": MAX_WEIGHT}
+
+
+def residues_from_mean(mean: np.ndarray, bits: int, survivors: int) -> np.ndarray:
+    """The residue modulo 2^b of the survivors' sum from Flower's dequantized mean under :func:`ddg_transport`."""
+    levels, modulus = (1 << bits) - 1, 1 << bits
+    s = np.rint(np.asarray(mean, dtype=np.float64) * (modulus - survivors) / levels + survivors * levels / 2)
+    return np.mod(s, modulus)
 
 
 def uses_secure_aggregation(cfg: RunConfig, strategy: Any) -> bool:
@@ -64,6 +97,9 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
 
     @property  # type: ignore[override]
     def clipping_range(self) -> float:
+        ddg = getattr(self.strategy, "ddg", None)
+        if ddg is not None:
+            return float(ddg_transport(ddg.bits)["clipping_range"])
         return float(self.strategy.secagg_clipping_range())
 
     @clipping_range.setter
@@ -72,11 +108,24 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
 
     @property  # type: ignore[override]
     def modulus_range(self) -> int:
-        """The field of this round's modular sum, wide enough for the round's cohort (:func:`modulus_for`)."""
+        """The field of this round's modular sum: 2^b for the discrete Gaussian, else wide enough for the round's
+        cohort (:func:`modulus_for`)."""
+        ddg = getattr(self.strategy, "ddg", None)
+        if ddg is not None:
+            return int(ddg_transport(ddg.bits)["modulus_range"])
         return modulus_for(self.strategy.round_clients(), self.quantization_range)
 
     @modulus_range.setter
     def modulus_range(self, value: int) -> None:  # sized per round from the cohort
+        pass
+
+    @property  # type: ignore[override]
+    def quantization_range(self) -> int:
+        ddg = getattr(self.strategy, "ddg", None)
+        return int(ddg_transport(ddg.bits)["quantization_range"]) if ddg is not None else QUANTIZATION_RANGE
+
+    @quantization_range.setter
+    def quantization_range(self, value: int) -> None:  # follows the mechanism
         pass
 
     def unmask_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
@@ -93,7 +142,15 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
         if reason is not None:
             self.strategy.record_unreconstructed(current_round, state.legacy_results, state.failures, reason)
             return False
-        return super().unmask_stage(grid, context, state)
+        ddg = getattr(self.strategy, "ddg", None)
+        if ddg is None:
+            return super().unmask_stage(grid, context, state)
+        strategy = context.strategy  # Flower hands the dequantized mean to aggregate_fit: give it the residues
+        context.strategy = _ResidueSum(strategy, ddg.bits)  # type: ignore[assignment]
+        try:
+            return super().unmask_stage(grid, context, state)
+        finally:
+            context.strategy = strategy
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         """Flower's stage, with each dropped client's failure recorded once (flwr 1.41 appends it twice)."""
@@ -104,6 +161,22 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
         if len(new) % 2 == 0 and [repr(e) for e in new[:half]] == [repr(e) for e in new[half:]]:
             del state.failures[before + half:]
         return ok
+
+
+class _ResidueSum:
+    """The strategy as Flower's unmask stage calls it, with the dequantized mean turned back into the residue of
+    the sum modulo 2^b before ``aggregate_fit`` (:func:`residues_from_mean`)."""
+
+    def __init__(self, strategy: Any, bits: int) -> None:
+        self.strategy, self.bits = strategy, bits
+
+    def aggregate_fit(self, server_round: int, results: list[Any], failures: list[Any]) -> Any:
+        if results:
+            mean = parameters_to_ndarrays(results[0][1].parameters)
+            residues = ndarrays_to_parameters([residues_from_mean(a, self.bits, len(results)) for a in mean])
+            for _, res in results:
+                res.parameters = residues
+        return self.strategy.aggregate_fit(server_round, results, failures)
 
 
 #: the widest field the int64 arithmetic of Flower's SecAgg+ sums without overflow (two values below it add up
@@ -173,13 +246,36 @@ def _contribution_or_dropout(call_next: Callable[[Message, Context], Message]) -
         if metrics.get("status", "ok") != "ok" or not fitres.parameters.tensors:
             raise NoContribution(f"client_id={metrics.get('client_id')} does not contribute: "
                                  f"{metrics.get('status')}: {metrics.get('reason')}")
-        if not all(np.all(np.isfinite(a)) for a in parameters_to_ndarrays(fitres.parameters)):
+        arrays = parameters_to_ndarrays(fitres.parameters)
+        if not all(np.all(np.isfinite(a)) for a in arrays):
             # the quantizer maps NaN to its lowest level and shifts the whole modular sum: never mask one
             raise NoContribution(f"client_id={metrics.get('client_id')} does not contribute: its update is not "
                                  "finite and is never quantized")
+        if SECAGG_BITS in metrics:
+            fitres.parameters = _residue_payload(arrays, int(metrics[SECAGG_BITS]), ctxt)
+            return Message(fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)
         return out
 
     return inner
+
+
+def _residue_payload(arrays: list[np.ndarray], bits: int, ctxt: Context) -> Any:
+    """A discrete Gaussian share (residues modulo 2^b) as the values Flower's quantizer maps back onto the residues
+    exactly (weight 1), after checking that the server set up exactly the field 2^b (:func:`ddg_transport`)."""
+    expected = ddg_transport(bits)
+    state = ctxt.state.config_records.get(RECORD_KEY_STATE, {})
+    got = {"clipping_range": state.get("clipping_range"), "quantization_range": state.get("target_range"),
+           "modulus_range": state.get("mod_range"), "max_weight": state.get("max_weight")}
+    if any(got[k] is None or float(got[k]) != float(v) for k, v in expected.items()):  # type: ignore[arg-type]
+        raise NoContribution(f"the server's SecAgg+ parameters {got} are not the {bits}-bit field of the discrete "
+                             f"Gaussian {expected}: the sum would reveal more than its residue modulo 2^{bits}")
+    levels = expected["quantization_range"]
+    if len(arrays) != 1 or not np.all((arrays[0] >= 0) & (arrays[0] < (1 << bits)) & (arrays[0] == np.floor(arrays[0]))):
+        raise NoContribution(f"a discrete Gaussian share must be one array of residues modulo 2^{bits}")
+    values = arrays[0].astype(np.float64) - levels / 2
+    if not np.array_equal(quantize([values], levels / 2, levels)[0], arrays[0]):  # exact by construction
+        raise NoContribution("Flower's quantizer does not reproduce the residues exactly")
+    return ndarrays_to_parameters([values])
 
 
 def run_with_secure_aggregation(grid: Grid, context: Context, strategy: Any, config: ServerConfig,

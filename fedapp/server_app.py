@@ -115,7 +115,7 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
         "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
                      "description": spec.description},
         "privacy": privacy_meta(cfg, spec.privacy),
-        "privacy_plan": privacy_plan(cfg, int(cfg["num-clients"])) if cfg["num-clients"] else None,
+        "privacy_plan": privacy_plan(cfg, int(cfg["num-clients"]), initial) if cfg["num-clients"] else None,
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
         "torchvision_guard": {k: v for k, v in guard_state().items()},

@@ -7,6 +7,13 @@ the server sees only the sum: each client adds N(0, C²σ²/r_t), r_t the round'
 σC. Without it the server sees every update: each client adds the fixed N(0, C²σ²/r), one update carries
 multiplier σ/√r, and the budget (σ calibrated for it) is that individual ε.
 
+With ``secagg-mechanism = 'ddg'`` (the default under SecAgg+) the shares are distributed discrete Gaussian
+(:class:`~strategies.privacy.discrete_gaussian.DistributedDiscreteGaussian`): each client sends its rotated, scaled,
+conditionally rounded update plus discrete Gaussian noise modulo 2^b, the server decodes the residue of the sum
+(:meth:`ClientLevelDPStrategy.decode_secure_sum`), and each round is charged as a Gaussian of its equivalent
+multiplier 1/(a + τ√d) (Kairouz et al., Prop. 14: an upper bound of its RDP at every order, so the RDP ledger never
+claims less than the mechanism gives), unamplified for every view.
+
 Sampling: every registered client independently with q = r/n (Poisson, secret randomness), fixed for the
 run; an unavailable or excluded client counts as sampled and dropped, so the realized rate never exceeds
 the accounted one.
@@ -37,23 +44,36 @@ from collections.abc import Callable, Mapping
 from logging import WARNING
 from typing import Any
 
-from flwr.common import FitRes, Scalar, log
+import numpy as np
+from flwr.common import FitRes, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from strategies.aggregate import unflatten
 from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
 from strategies.errors import ConfigError
 from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
 from strategies.privacy.budget import exceeds_budget
+from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.mechanisms import ClientLevelDP, noisy_norm_bound
 from strategies.server.validation import metric_problem, parse_client_id
 
 CFG_SIGMA = "dp-noise-multiplier"  # fit-config: the mechanism's σ (clients cross-check it)
 CFG_ROUND_CLIENTS = "dp-round-clients"  # fit-config: r_t, the number of clients sampled this round
+CFG_ROTATION_SEED = "ddg-rotation-seed"  # fit-config: the round's public seed of the DDG's random rotation
 
 MechanismFactory = Callable[[int], ClientLevelDP]
+#: (the run's client-level mechanism, the payload's length) → the distributed discrete Gaussian, or None when the
+#: secure sum carries continuous Gaussian shares
+SecureSumFactory = Callable[[ClientLevelDP, int], DistributedDiscreteGaussian | None]
+
+
+def rotation_seed(run_seed: int, server_round: int) -> int:
+    """The public seed of a round's randomized Hadamard rotation (any rotation keeps the guarantee: it preserves
+    norms; it only spreads the update over the coordinates so that few bits suffice)."""
+    return int(np.random.SeedSequence([int(run_seed), 503, int(server_round)]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
 class ClientLevelDPStrategy(DPFLStrategy):
@@ -65,12 +85,15 @@ class ClientLevelDPStrategy(DPFLStrategy):
     secure_aggregation = False
 
     def __init__(self, *, mechanism_factory: MechanismFactory | None = None, clip: float | None = None,
-                 **kwargs: Any) -> None:
+                 secure_sum_factory: SecureSumFactory | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("sampling", "poisson")
         super().__init__(**kwargs)
         self.mechanism_factory = mechanism_factory
+        self.secure_sum_factory = secure_sum_factory
         self.clip = clip
         self.dp: ClientLevelDP | None = None
+        #: the distributed discrete Gaussian the secure sums carry (None: continuous Gaussian shares, or no SecAgg+)
+        self.ddg: DistributedDiscreteGaussian | None = None
         self.other_view = PrivacyLedger(self.ledger.accountant)  # the view the budget is not for
         #: ε against the server that draws the sample: per client, the unamplified Gaussian (q = 1) of every
         #: round it took part in, at the multiplier the server saw (the sum's, or one update's without SecAgg+)
@@ -94,6 +117,16 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if self.mechanism_factory is not None and self.dp is None:
             self.dp = self.mechanism_factory(num_clients)
             self.sampler.fixed_rate = self.dp.sample_rate  # q = r/n of the registered clients, all run long
+            if self.secure_sum_factory is not None and self.dp.secure_aggregation:
+                self.ddg = self.secure_sum_factory(self.dp, self.payload_dim())
+
+    def payload_dim(self) -> int:
+        """*hook*: the length of the vector each client privatizes (the model's parameters, dense)."""
+        return self.num_params
+
+    def payload_arrays(self, values: np.ndarray) -> list[np.ndarray]:
+        """*hook*: a privatized vector of :meth:`payload_dim` entries as the arrays a client sends."""
+        return unflatten(values, self.shapes)
 
     def configure_fit(self, server_round: int, parameters, client_manager: ClientManager):
         if self.private and self.dp is None:
@@ -111,6 +144,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
         """(aggregate, individual) noise multipliers of a round with ``survivors`` of ``sampled`` updates summed:
         the sum of r' updates each carrying std s = C·σ_t has multiplier s√r'/C; one update has s/C."""
         assert self.dp is not None
+        if self.ddg is not None:  # the discrete sum's Gaussian equivalent (an RDP upper bound at every order)
+            return self.ddg.gaussian_equivalent(survivors, sampled), self.ddg.gaussian_equivalent(1, sampled)
         per_update = self.dp.noise_std(sampled) / self.dp.clip
         return per_update * math.sqrt(survivors), per_update
 
@@ -143,6 +178,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
         cfg: dict[str, Scalar] = {CFG_ROUND_CLIENTS: max(self.sampled.get(server_round, 1), 1)}
         if self.dp is not None:
             cfg[CFG_SIGMA] = float(self.dp.noise_multiplier)
+        if self.ddg is not None:
+            cfg[CFG_ROTATION_SEED] = rotation_seed(self.seed, server_round)
         return cfg
 
     # ---- validation ------------------------------------------------------------------------
@@ -152,6 +189,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     def declared_norm_bound(self, dim: int) -> float | None:
         """‖Δ̂‖ ≤ C plus, when private, the norm allowance of the round's noise N(0, C²σ²/r_t) on ``dim`` coordinates."""
+        if self.ddg is not None:  # discrete noise and rounding, spread over the padded rotated coordinates
+            return noisy_norm_bound(self.ddg.clip, self.ddg.noise_std(self.round_clients()), self.ddg.padded_dim)
         if self.dp is not None:
             return noisy_norm_bound(self.dp.clip, self.dp.noise_std(self.round_clients()), dim)
         return None if self.clip is None else self.clip * (1 + 1e-5)
@@ -232,7 +271,23 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[Any]):
         self._contributors = len(results)
+        if self.ddg is not None and self.secure_aggregation and results and self._unreleased is None:
+            self.decode_secure_sum(server_round, results)
         return super().aggregate_fit(server_round, results, failures)
+
+    def decode_secure_sum(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> None:
+        """Replace the reconstructed sum modulo 2^b (one array of the padded length, every reply carries it) by
+        the survivors' mean update in the clients' wire format: wrap, scale by γ, undo the rotation, divide by r'."""
+        assert self.ddg is not None
+        arrays = parameters_to_ndarrays(results[0][1].parameters)
+        if len(arrays) != 1 or arrays[0].shape != (self.ddg.padded_dim,):
+            shapes = [tuple(a.shape) for a in arrays]
+            raise RuntimeError(f"round {server_round}: the secure sum has shapes {shapes}, the distributed discrete "
+                               f"Gaussian ({self.ddg.padded_dim},)")
+        total = self.ddg.decode(arrays[0], rotation_seed(self.seed, server_round))
+        mean = ndarrays_to_parameters(self.payload_arrays(total / len(results)))
+        for _, res in results:
+            res.parameters = mean
 
     def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]):
         if self._unreleased is not None:
@@ -284,7 +339,9 @@ class ClientLevelDPStrategy(DPFLStrategy):
             self.other_view.charge_population([(z_other, self.dp.accounted_sample_rate, 1)], self.dp.delta)
             if withhold is None and (self.secure_aggregation or accepted):  # something reaches the released model
                 # it carries the sum's noise; amplified for whoever does not see the sample
-                self.release_view.charge_population([(z_sum, self.dp.sample_rate, 1)], self.dp.delta)
+                # (the discrete Gaussian's bound is not amplified here: charged at q = 1)
+                release_q = self.dp.sample_rate if self.ddg is None else 1.0
+                self.release_view.charge_population([(z_sum, release_q, 1)], self.dp.delta)
             for r in records:  # every reply whose update the server received, inside the sum or alone
                 if r.get("client_id") is not None and r.get("status") in ("ok", "withheld", "rejected"):
                     self.server_view.charge(int(r["client_id"]), [(z_budget, 1.0, 1)], self.dp.delta)
@@ -309,6 +366,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
                    noise_multiplier=self.dp.noise_multiplier, sample_rate=self.dp.sample_rate,
                    epsilon_budget=self.dp.epsilon(),
                    accounted_sample_rate=self.dp.accounted_sample_rate, adversary=self.dp.adversary,
+                   secure_sum=("distributed discrete Gaussian" if self.ddg is not None else
+                               "continuous Gaussian" if self.dp.secure_aggregation else "none"),
                    epsilon_guarantee=("aggregate (secure aggregation)" if self.dp.secure_aggregation
                                       else "individual update (the server sees every update)")
                    + (", against the server that draws the sample (no amplification)" if self.dp.adversary == "server"

@@ -37,6 +37,7 @@ from strategies.client_level import ClientLevelDPStrategy
 from strategies.compression import (
     check_indices,
     decode_sparse,
+    encode_sparse,
     num_kept,
     rand_k_indices,
     top_k_indices,
@@ -178,6 +179,13 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
             idx = self.round_mask(server_round)
             cfg.update({CFG_K: self.k, CFG_MASK: np.asarray(idx, dtype="<i4").tobytes()})
         return cfg
+
+    def payload_dim(self) -> int:
+        """The k values of the round's mask (all d without sparsification)."""
+        return self.k
+
+    def payload_arrays(self, values: np.ndarray) -> list[np.ndarray]:
+        return super().payload_arrays(values) if self.sparsifier == "none" else encode_sparse(values)
 
     def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]) -> np.ndarray:
         if self.sparsifier == "none":

@@ -24,6 +24,9 @@ BASE = {"dataset": "digits", "privacy-dist": "fixed", "batch-size": 16, "local-s
 
 
 def make_client(overrides: dict, private: bool = True, cid: int = 0, n: int = 4) -> ClientLevelDPClient:
+    """A client sending continuous Gaussian shares (the discrete Gaussian's: tests/test_ddg_secure_sum.py)."""
+    if overrides.get("secure-aggregation", True):
+        overrides = {"secagg-mechanism": "gaussian", **overrides}
     ctx = Context(run_id=0, node_id=cid + 1, node_config={"partition-id": cid, "num-partitions": n},
                   state=RecordDict(), run_config={})
     return ClientLevelDPClient(setup_client(ctx, overrides), ctx, private=private)

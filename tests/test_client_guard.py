@@ -14,7 +14,7 @@ from strategies.privacy.mechanisms import ClientLevelDP
 
 BASE = {"dataset": "digits", "strategy": "dp-fedavg", "privacy-dist": "fixed", "batch-size": 16, "local-steps": 2,
         "clip-norm": 0.5, "num-server-rounds": 3, "clients-per-round": 2, "noise-multiplier": 1.3,
-        "secure-aggregation": True}
+        "secure-aggregation": True, "secagg-mechanism": "gaussian"}
 
 
 def client(node_config: dict | None = None) -> ClientLevelDPClient:

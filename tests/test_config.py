@@ -201,3 +201,12 @@ def test_a_run_where_nothing_trained_is_not_finished():
     summary = summarize(idle, 1.0, done=True)
     assert not summary["finished"] and summary["rounds_trained"] == 0 and "no client update" in summary["stopped_reason"]
     assert summarize([{"round": 1, "metrics": {"clients_ok": 2}, "clients": []}], 1.0, done=True)["finished"]
+
+
+def test_secagg_share_counts_flower_cannot_run_are_refused() -> None:
+    """Flower's SecAgg+ builds a ring of neighbours: an even count makes every client fail its key sharing."""
+    for bad in (2.0, 20.0, 4.5):
+        with pytest.raises(ConfigError, match="'secagg-num-shares' .* odd integer >= 3"):
+            resolve_config(None, {"secagg-num-shares": bad})
+    for good in (0.5, 1.0, 3.0, 21.0):
+        assert resolve_config(None, {"secagg-num-shares": good})["secagg-num-shares"] == good

@@ -29,8 +29,9 @@ BASE = {"partitioner": "pathological", "classes-per-client": 2, "batch-size": 16
 
 
 def make_client(strategy: str, cid: int, node: dict | None = None, **extra) -> tuple[DP2FedSAMClient, Context]:
-    """A client on its own Flower Context (state persists across calls, as in a simulation)."""
-    ov = {**BASE, "strategy": strategy, **extra}
+    """A client on its own Flower Context (state persists across calls, as in a simulation), sending continuous
+    Gaussian shares (the discrete Gaussian's wire format: tests/test_ddg_secure_sum.py)."""
+    ov = {**BASE, "strategy": strategy, "secagg-mechanism": "gaussian", **extra}
     node_config = {"partition-id": cid, "num-partitions": N_CLIENTS, **(node or {})}
     ctx = Context(run_id=0, node_id=cid, node_config=node_config, state=RecordDict(), run_config={})
     return DP2FedSAMClient(setup_client(ctx, ov), ctx, VARIANTS[strategy]), ctx

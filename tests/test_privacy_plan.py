@@ -25,7 +25,8 @@ def launch_plan(tmp_path: Path, run_config: str, n: int = 20) -> subprocess.Comp
 
 
 def test_the_plan_states_each_adversary_and_starts_nothing(tmp_path: Path) -> None:
-    out = launch_plan(tmp_path, "strategy='dp-fedavg' clients-per-round=5 num-server-rounds=10 target-epsilon=2.0")
+    out = launch_plan(tmp_path, "strategy='dp-fedavg' clients-per-round=5 num-server-rounds=10 target-epsilon=2.0 "
+                                "secagg-mechanism='gaussian'")
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
     m, every = plan["mechanism"], plan["every_client"]
@@ -53,6 +54,9 @@ def test_record_level_plan_lists_every_client() -> None:
 def test_a_cohort_beyond_the_widest_field_is_refused() -> None:
     from fedapp.config import ConfigError
 
-    cfg = resolve_config(overrides={"strategy": "dp-fedavg"})
+    cfg = resolve_config(overrides={"strategy": "dp-fedavg", "secagg-mechanism": "gaussian"})
     with pytest.raises(ConfigError, match="secure-aggregation"):
         privacy_plan(cfg, 2**41)
+    cfg = resolve_config(overrides={"strategy": "dp-fedavg", "secagg-bits": 16})  # the discrete Gaussian's field
+    with pytest.raises(ConfigError, match="'secagg-bits' = 16: .*cannot count a cohort of 65536"):
+        privacy_plan(cfg, 2**16)

@@ -11,9 +11,13 @@ import pytest
 
 from fedapp.checkpoint import load_checkpoint
 from strategies.privacy.accountants import DPAccountingRDP
+from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 
+# secure runs name their shares' mechanism (``GAUSSIAN``: continuous, through Flower's quantizer); the distributed
+# discrete Gaussian has its own tests in test_ddg_secure_sum.py
 BASE = {"num-server-rounds": 2, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 2, "clip-norm": 1.0,
         "noise-multiplier": 1.0, "fraction-evaluate": 0.0, "seeded-noise": True, "max-samples": 400}
+GAUSSIAN = {"secure-aggregation": True, "secagg-mechanism": "gaussian"}
 
 
 def simulate(tmp: Path, overrides: dict, num_supernodes: int = 4) -> Path:
@@ -38,8 +42,7 @@ def rounds_of(run: Path) -> list[dict]:
 def test_secure_sum_equals_the_plain_sum_within_quantization(tmp_path: Path) -> None:
     """Same seeds, full participation: the SecAgg+ model equals the plain one up to quantization error,
     which is negligible next to the DP noise σC = 1 (measured: a few 1e-6)."""
-    secure = simulate(tmp_path / "secagg", {"strategy": "fed-smp-randk", "compression-ratio": 0.1,
-                                            "secure-aggregation": True})
+    secure = simulate(tmp_path / "secagg", {"strategy": "fed-smp-randk", "compression-ratio": 0.1, **GAUSSIAN})
     plain = simulate(tmp_path / "plain", {"strategy": "fed-smp-randk", "compression-ratio": 0.1,
                                           "secure-aggregation": False})
     a, b = load_checkpoint(secure)["state"]["weights"], load_checkpoint(plain)["state"]["weights"]
@@ -60,17 +63,26 @@ def test_secure_sum_equals_the_plain_sum_within_quantization(tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-def test_a_dropout_is_survived_and_the_noise_left_in_the_sum_is_accounted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mechanism", ["gaussian", "ddg"])
+def test_a_dropout_is_survived_and_the_noise_left_in_the_sum_is_accounted(tmp_path: Path, mechanism: str) -> None:
     # the budget is planned for 4 rounds at σ: two rounds at σ·√(3/4) fit in it (with T = 2 they would not, and
     # the server would sample nobody in round 2: tested in test_fed_smp)
     run = simulate(tmp_path, {"strategy": "dp-fedavg", "fault-fraction": 0.25, "fault-mode": "raise",
-                              "secure-aggregation": True, "dp-rounds": 4})
+                              "secure-aggregation": True, "dp-rounds": 4, "secagg-mechanism": mechanism,
+                              "num-clients": 4})
     rounds = rounds_of(run)
+    expected_z = 1.0 * math.sqrt(3 / 4)
+    if mechanism == "ddg":  # 3 of 4 discrete shares: the Gaussian equivalent of the mechanism the plan built
+        plan = json.loads((run / "config.json").read_text())["privacy_plan"]["mechanism"]
+        ddg = DistributedDiscreteGaussian(clip=1.0, noise_multiplier=plan["noise_multiplier"], max_cohort=4,
+                                          dim=plan["payload_dim"], bits=plan["field_bits"])
+        expected_z = ddg.gaussian_equivalent(3, 4)
+        assert expected_z == pytest.approx(math.sqrt(3 / 4), rel=1e-3)  # 20 bits: nearly the continuous Gaussian
     history = []
     for rec in rounds:
         m = rec["metrics"]
         assert m["clients_sampled"] == 4 and m["clients_ok"] == 3 and m["clients_failed"] == 1
-        assert m["noise_multiplier_effective"] == pytest.approx(1.0 * math.sqrt(3 / 4))
+        assert m["noise_multiplier_effective"] == pytest.approx(expected_z, rel=1e-9)
         history.append((m["noise_multiplier_effective"], m["sample_rate"], 1))
     expected = DPAccountingRDP().epsilon(history, rounds[-1]["metrics"]["delta"])
     assert rounds[-1]["metrics"]["epsilon"] == pytest.approx(expected, rel=0.01)  # σ·√(3/4) per round, not σ
@@ -96,7 +108,10 @@ def test_a_dropout_is_survived_and_the_noise_left_in_the_sum_is_accounted(tmp_pa
     summary = json.loads((run / "summary.json").read_text())
     assert summary["max_epsilon_vs_server"] == max(c["epsilon_vs_server"] for r in rounds for c in r["clients"]
                                                    if c.get("epsilon_vs_server") is not None)
-    assert summary["max_epsilon_vs_release"] == pytest.approx(rounds[-1]["metrics"]["epsilon"])
+    if mechanism == "gaussian":  # the discrete Gaussian is not amplified: its release view is the server's
+        assert summary["max_epsilon_vs_release"] == pytest.approx(rounds[-1]["metrics"]["epsilon"])
+    else:
+        assert summary["max_epsilon_vs_release"] == pytest.approx(summary["max_epsilon_vs_server"])
 
 
 @pytest.mark.slow
@@ -105,7 +120,7 @@ def test_a_sum_the_budget_cannot_pay_for_is_never_reconstructed(tmp_path: Path) 
     for T = 3 rounds at σ (Σ 1/z² = 3): round 1 costs 2, and round 2's sum would bring it to 4 — the SecAgg+
     workflow asks the strategy before its unmask stage, which then never runs, and nothing is charged."""
     run = simulate(tmp_path, {"strategy": "dp-fedavg", "fault-fraction": 0.5, "fault-mode": "raise",
-                              "secure-aggregation": True, "num-server-rounds": 3})
+                              "num-server-rounds": 3, **GAUSSIAN})
     rounds = rounds_of(run)
     first, later = rounds[0], rounds[1:]
     assert first["metrics"]["clients_ok"] == 2

@@ -45,14 +45,25 @@ from fedapp.clients.common import (
     round_seed,
 )
 from fedapp.config import RunConfig
-from fedapp.privacy_profiles import client_level_mechanism
+from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
+from fedapp.secure_aggregation import SECAGG_BITS
 from fedapp.training import LocalTraining, TrainResult, get_weights, local_train, set_weights, steps_per_epoch
 from strategies.aggregate import flatten, unflatten
-from strategies.client_level import CFG_SIGMA
+from strategies.client_level import CFG_ROTATION_SEED, CFG_SIGMA
 from strategies.compression import encode_sparse
 from strategies.fed_smp import dp_dense, dp_spar, mask_from_config
 from strategies.privacy.budget import budget_refusal
+from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.mechanisms import ClientLevelDP, cached_epsilon
+
+
+def discrete_share(ddg: DistributedDiscreteGaussian, clipped: np.ndarray, config: dict[str, Any], round_clients: int,
+                   rng: np.random.Generator) -> list[np.ndarray]:
+    """The wire payload of a clipped vector under the distributed discrete Gaussian: its residues modulo 2^b, rotated
+    with the round's public seed; ``ValueError`` when the server sent no seed."""
+    if CFG_ROTATION_SEED not in config:
+        raise ValueError(f"the round's fit config has no {CFG_ROTATION_SEED!r} for the discrete Gaussian")
+    return [ddg.encode(clipped, int(config[CFG_ROTATION_SEED]), rng, round_clients=round_clients)]
 
 
 def local_steps(cfg: RunConfig, num_examples: int, batch_size: int) -> int:
@@ -107,6 +118,16 @@ class ClientLevelDPClient(NumPyClient):
         sparsifier, indices = mask_from_config(config, update.size)
         clip = float(self.s.cfg["clip-norm"])
         r_t = round_clients(config, dp, self.floors) if dp is not None else None
+        ddg = secure_sum_mechanism(self.s.cfg, dp, update.size if indices is None else len(indices)) \
+            if dp is not None else None
+        if ddg is not None:  # clip here; the discrete Gaussian share replaces the continuous noise
+            assert r_t is not None
+            if indices is None:
+                clipped, norm = dp_dense(update, clip=clip, dp=None, rng=rng)
+            else:
+                clipped, norm = dp_spar(update, indices, sparsifier, clip=clip, dp=None, rng=rng)
+            return discrete_share(ddg, clipped, config, r_t, rng), {"update_norm": norm, "k": len(clipped),
+                                                                    SECAGG_BITS: ddg.bits}
         if indices is None:
             noisy, norm = dp_dense(update, clip=clip, dp=dp, rng=rng, round_clients=r_t)
             return unflatten(noisy, shapes), {"update_norm": norm, "k": update.size}

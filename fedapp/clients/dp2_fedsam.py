@@ -26,6 +26,7 @@ import torch
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, Context
 
+from fedapp.clients.client_dp import discrete_share
 from fedapp.clients.client_level_guard import (
     ClientFloors,
     accounted_rounds,
@@ -45,12 +46,13 @@ from fedapp.clients.common import (
 )
 from fedapp.config import ConfigError, RunConfig
 from fedapp.data import load_dataset
-from fedapp.privacy_profiles import client_level_mechanism
+from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
+from fedapp.secure_aggregation import SECAGG_BITS
 from fedapp.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
 from strategies.aggregate import flatten, unflatten
 from strategies.dp2_fedsam import Variant, shared_mask
 from strategies.privacy.budget import budget_refusal
-from strategies.privacy.mechanisms import cached_epsilon
+from strategies.privacy.mechanisms import cached_epsilon, clip_by_l2
 
 HEAD_KEY = "dp2-head"
 
@@ -157,7 +159,18 @@ class DP2FedSAMClient(NumPyClient):
         head = [w for w, m in zip(new, self.mask) if not m]
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
         rng = np.random.default_rng(noise_seed(cfg, p.client_id, rnd))
-        noisy, norm = dp.privatize(delta, rng, round_clients(config, dp, floors))  # Alg. 2 lines 18–19
+        r_t = round_clients(config, dp, floors)
+        ddg = secure_sum_mechanism(cfg, dp, delta.size)
+        try:
+            if ddg is None:  # Alg. 2 lines 18–19: clip, add N(0, C²σ²/r_t)
+                noisy, norm = dp.privatize(delta, rng, r_t)
+                arrays = unflatten(noisy, self.shared_shapes)
+            else:  # clip, then the discrete Gaussian share of the secure sum
+                clipped, norm = clip_by_l2(delta, dp.clip)
+                arrays = discrete_share(ddg, clipped, config, r_t, rng)
+                metrics[SECAGG_BITS] = ddg.bits
+        except ValueError as exc:  # malformed round config from the server: send nothing
+            return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
         record_release(self.context)
         if self.variant.personalized and not diverged:  # a diverged round keeps the previous head
             self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here
@@ -166,7 +179,7 @@ class DP2FedSAMClient(NumPyClient):
         if cfg["dp2-report-norms"]:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
             metrics["local_update_norm"] = norm
         # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
-        return unflatten(noisy, self.shared_shapes), 1 if cfg["secure-aggregation"] else n_train, metrics
+        return arrays, 1 if cfg["secure-aggregation"] else n_train, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         cfg, cid = self.s.cfg, self.s.profile.client_id

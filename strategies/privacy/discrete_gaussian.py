@@ -16,7 +16,8 @@ mechanism whose privacy is proved. The distributed discrete Gaussian (DDG) is: e
    with probability ≤ β),
 4. adds discrete Gaussian noise N_Z(0, σ²/γ²) to every coordinate (exact sampler: Canonne, Kamath,
    Steinke 2020, Algorithm 3, on float64 probabilities),
-5. reduces modulo 2^b into [−2^(b−1), 2^(b−1)).
+5. reduces modulo 2^b (a residue in [0, 2^b): secure aggregation adds residues modulo 2^b, and the server reads
+   the sum's residue in [−2^(b−1), 2^(b−1))).
 
 The server sums modulo 2^b (secure aggregation), multiplies by γ and undoes the rotation. The sum of n
 discrete Gaussians is not a discrete Gaussian; Theorem 1 bounds the difference with
@@ -133,77 +134,152 @@ def wrap(values: np.ndarray, bits: int) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------- the mechanism
+#: Flower's SecAgg+ quantizer rounds through int32: a field of at most 2^31 residues
+MAX_BITS = 31
+MIN_BITS = 8
+
+
 @dataclass(frozen=True)
 class DistributedDiscreteGaussian:
-    """DDG for one round: ``clients`` summands, each clipping to ``clip`` and adding N_Z(0, (local_std/γ)²).
+    """The distributed discrete Gaussian of one run (Kairouz, Liu, Steinke 2021, Algorithm 1).
 
-    ``dim`` is the unpadded vector length, ``bits`` the field of the modular sum, ``beta`` the conditional
-    rounding parameter and ``k_stds`` how many standard deviations of the aggregate must fit in the field
-    (:meth:`granularity` chooses γ from it).
+    ``noise_multiplier`` σ is the continuous noise the *sum* carries, in units of ``clip``: in a round with r_t
+    sampled clients each adds N_Z(0, (Cσ/(√r_t γ))²) in integer units, so the sum of r_t shares has variance
+    (Cσ/γ)². ``dim`` is the unpadded vector length, ``bits`` the field of the modular sum (2^b residues),
+    ``max_cohort`` the most clients a sum can have (the granularity γ leaves room for all of them), ``beta`` the
+    conditional rounding parameter and ``k_stds`` how many standard deviations of a sum coordinate fit in the field.
+    Every client and the server build the same object from the run's plan, so γ and the rotation agree.
     """
 
     clip: float
-    local_std: float
-    clients: int
+    noise_multiplier: float
+    max_cohort: int
     dim: int
     bits: int
     beta: float = math.exp(-0.5)
     k_stds: float = 4.0
 
     def __post_init__(self) -> None:
-        if self.clip <= 0 or self.local_std <= 0 or self.clients < 1 or self.dim < 1 or not 2 <= self.bits <= 62:
+        if self.clip <= 0 or self.noise_multiplier <= 0 or self.max_cohort < 1 or self.dim < 1:
             raise ValueError(f"invalid distributed discrete Gaussian parameters: {self}")
+        if not MIN_BITS <= self.bits <= MAX_BITS:
+            raise ValueError(f"bits must be in {MIN_BITS}..{MAX_BITS}, got {self.bits}")
+        if self.max_cohort >= 1 << self.bits:
+            raise ValueError(f"a field of 2^{self.bits} cannot count a cohort of {self.max_cohort}")
 
     @property
     def padded_dim(self) -> int:
         return padded_dim(self.dim)
 
     @property
-    def granularity(self) -> float:
-        """γ such that ``k_stds`` standard deviations of each aggregate coordinate fit in [−2^(b−1), 2^(b−1)).
+    def modulus(self) -> int:
+        return 1 << self.bits
 
-        A rotated coordinate of the sum is at most n·c/√d (aligned clients), rounding adds variance n/4 in
-        scaled units and the noise n·σ²/γ², so k²·((n c)²/d + nσ²)/γ² + k²n/4 ≤ 4^(b−1) gives γ.
+    @property
+    def granularity(self) -> float:
+        """γ such that ``k_stds`` standard deviations of each coordinate of the sum fit in [−2^(b−1), 2^(b−1)).
+
+        A rotated coordinate of the sum of n = ``max_cohort`` clipped updates is at most n·c/√d (aligned
+        updates), rounding adds variance ≤ n/4 in integer units and the noise (Cσ/γ)²:
+        k²·((n c)²/d + (Cσ)²)/γ² + k²n/4 ≤ 4^(b−1) gives γ (Kairouz et al., Sec. 5, with their k = 4).
         """
-        n, d, k = self.clients, self.padded_dim, self.k_stds
+        n, d, k = self.max_cohort, self.padded_dim, self.k_stds
         room = 4.0 ** (self.bits - 1) - k**2 * n / 4
         if room <= 0:
             raise ValueError(f"{self.bits} bits cannot hold the rounding noise of {n} clients at {k:g} stds")
-        return math.sqrt(k**2 * ((n * self.clip) ** 2 / d + n * self.local_std**2) / room)
+        return math.sqrt(k**2 * ((n * self.clip) ** 2 / d + (self.clip * self.noise_multiplier) ** 2) / room)
 
-    @property
-    def scaled_std(self) -> float:
-        """Each client's discrete Gaussian std in integer units, σ/γ."""
-        return self.local_std / self.granularity
+    def scaled_std(self, round_clients: int) -> float:
+        """Each client's discrete Gaussian std in integer units in a round of r_t clients: Cσ/(√r_t γ)."""
+        if round_clients < 1:
+            raise ValueError(f"a round needs at least 1 client, got {round_clients}")
+        return self.clip * self.noise_multiplier / (math.sqrt(round_clients) * self.granularity)
+
+    def noise_std(self, round_clients: int) -> float:
+        """A bound on the std of one client's noise per coordinate in real units: its discrete Gaussian (Cσ/√r_t)
+        plus randomized rounding (at most γ/2)."""
+        return math.hypot(self.clip * self.noise_multiplier / math.sqrt(round_clients), self.granularity / 2)
 
     @property
     def l2_sensitivity(self) -> float:
-        """Δ₂ in integer units: the norm bound of a clipped, scaled, conditionally rounded update."""
+        """Δ₂ in integer units: the norm bound of a clipped, scaled, conditionally rounded update (Prop. 22)."""
         return rounded_norm_bound(self.clip / self.granularity, self.padded_dim, self.beta)
 
-    def encode(self, update: np.ndarray, seed: int, rng: np.random.Generator) -> np.ndarray:
-        """One client's contribution: rotate, scale, round, add N_Z noise, wrap (``update`` already clipped)."""
-        if float(np.linalg.norm(update)) > self.clip * (1 + 1e-9):
+    def encode(self, update: np.ndarray, seed: int, rng: np.random.Generator, round_clients: int) -> np.ndarray:
+        """One client's share: rotate, scale by 1/γ, round conditionally, add N_Z noise, reduce to [0, 2^b).
+
+        ``update`` must be clipped to ``clip`` already; ``seed`` is the round's public rotation seed."""
+        if len(update) != self.dim:
+            raise ValueError(f"the update has {len(update)} coordinates, the mechanism {self.dim}")
+        if not float(np.linalg.norm(update)) <= self.clip * (1 + 1e-9):
             raise ValueError("the update must be clipped to the mechanism's clip norm first")
         scaled = rotate(np.asarray(update, dtype=np.float64), seed) / self.granularity
         rounded = conditional_round(scaled, self.l2_sensitivity, rng)
-        noisy = rounded + discrete_gaussian(self.scaled_std, len(rounded), rng)
-        return wrap(noisy, self.bits)
+        noisy = rounded + discrete_gaussian(self.scaled_std(round_clients), len(rounded), rng)
+        return np.mod(noisy, self.modulus)
 
     def decode(self, modular_sum: np.ndarray, seed: int) -> np.ndarray:
         """The real-valued sum of the clients' noisy updates from their sum modulo 2^b."""
+        if len(modular_sum) != self.padded_dim:
+            raise ValueError(f"the sum has {len(modular_sum)} coordinates, the mechanism {self.padded_dim}")
         return unrotate(wrap(np.asarray(modular_sum, dtype=np.int64), self.bits) * self.granularity, self.dim, seed)
 
-    def tau(self, survivors: int | None = None) -> float:
-        """τ of Theorem 1 for a sum of ``survivors`` (default: all) discrete Gaussians of std σ/γ."""
-        n = self.clients if survivors is None else int(survivors)
-        s2 = self.scaled_std**2
-        return 10.0 * sum(math.exp(-2 * math.pi**2 * s2 * k / (k + 1)) for k in range(1, n))
+    def tau(self, survivors: int, round_clients: int) -> float:
+        """τ of Theorem 1 for the sum of ``survivors`` discrete Gaussians, each of std Cσ/(√r_t γ)."""
+        s2 = self.scaled_std(round_clients) ** 2
+        return 10.0 * sum(math.exp(-2 * math.pi**2 * s2 * k / (k + 1)) for k in range(1, int(survivors)))
 
-    def rdp(self, survivors: int | None = None) -> np.ndarray:
+    def rdp(self, survivors: int, round_clients: int) -> np.ndarray:
         """Rényi DP of one round at :data:`ORDERS` (:func:`ddg_rdp`)."""
-        n = self.clients if survivors is None else int(survivors)
-        return ddg_rdp(self.l2_sensitivity, self.scaled_std, n, self.padded_dim, self.tau(n))
+        return ddg_rdp(self.l2_sensitivity, self.scaled_std(round_clients), int(survivors), self.padded_dim,
+                       self.tau(survivors, round_clients))
+
+    def gaussian_equivalent(self, survivors: int, round_clients: int) -> float:
+        """z with RDP(α) ≤ α/(2z²) at every order: 1/(a + τ√d), the third bound of Proposition 14.
+
+        A round charged to an RDP ledger as a Gaussian of multiplier z (sampling rate 1) therefore never claims
+        less ε than the mechanism's own RDP curve gives."""
+        a = self.l2_sensitivity / (math.sqrt(survivors) * self.scaled_std(round_clients))
+        return 1.0 / (a + self.tau(survivors, round_clients) * math.sqrt(self.padded_dim))
+
+    @classmethod
+    def calibrated(cls, target_multiplier: float, *, clip: float, max_cohort: int, dim: int, bits: int,
+                   rel_tol: float = 1e-4) -> DistributedDiscreteGaussian:
+        """The least σ whose full round (every one of ``max_cohort`` clients summed) has a Gaussian equivalent of
+        at least ``target_multiplier``: the continuous plan's ε then bounds the discrete mechanism's.
+
+        The equivalent grows with σ but saturates (rounding noise of √d/2 per client is the floor of Δ₂), so a
+        field too narrow for the model raises ``ValueError`` naming the bits that would do."""
+        def build(sigma: float) -> DistributedDiscreteGaussian:
+            return cls(clip=clip, noise_multiplier=sigma, max_cohort=max_cohort, dim=dim, bits=bits)
+
+        def z(sigma: float) -> float:
+            return build(sigma).gaussian_equivalent(max_cohort, max_cohort)
+
+        lo, hi = target_multiplier, target_multiplier
+        for _ in range(60):
+            if z(hi) >= target_multiplier:
+                break
+            lo, hi = hi, hi * 2
+        else:
+            need = next((b for b in range(bits + 1, MAX_BITS + 1)
+                         if _reaches(clip, target_multiplier, max_cohort, dim, b)), None)
+            raise ValueError(f"{bits} bits cannot carry noise multiplier {target_multiplier:.4g} for {dim} coordinates "
+                             f"and {max_cohort} clients: rounding dominates the sensitivity"
+                             + (f"; {need} bits would" if need else ""))
+        while hi - lo > rel_tol * hi:
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if z(mid) >= target_multiplier else (mid, hi)
+        return build(hi)
+
+
+def _reaches(clip: float, target: float, cohort: int, dim: int, bits: int) -> bool:
+    """Whether ``bits`` reach a Gaussian equivalent of ``target`` at any σ (the saturated limit, σ = 10⁶·target)."""
+    try:
+        ddg = DistributedDiscreteGaussian(clip=clip, noise_multiplier=1e6 * target, max_cohort=cohort, dim=dim, bits=bits)
+        return ddg.gaussian_equivalent(cohort, cohort) >= target
+    except ValueError:
+        return False
 
 
 def ddg_rdp(l2_sensitivity: float, scaled_std: float, summands: int, dim: int, tau: float) -> np.ndarray:
