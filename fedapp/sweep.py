@@ -20,6 +20,12 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     strategy = ["robust-hdp", "weiavg"]
     seed = [1, 2, 3]
 
+    [[sweep.variants]]                      # optional: each cell of the grid runs once per variant (settings
+    secagg-mechanism = "gaussian"           # that only make sense together, e.g. a mechanism and its options)
+    [[sweep.variants]]
+    secagg-mechanism = "ddg"
+    secagg-bits = 12
+
     [[sweep.claims]]                        # verdicts for fedapp.report
     text = "Robust-HDP beats WeiAvg"
     metric = "final_accuracy"
@@ -81,11 +87,13 @@ class Sweep:
     tune: list[str] = field(default_factory=list)
     claims: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    variants: list[dict[str, Any]] = field(default_factory=list)
 
     def cells(self) -> list[dict[str, Any]]:
-        """Every combination of the grid, in file order."""
+        """Every combination of the grid, each once per variant (when there are variants), in file order."""
         keys = list(self.grid)
-        return [dict(zip(keys, values)) for values in itertools.product(*(self.grid[k] for k in keys))]
+        return [{**dict(zip(keys, values)), **variant}
+                for values in itertools.product(*(self.grid[k] for k in keys)) for variant in self.variants or [{}]]
 
 
 def cell_id(assignments: Mapping[str, Any]) -> str:
@@ -104,6 +112,7 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
     sw = dict(doc["sweep"])
     config, grid = dict(sw.pop("config", {})), dict(sw.pop("grid", {}))
     claims = list(sw.pop("claims", []))
+    variants = [dict(v) for v in sw.pop("variants", [])]
     if scale is not None:
         scales = dict(doc.get("scales", {}))
         if scale not in scales:
@@ -125,9 +134,14 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
     for key, values in grid.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"{path}: [sweep.grid] {key!r} must be a non-empty list, got {values!r}")
+    for variant in variants:
+        both = sorted(set(variant) & set(grid))
+        if not variant or both:
+            raise ConfigError(f"{path}: [[sweep.variants]] {variant!r} must set keys the grid does not vary "
+                              f"(both set {both})" if both else f"{path}: an empty [[sweep.variants]] table")
     sweep = Sweep(name=str(sw.pop("name", path.stem)), path=path, num_supernodes=int(sw.pop("num-supernodes", 10)),
                   config=config, grid=grid, tune=list(sw.pop("tune", [])), claims=claims,
-                  meta={**sw, "scale": scale or "default"})
+                  meta={**sw, "scale": scale or "default"}, variants=variants)
     for t in sweep.tune:
         if t not in grid:
             raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] key")
@@ -176,6 +190,8 @@ class Index:
         self.doc = {"sweep": sweep.name, "file": str(sweep.path), "meta": sweep.meta, "num_supernodes":
                     sweep.num_supernodes, "config": sweep.config, "grid": sweep.grid, "tune": sweep.tune,
                     "claims": sweep.claims, "cells": dict(old.get("cells", {}))}
+        if sweep.variants:
+            self.doc["variants"] = sweep.variants
 
     def done(self, cid: str) -> bool:
         cell = self.doc["cells"].get(cid, {})

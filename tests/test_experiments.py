@@ -79,7 +79,21 @@ def test_sweep_file_is_validated_before_anything_runs(tmp_path: Path):
         load_sweep(bad_metric)
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "configs" / "papers").glob("*.toml")),
+def test_variants_multiply_the_grid_and_never_overlap_it(tmp_path: Path):
+    path = tmp_path / "v.toml"
+    path.write_text(SWEEP + '\n[[sweep.variants]]\nsecagg-mechanism = "gaussian"\n'
+                    '[[sweep.variants]]\nsecagg-mechanism = "ddg"\nsecagg-bits = 12\n')
+    cells = load_sweep(path).cells()
+    assert len(cells) == 16  # the 8 grid cells, each once per variant
+    assert cells[0]["secagg-mechanism"] == "gaussian" and "secagg-bits" not in cells[0]
+    assert cells[1]["secagg-bits"] == 12 and {k: v for k, v in cells[0].items() if not k.startswith("secagg")} == \
+        {k: v for k, v in cells[1].items() if not k.startswith("secagg")}
+    path.write_text(SWEEP + '\n[[sweep.variants]]\nseed = 3\n')
+    with pytest.raises(ConfigError, match="keys the grid does not vary"):
+        load_sweep(path)
+
+
+@pytest.mark.parametrize("path", sorted((Path(__file__).parents[1] / "configs").glob("*/*.toml")),
                          ids=lambda p: p.stem)
 def test_every_paper_sweep_file_loads_at_every_scale(path: Path, tmp_path: Path):
     import tomllib
