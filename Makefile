@@ -28,10 +28,12 @@ run: $(STAMP)
 	$(PY) -m fedapp.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)" --engine $(ENGINE)
 
 test: $(STAMP)
+	$(PY) -m mypy
 	$(PY) -m pytest -q -ra --durations=15
 
 lint: $(STAMP)
 	$(PY) -m ruff check fedapp strategies tests benchmarks
+	$(PY) -m mypy
 
 bench-quick: $(STAMP)
 	$(PY) -m benchmarks.foundation --quick

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
+
+#: a vector of weights or variances: a sequence of floats or a 1-d numpy array
+FloatVector = Sequence[float] | npt.NDArray[Any]
 
 
 def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
@@ -14,9 +19,11 @@ def flatten(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
 
 
-def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]], dtype=np.float32) -> list[np.ndarray]:
+def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]],
+              dtype: npt.DTypeLike = np.float32) -> list[np.ndarray]:
     """Inverse of :func:`flatten` for the given shapes."""
-    out, offset = [], 0
+    out: list[np.ndarray] = []
+    offset = 0
     for shape in shapes:
         size = int(np.prod(shape)) if len(shape) else 1
         out.append(np.asarray(vector[offset:offset + size], dtype=dtype).reshape(shape))
@@ -26,14 +33,14 @@ def unflatten(vector: np.ndarray, shapes: Sequence[tuple[int, ...]], dtype=np.fl
     return out
 
 
-def normalize_weights(raw: Sequence[float]) -> np.ndarray:
+def normalize_weights(raw: FloatVector) -> npt.NDArray[np.float64]:
     """Non-negative weights summing to 1; raises on an all-zero or invalid input."""
     w = np.asarray(raw, dtype=np.float64)
     if w.ndim != 1 or len(w) == 0:
         raise ValueError("need a non-empty 1-d weight vector")
     if not np.all(np.isfinite(w)) or np.any(w < 0):
         raise ValueError(f"weights must be finite and >= 0, got {w}")
-    total = w.sum()
+    total = float(w.sum())  # the float64 sum as a Python float: the same value
     if total <= 0:
         raise ValueError("weights sum to zero")
     return w / total
@@ -42,7 +49,7 @@ def normalize_weights(raw: Sequence[float]) -> np.ndarray:
 _SUM_BLOCK = 1 << 15  # coordinates per block of weighted_sum (256 KiB of float64)
 
 
-def weighted_sum(updates: Sequence[np.ndarray], weights: Sequence[float]) -> np.ndarray:
+def weighted_sum(updates: Sequence[np.ndarray], weights: FloatVector) -> np.ndarray:
     """Σ_i w_i u_i over flat update vectors."""
     if len(updates) != len(weights):
         raise ValueError(f"{len(updates)} updates but {len(weights)} weights")
@@ -63,14 +70,14 @@ def weighted_sum(updates: Sequence[np.ndarray], weights: Sequence[float]) -> np.
     return out
 
 
-def aggregate_noise_variance(weights: Sequence[float], sigma2: Sequence[float], num_params: int, lr: float) -> float:
+def aggregate_noise_variance(weights: FloatVector, sigma2: FloatVector, num_params: int, lr: float) -> float:
     """Normalized aggregate noise variance Σ_i w_i² σ_i² / (p η²) (Robust-HDP Eq. 8, Table 3)."""
     w = np.asarray(weights, dtype=np.float64)
     s = np.asarray(sigma2, dtype=np.float64)
     return float(np.sum(w**2 * s) / (num_params * lr**2))
 
 
-def cap_shares(raw: Sequence[float], cap: float) -> np.ndarray:
+def cap_shares(raw: FloatVector, cap: float) -> np.ndarray:
     """Normalized weights with no share above ``cap`` (water-filling): capped entries are fixed at ``cap`` and
     the remaining mass is split among the others in proportion to ``raw``. With n·cap ≤ 1 every client gets 1/n."""
     w = normalize_weights(raw)

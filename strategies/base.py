@@ -28,7 +28,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import ERROR, INFO, WARNING
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from flwr.common import (
@@ -59,6 +59,7 @@ from strategies.server.validation import (
     StrikeRecord,
     UpdateValidator,
     metric_problem,
+    number_metrics,
     parse_client_id,
     short_repr,
 )
@@ -70,6 +71,10 @@ LEDGER_CONFIG_KEY = "dp-ledger"  # fit-config key: JSON {client_id: ε spent so 
 #: statuses a client may report: trained (``ok``), would not train (``refused``: budget, data), or trained and
 #: failed on its own (``failed``: e.g. DP-SGD diverged) — a failure, never a strike
 CLIENT_STATUSES = ("ok", "refused", "failed")
+#: how long configure_fit waits for ``min_available_clients`` (seconds): Flower's SimpleClientManager default
+WAIT_FOR_CLIENTS_S = 86400
+#: server-side evaluation: the global model's arrays -> (loss, metrics)
+EvaluateFn = Callable[[list[np.ndarray]], tuple[float, dict[str, Scalar]]]
 
 
 @dataclass
@@ -90,7 +95,7 @@ class StrategyContext:
     """What the Flower glue hands to a strategy factory."""
 
     initial_weights: list[np.ndarray]
-    evaluate_fn: Callable[[list[np.ndarray]], tuple[float, dict[str, Scalar]]] | None = None
+    evaluate_fn: EvaluateFn | None = None
     recorder: RoundRecorder | None = None
     prevalidate: Callable[[int], None] | None = None  # called with the number of clients before round 1
     extras: dict[str, Any] = field(default_factory=dict)
@@ -111,7 +116,7 @@ class DPFLStrategy(Strategy):
 
     def __init__(self, *, initial_weights: Sequence[np.ndarray], num_rounds: int, seed: int = 0,
                  clients_per_round: int = 0, min_available_clients: int = 2, fraction_evaluate: float = 1.0,
-                 server_lr: float = 1.0, evaluate_fn=None, recorder: RoundRecorder | None = None,
+                 server_lr: float = 1.0, evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None,
                  prevalidate: Callable[[int], None] | None = None, sampling: str = "fixed",
                  secret_sampling: bool = True, accountant: str = "rdp", strike_limit: int = 3,
                  robust_norm_factor: float = 10.0, max_examples: Mapping[int, int] | None = None) -> None:
@@ -171,7 +176,7 @@ class DPFLStrategy(Strategy):
         server_round = self.actual_round(server_round)
         self.flush_round()
         self.current_weights = [np.asarray(a, dtype=np.float32) for a in parameters_to_ndarrays(parameters)]
-        client_manager.wait_for(self.min_available_clients)
+        client_manager.wait_for(self.min_available_clients, timeout=WAIT_FOR_CLIENTS_S)
         self.num_available = client_manager.num_available()
         self.connected_nodes = {int(c.node_id) for c in client_manager.all().values()}
         if not self.round_log.opened:
@@ -206,7 +211,7 @@ class DPFLStrategy(Strategy):
             return out
         cid = self.identity.client_of.get(int(proxy.node_id))
         if cid is not None and cid in ledger:
-            entries = {cid: ledger[cid]}
+            entries: Mapping[int, float] = {cid: ledger[cid]}
         elif cid is not None:
             return out
         else:
@@ -417,12 +422,10 @@ class DPFLStrategy(Strategy):
         declares (``record_neighbours``, the client's run-config ``record-neighbours``) — replace-one when it
         declares none, the relation that fits a reply carrying N_i — fixed at first contact too.
         """
-        z, q = metrics.get("noise_multiplier"), metrics.get("sample_rate")
-        steps, delta = metrics.get("steps_round"), metrics.get("delta")
-        values = (z, q, steps, delta)
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        values = number_metrics(metrics, "noise_multiplier", "sample_rate", "steps_round", "delta")
+        if values is None:
             return None
-        z, q, steps, delta = float(z), float(q), int(steps), float(delta)
+        z, q, steps, delta = float(values[0]), float(values[1]), int(values[2]), float(values[3])
         if not (z > 0 and 0 < q <= 1 and steps > 0 and 0 < delta < 1):
             raise RejectedUpdate(f"declared mechanism (noise_multiplier={z}, sample_rate={q}, steps_round={steps}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
@@ -543,9 +546,11 @@ class DPFLStrategy(Strategy):
             if not known:
                 self.declared.pop(cid, None)
         if charge is not None:
-            history, delta, *relation = charge
             self.ledger.register(cid)
-            self.ledger.charge(cid, history, delta, *relation, provisional=True)
+            if len(charge) == 3:  # (history, delta, relation)
+                self.ledger.charge(cid, charge[0], charge[1], charge[2], provisional=True)
+            else:  # (history, delta): the ledger's default relation
+                self.ledger.charge(cid, charge[0], charge[1], provisional=True)
 
     def _screen_outliers(self, server_round: int, updates: list[ClientUpdate]) -> None:
         """Reject updates far above the round's median norm (mechanisms without a declared bound)."""
@@ -678,9 +683,9 @@ def _fmt(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
-def _is_finite(x: object) -> bool:
+def _is_finite(x: object) -> TypeGuard[float]:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
 
 
-def _is_fraction(x: object) -> bool:
-    return _is_finite(x) and 0 <= float(x) <= 1  # type: ignore[arg-type]
+def _is_fraction(x: object) -> TypeGuard[float]:
+    return _is_finite(x) and 0 <= float(x) <= 1

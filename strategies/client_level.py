@@ -45,12 +45,12 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import FitIns, FitRes, Parameters, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.aggregate import unflatten
-from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
+from strategies.base import WAIT_FOR_CLIENTS_S, ClientUpdate, DPFLStrategy, RejectedUpdate
 from strategies.errors import ConfigError
 from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
@@ -128,9 +128,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
         """*hook*: a privatized vector of :meth:`payload_dim` entries as the arrays a client sends."""
         return unflatten(values, self.shapes)
 
-    def configure_fit(self, server_round: int, parameters, client_manager: ClientManager):
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
         if self.private and self.dp is None:
-            client_manager.wait_for(self.min_available_clients)
+            client_manager.wait_for(self.min_available_clients, timeout=WAIT_FOR_CLIENTS_S)
             self.setup_privacy(client_manager.num_available())
             if self.dp is not None and self.dp.secure_aggregation != self.secure_aggregation:
                 raise ConfigError(
@@ -201,7 +202,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
             return float(self.clip or 1.0)
         return self.dp.clip + 12.0 * self.dp.noise_std(self.round_clients())
 
-    def validate_update(self, update, metrics: Mapping[str, Scalar]) -> None:
+    def validate_update(self, update: np.ndarray, metrics: Mapping[str, Scalar]) -> None:
         self.check_sigma(metrics)
 
     def check_sigma(self, metrics: Mapping[str, Scalar]) -> None:
@@ -212,7 +213,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
                     or not math.isclose(float(reported), self.dp.noise_multiplier, rel_tol=1e-9)):
                 raise RejectedUpdate(f"client noise multiplier {reported!r} != mechanism σ = {self.dp.noise_multiplier}")
 
-    def privacy_charge(self, server_round: int, record, metrics):
+    def privacy_charge(self, server_round: int, record: Mapping[str, Any], metrics: Mapping[str, Scalar]) -> None:
         return None  # charged to the population in population_charge
 
     # ---- secure aggregation: decide before the sum is reconstructed ---------------------------
@@ -269,7 +270,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
         finally:
             self._unreleased = None
 
-    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]], failures: list[Any]):
+    def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._contributors = len(results)
         if self.ddg is not None and self.secure_aggregation and results and self._unreleased is None:
             self.decode_secure_sum(server_round, results)
@@ -289,7 +291,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
         for _, res in results:
             res.parameters = mean
 
-    def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]):
+    def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]) -> np.ndarray:
         if self._unreleased is not None:
             raise RejectedUpdate(f"not reconstructed: {self._unreleased}")
         return super().decode_update(server_round, res, metrics)

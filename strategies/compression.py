@@ -71,7 +71,8 @@ def scatter(values: np.ndarray, indices: np.ndarray, num_params: int) -> np.ndar
 def rand_k_compress(x: np.ndarray, k: int, seed: int) -> np.ndarray:
     """The k wire values (d/k)·x[mask] of C(x) = (d/k)(ξ_k ⊙ x), float32."""
     d = x.shape[0]
-    return ((d / k) * x[rand_k_indices(d, k, seed)]).astype(np.float32)
+    values: np.ndarray = ((d / k) * x[rand_k_indices(d, k, seed)]).astype(np.float32)
+    return values
 
 
 def rand_k_decompress(values: np.ndarray, num_params: int, seed: int) -> np.ndarray:

@@ -31,13 +31,15 @@ Variants (Sec. 5): ``dp2-fedsam`` (head SGD τ_h epochs then SAM on φ τ_φ epo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from flwr.common import EvaluateIns, Parameters
 from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
 from strategies.base import ClientUpdate
@@ -110,6 +112,14 @@ def shared_mask(model: nn.Module, head_spec: str, personalized: bool) -> list[bo
 
 
 # ---------------------------------------------------------------------------------- SAM (Eq. 11–12)
+def _total(terms: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Python's left-to-right ``sum`` of 0-d tensors (a tensor, never the start value 0)."""
+    total = sum(terms)
+    if not isinstance(total, torch.Tensor):
+        raise ValueError("SAM needs at least one parameter")
+    return total
+
+
 def sam_gradient(params: Sequence[torch.Tensor], closure: Callable[[], torch.Tensor], rho: float,
                  adaptive: bool = False, eta: float = 0.01) -> torch.Tensor:
     """Leave ∇F(w + p(w)) in ``p.grad`` of every parameter; the parameters end at w again.
@@ -126,10 +136,10 @@ def sam_gradient(params: Sequence[torch.Tensor], closure: Callable[[], torch.Ten
     with torch.no_grad():
         if adaptive:
             scale = [p.abs() + eta for p in params]
-            norm = torch.sqrt(sum(((s * g) ** 2).sum() for s, g in zip(scale, grads)))
+            norm = torch.sqrt(_total(((s * g) ** 2).sum() for s, g in zip(scale, grads)))
             eps = [rho * s * s * g / (norm + 1e-12) for s, g in zip(scale, grads)]
         else:
-            norm = torch.sqrt(sum((g**2).sum() for g in grads))
+            norm = torch.sqrt(_total((g**2).sum() for g in grads))
             eps = [rho * g / (norm + 1e-12) for g in grads]
         for p, e in zip(params, eps):
             p.add_(e)
@@ -162,7 +172,8 @@ class DP2FedSAMStrategy(ClientLevelDPStrategy):
                          clipped_fraction=float(np.mean([n > (self.dp.clip if self.dp else math.inf) for n in norms])))
         return np.ones(len(updates)), extra  # uniform 1/r (Alg. 1 line 13, Alg. 2 line 25)
 
-    def configure_evaluate(self, server_round: int, parameters, client_manager: ClientManager):
+    def configure_evaluate(self, server_round: int, parameters: Parameters,
+                           client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
         actual = self.actual_round(server_round)  # run-wide round (continues after a resume)
         if actual % self.eval_every and actual != self.num_rounds:
             self.flush_round()

@@ -105,7 +105,7 @@ def mask_from_config(config: Mapping[str, Scalar], num_params: int) -> tuple[str
             raise ValueError(f"fit config {CFG_MASK!r} must be bytes, got {type(raw).__name__}")
         idx = check_indices(np.frombuffer(raw, dtype="<i4"), num_params)
         if CFG_K in config and int(config[CFG_K]) != len(idx):
-            raise ValueError(f"mask has {len(idx)} indices but {CFG_K} = {config[CFG_K]}")
+            raise ValueError(f"mask has {len(idx)} indices but {CFG_K} = {config[CFG_K]!s}")
         return sparsifier, idx
     raise ValueError(f"unknown sparsifier {sparsifier!r} in fit config; valid: {SPARSIFIERS}")
 
@@ -155,7 +155,9 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
             if self.sparsifier == "randk":
                 idx = rand_k_indices(self.num_params, self.k, mask_seed(self.seed, server_round))
             else:
-                delta_p = np.asarray(self.public_update_fn(self.current_weights, server_round)).ravel()  # type: ignore[misc]
+                if self.public_update_fn is None:  # __init__ refuses top-k without one
+                    raise RuntimeError("top-k needs a public update function (server-side SGD on D_p)")
+                delta_p = np.asarray(self.public_update_fn(self.current_weights, server_round)).ravel()
                 if delta_p.shape != (self.num_params,):
                     raise RuntimeError(f"round {server_round}: public update has {delta_p.size} entries, the model "
                                        f"has {self.num_params}")
@@ -191,7 +193,10 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
         if self.sparsifier == "none":
             return super().decode_update(server_round, res, metrics)
         try:
-            return decode_sparse(parameters_to_ndarrays(res.parameters), self.round_mask(server_round), self.num_params)
+            mask = self.round_mask(server_round)
+            if mask is None:  # only without sparsification, handled above
+                raise RuntimeError(f"round {server_round}: sparsifier {self.sparsifier!r} has no mask")
+            return decode_sparse(parameters_to_ndarrays(res.parameters), mask, self.num_params)
         except ValueError as exc:
             raise RejectedUpdate(str(exc)) from None
 
@@ -211,4 +216,5 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
         """(1/r_t) Σ_i Δ_i over the r_t *sampled* clients (Alg. 1 line 10, Alg. 2 line 16)."""
         r = max(self.sampled.get(server_round, len(updates)), 1)
-        return np.sum([u.update for u in updates], axis=0) / r
+        mean: np.ndarray = np.sum([u.update for u in updates], axis=0) / r
+        return mean

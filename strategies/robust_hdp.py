@@ -29,11 +29,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from strategies.aggregate import aggregate_noise_variance, cap_shares, normalize_weights, weighted_sum
+from strategies.aggregate import FloatVector, aggregate_noise_variance, cap_shares, normalize_weights, weighted_sum
 from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
 from strategies.privacy import threat_models
 from strategies.rpca import column_noise_variances, inverse_variance_weights, thin_right_svd
@@ -101,7 +101,7 @@ class DeclaredNoiseCheck:
         return None
 
 
-def split_public_private(epsilons: Sequence[float]) -> np.ndarray:
+def split_public_private(epsilons: FloatVector) -> np.ndarray:
     """PFA's public/private split of clients by reported ε: a boolean mask of *public* clients.
 
     Exact one-dimensional 2-means: sort the ε, try every threshold between two distinct
@@ -124,7 +124,8 @@ def split_public_private(epsilons: Sequence[float]) -> np.ndarray:
             best, threshold = sse, values[k]
     if threshold is None:
         return np.ones(len(eps), dtype=bool)
-    return eps >= threshold
+    public: np.ndarray = eps >= threshold
+    return public
 
 
 def project_onto_public_subspace(public: Sequence[np.ndarray], private: Sequence[np.ndarray],
@@ -169,7 +170,15 @@ def _metric(metrics: Mapping[str, Any], key: str) -> float | None:
     return float(value) if math.isfinite(float(value)) else None
 
 
-class OracleDiagnostics:
+# The mixins below always precede DPFLStrategy in a strategy's bases. To the type checker they derive from it,
+# so their super() calls are checked against its hooks; at run time they stay plain mixins (no change to the MRO).
+if TYPE_CHECKING:
+    _StrategyBase = DPFLStrategy
+else:
+    _StrategyBase = object
+
+
+class OracleDiagnostics(_StrategyBase):
     """Mixin: logs σ_i² (Eq. 7), w*_i ∝ 1/σ_i² and the Table-3 noise variance of w and w*.
 
     Subclasses compute their raw weights in :meth:`raw_weights` (default: the next class in
@@ -182,7 +191,7 @@ class OracleDiagnostics:
     noise_variance_is_exact: bool = True
 
     def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        return super().aggregation_weights(server_round, updates)  # type: ignore[misc]
+        return super().aggregation_weights(server_round, updates)
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         raw, extra = self.raw_weights(server_round, updates)
@@ -193,16 +202,17 @@ class OracleDiagnostics:
     def oracle_diagnostics(self, updates: list[ClientUpdate], weights: np.ndarray) -> dict[str, Any]:
         p = int(getattr(self, "num_params", 0))
         sigma2: list[float | None] = []
-        lrs = []
+        lrs: list[float | None] = []
         for cu in updates:
             m = cu.metrics
             fields = {k: _metric(m, k) for k in ("noise_multiplier", "num_train", "sample_rate", "steps_round", "lr")}
+            positive = {k: v for k, v in fields.items() if v is not None and v > 0}
             value = None
-            if self.clip_norm > 0 and all(v is not None and v > 0 for v in fields.values()):
+            if self.clip_norm > 0 and len(positive) == len(fields):
                 try:
-                    value = oracle_sigma2(noise_multiplier=fields["noise_multiplier"], clip=self.clip_norm,
-                                          num_train=int(fields["num_train"]), sample_rate=fields["sample_rate"],
-                                          steps=int(fields["steps_round"]), lr=fields["lr"], num_params=p)
+                    value = oracle_sigma2(noise_multiplier=positive["noise_multiplier"], clip=self.clip_norm,
+                                          num_train=int(positive["num_train"]), sample_rate=positive["sample_rate"],
+                                          steps=int(positive["steps_round"]), lr=positive["lr"], num_params=p)
                 except ValueError:
                     value = None
             sigma2.append(value)
@@ -211,24 +221,25 @@ class OracleDiagnostics:
             cu.record.setdefault("sigma2_estimated", None)
             cu.record["oracle_weight"] = None
         out: dict[str, Any] = {"noise_variance": None, "noise_variance_oracle": None}
-        if any(s is None for s in sigma2) or any(lr is None for lr in lrs):
+        known_lrs = [lr for lr in lrs if lr is not None]
+        if any(s is None for s in sigma2) or len(known_lrs) != len(lrs):
             return out
         s2 = np.asarray(sigma2, dtype=np.float64)
         w_star = inverse_variance_weights(s2)
         for cu, w in zip(updates, w_star):
             cu.record["oracle_weight"] = float(w)
-        lr = float(np.mean(lrs))
+        lr = float(np.mean(known_lrs))
         nv = aggregate_noise_variance(weights, s2, p, lr)
         out["noise_variance" if self.noise_variance_is_exact else "noise_variance_unprojected"] = nv
         out["noise_variance_oracle"] = aggregate_noise_variance(w_star, s2, p, lr)
         return out
 
 
-class _ReportedEpsilonMixin:
+class _ReportedEpsilonMixin(_StrategyBase):
     """Rejects an update whose reported ε is missing, non-finite or ≤ 0 (before aggregation)."""
 
     def validate_update(self, update: np.ndarray, metrics: Mapping[str, Any]) -> None:
-        super().validate_update(update, metrics)  # type: ignore[misc]
+        super().validate_update(update, metrics)
         eps = metrics.get("reported_epsilon")
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
             raise RejectedUpdate(f"reported_epsilon = {eps!r} must be a finite number > 0 for ε-weighted aggregation")

@@ -24,9 +24,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 SVD_METHODS = ("gram", "qr")
 BACKENDS = ("numpy", "torch")
@@ -64,6 +65,7 @@ class _Ops:
         if backend not in BACKENDS:
             raise ValueError(f"unknown RPCA backend {backend!r}; valid: {list(BACKENDS)}")
         self.backend = backend
+        self.dtype: Any  # torch.dtype for the torch backend, np.dtype for numpy
         if backend == "torch":
             import torch
 
@@ -112,7 +114,8 @@ class _Ops:
             evals, v = evals.cpu().numpy(), v.cpu().numpy()
         else:
             if method == "qr":
-                r = np.linalg.qr(x, mode="r")
+                # numpy's stub types every mode's result as QRResult; mode="r" returns the R array alone
+                r = cast(np.ndarray, np.linalg.qr(x, mode="r"))
                 _, s, vh = np.linalg.svd(r.astype(np.float64))
                 return s, vh.T
             g = (x.T @ x).astype(np.float64)
@@ -276,25 +279,28 @@ def column_noise_variances(m: np.ndarray | list[np.ndarray], *, chunk_rows: int 
         blocks = blocks[:num_chunks]
     dtype = rpca_kwargs.get("dtype", np.float64)
     start = time.perf_counter()
-    total, iters, converged = None, 0, True
+    total: np.ndarray | None = None
+    iters, converged = 0, True
     for lo, hi in blocks:
         if columns is not None:
             block = np.empty((hi - lo, len(columns)), dtype=dtype)
             for j, col in enumerate(columns):
                 block[:, j] = col[lo:hi]
         else:
-            block = m[lo:hi]
+            block = np.asarray(m)[lo:hi]  # m is already an array here: no copy
         res = rpca(block, return_low_rank=False, **rpca_kwargs)
         est = np.sum(res.sparse**2, axis=0) * (p / (hi - lo))
         total = est if total is None else total + est
         iters += res.iterations
         converged = converged and res.converged
+    if total is None:  # row_blocks always returns at least one block
+        raise ValueError("no row block to estimate the noise variances on")
     sigma2 = total / len(blocks)
     return NoiseEstimate(sigma2, iters, time.perf_counter() - start, len(blocks), blocks[0][1] - blocks[0][0],
                          converged)
 
 
-def inverse_variance_weights(sigma2: np.ndarray, floor: float = 1e-12) -> np.ndarray:
+def inverse_variance_weights(sigma2: np.ndarray, floor: float = 1e-12) -> npt.NDArray[np.float64]:
     """w_i ∝ 1/σ_i² normalized (Eq. 8's optimum). σ² ≤ floor·max σ² is raised to that floor."""
     s = np.asarray(sigma2, dtype=np.float64)
     if s.ndim != 1 or len(s) == 0 or not np.all(np.isfinite(s)) or np.any(s < 0):
@@ -303,7 +309,8 @@ def inverse_variance_weights(sigma2: np.ndarray, floor: float = 1e-12) -> np.nda
     if top == 0.0:
         return np.full(len(s), 1.0 / len(s))
     inv = 1.0 / np.maximum(s, floor * top)
-    return inv / inv.sum()
+    weights: npt.NDArray[np.float64] = inv / inv.sum()
+    return weights
 
 
 def thin_right_svd(x: np.ndarray, method: str = "gram") -> tuple[np.ndarray, np.ndarray]:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.common import FitRes, Scalar, parameters_to_ndarrays
+from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
@@ -41,6 +41,7 @@ from strategies.errors import ConfigError
 from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
 from strategies.privacy.calibration import calibrate
+from strategies.server.validation import number_metrics
 
 # ---------------------------------------------------------------------------------- methods
 
@@ -156,9 +157,10 @@ def calibrate_sigma(estimator: str, epsilon: float, delta: float, clip: float, b
     splits = (1.0,) if estimator in ("sgd", "gd") else _SPLITS
     best: tuple[float, float] | None = None
     for split in splits:
-        sigma = calibrate(lambda s, split=split: epsilon_of(  # type: ignore[misc]
-            noise_history(estimator, s, clip, batch_size, m, rounds, split), delta, accountant),
-            epsilon, start=clip / m, rtol=rtol, what="noise std sigma_p")
+        def epsilon_at(s: float, split: float = split) -> float:
+            return epsilon_of(noise_history(estimator, s, clip, batch_size, m, rounds, split), delta, accountant)
+
+        sigma = calibrate(epsilon_at, epsilon, start=clip / m, rtol=rtol, what="noise std sigma_p")
         if best is None or sigma < best[0]:
             best = (sigma, split)
     assert best is not None
@@ -253,13 +255,15 @@ class GradientOracle:
                 g = self._per_sample(params, self.x[sel], self.y[sel])
             rows.append(torch.cat([g[n].reshape(len(sel), -1) for n in self.names], 1).double().cpu().numpy())
         out = np.concatenate(rows, 0) if rows else np.zeros((0, self.dim))
-        return out + reg_g[None, :]
+        grads: np.ndarray = out + reg_g[None, :]
+        return grads
 
     def clipped(self, flat: np.ndarray, idx: np.ndarray, clip: float) -> np.ndarray:
         """clip_G(∇f_j(x)) = min(1, G/‖∇f_j‖) ∇f_j for j ∈ idx (Sec. 6)."""
         g = self.per_sample(flat, idx)
         norms = np.linalg.norm(g, axis=1, keepdims=True)
-        return g * np.minimum(1.0, clip / np.maximum(norms, 1e-12))
+        clipped: np.ndarray = g * np.minimum(1.0, clip / np.maximum(norms, 1e-12))
+        return clipped
 
     def clipped_sum(self, flat: np.ndarray, idx: np.ndarray, clip: float) -> np.ndarray:
         out = np.zeros(self.dim)
@@ -390,6 +394,8 @@ class ServerState:
     dim: int
     eta: float
     gamma: float
+    # None is only the constructor's default: __post_init__ replaces it by zeros(dim), so the attribute is
+    # never None after construction (a dataclass cannot type the argument and the attribute apart).
     shift: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
@@ -497,11 +503,11 @@ class SoteriaFLStrategy(DPFLStrategy):
                        metrics: Mapping[str, Scalar]) -> tuple[History, float, str] | None:
         """One round of :func:`noise_history` from the declared (σ_p, b, m, split), fixed at first contact, under
         the declared record-level relation (``record_neighbours``; replace-one when absent), fixed likewise."""
-        values = [metrics.get(k) for k in ("sigma_p", "batch_size", "num_train", "delta")]
-        if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values):
+        values = number_metrics(metrics, "sigma_p", "batch_size", "num_train", "delta")
+        if values is None:
             return None
         sigma_p, b, m, delta = float(values[0]), int(values[1]), int(values[2]), float(values[3])
-        split = float(metrics.get("noise_split", 1.0))  # type: ignore[arg-type]
+        split = float(metrics.get("noise_split", 1.0))
         try:
             history = noise_history(self.method.estimator, sigma_p, self.clip, b, m, 1, split)
         except (ValueError, ZeroDivisionError) as exc:
@@ -543,7 +549,7 @@ class SoteriaFLStrategy(DPFLStrategy):
             self.server.update_shift(self._pending_mean)
             self._pending_mean = None
 
-    def evaluate(self, server_round: int, parameters):
+    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
         out = super().evaluate(server_round, parameters)
         if self.metrics_oracle is not None:
             extra = self.utility_metrics(parameters_to_ndarrays(parameters))

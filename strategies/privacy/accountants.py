@@ -39,6 +39,8 @@ import math
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -98,7 +100,7 @@ OPACUS_RDP_ORDERS: tuple[float, ...] = tuple([1 + x / 10.0 for x in range(1, 100
 
 
 @functools.cache
-def opacus_rdp_analysis():
+def opacus_rdp_analysis() -> ModuleType:
     """Opacus' RDP analysis module (``opacus/accountants/analysis/rdp.py``: numpy, scipy.special, math) loaded
     from its file without running the ``opacus`` package ``__init__``, which imports the privacy engine,
     ``torch.distributed`` and ``scipy.stats`` (~100 MB and seconds in every server and client-level process
@@ -111,8 +113,10 @@ def opacus_rdp_analysis():
         raise ImportError("opacus is not installed")
     path = Path(next(iter(found.submodule_search_locations))) / "accountants" / "analysis" / "rdp.py"
     spec = importlib.util.spec_from_file_location("_dpfl_opacus_rdp_analysis", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load opacus' RDP analysis module from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
     return module
 
 
@@ -146,7 +150,7 @@ class OpacusPRV(Accountant):
         return float(acc.get_epsilon(delta=delta))
 
 
-def _poisson_event(history: History):
+def _poisson_event(history: History) -> Any:  # a dp_accounting.ComposedDpEvent (dp_accounting is untyped)
     import dp_accounting as dpa
 
     return dpa.ComposedDpEvent([
@@ -232,7 +236,7 @@ REPLACE_ONE_PLD_INTERVAL = 1e-3
 
 
 @functools.lru_cache(maxsize=32)  # a PLD is a dense pmf (tens of kB to a few MB): keep few
-def _replace_one_step_pld(noise_multiplier: float, sample_rate: float, interval: float):
+def _replace_one_step_pld(noise_multiplier: float, sample_rate: float, interval: float) -> Any:
     """dp_accounting's PLD of one Poisson-subsampled Gaussian step under replace-one neighbours (what its
     ``PLDAccountant`` builds for ``PoissonSampledDpEvent(q, GaussianDpEvent(z))``), cached per (z, q)."""
     from dp_accounting.pld import privacy_loss_distribution as pld_lib
@@ -244,7 +248,7 @@ def _replace_one_step_pld(noise_multiplier: float, sample_rate: float, interval:
 
 
 @functools.lru_cache(maxsize=8)
-def _replace_one_steps_pld(noise_multiplier: float, sample_rate: float, steps: int, interval: float):
+def _replace_one_steps_pld(noise_multiplier: float, sample_rate: float, steps: int, interval: float) -> Any:
     return _replace_one_step_pld(noise_multiplier, sample_rate, interval).self_compose(steps)
 
 
@@ -273,7 +277,9 @@ def _replace_one_epsilon(history: tuple[tuple[float, float, int], ...], delta: f
     for z, q, steps in history:
         part = _replace_one_steps_pld(float(z), float(q), int(steps), interval)
         composed = part if composed is None else composed.compose(part)
-    return float(composed.get_epsilon_for_delta(delta))  # type: ignore[union-attr]
+    if composed is None:  # Accountant.epsilon never passes an empty history
+        raise ValueError("an empty history has no privacy loss distribution")
+    return float(composed.get_epsilon_for_delta(delta))
 
 
 ACCOUNTANTS: dict[str, type[Accountant]] = {

@@ -61,7 +61,9 @@ def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: flo
             u = u_max
         if u < u_min:
             if prev[0] <= u_min:
-                return math.exp(hi[0])  # type: ignore[index]
+                if hi is None:  # u only moves down from a point that meets the target, which set hi
+                    raise RuntimeError(f"calibrating {what}: stepped down without a point that meets the target")
+                return math.exp(hi[0])
             u = u_min
         gu = g(u)
         if accept <= gu <= 0:

@@ -96,7 +96,8 @@ def rotate(x: np.ndarray, seed: int) -> np.ndarray:
 
 def unrotate(y: np.ndarray, dim: int, seed: int) -> np.ndarray:
     """The inverse of :func:`rotate`, truncated to the original ``dim`` coordinates."""
-    return (random_signs(len(y), seed) * hadamard(y))[:dim]
+    x: np.ndarray = (random_signs(len(y), seed) * hadamard(y))[:dim]
+    return x
 
 
 # ---------------------------------------------------------------------------- rounding and bounds
@@ -121,7 +122,7 @@ def conditional_round(x: np.ndarray, bound: float, rng: np.random.Generator, max
     floor = np.floor(x)
     frac = x - floor
     for _ in range(max_tries):
-        rounded = floor + (rng.random(len(x)) < frac)
+        rounded: np.ndarray = floor + (rng.random(len(x)) < frac)
         if float(np.linalg.norm(rounded)) <= bound:
             return rounded.astype(np.int64)
     raise RuntimeError(f"conditional rounding did not meet the norm bound {bound:.4g} in {max_tries} tries")
@@ -216,7 +217,8 @@ class DistributedDiscreteGaussian:
         scaled = rotate(np.asarray(update, dtype=np.float64), seed) / self.granularity
         rounded = conditional_round(scaled, self.l2_sensitivity, rng)
         noisy = rounded + discrete_gaussian(self.scaled_std(round_clients), len(rounded), rng)
-        return np.mod(noisy, self.modulus)
+        share: np.ndarray = np.mod(noisy, self.modulus)
+        return share
 
     def decode(self, modular_sum: np.ndarray, seed: int) -> np.ndarray:
         """The real-valued sum of the clients' noisy updates from their sum modulo 2^b."""
@@ -294,9 +296,10 @@ def ddg_rdp(l2_sensitivity: float, scaled_std: float, summands: int, dim: int, t
     a = l2_sensitivity / total
     b = l2_sensitivity * min(math.sqrt(dim), l2_sensitivity) / total
     alphas = np.asarray(ORDERS, dtype=np.float64)
-    return np.minimum.reduce([alphas / 2 * a**2 + tau * dim,
-                              alphas / 2 * (a**2 + 2 * b * tau + tau**2 * dim),
-                              alphas / 2 * (a + tau * math.sqrt(dim)) ** 2])
+    rdp: np.ndarray = np.minimum.reduce([alphas / 2 * a**2 + tau * dim,
+                                         alphas / 2 * (a**2 + 2 * b * tau + tau**2 * dim),
+                                         alphas / 2 * (a + tau * math.sqrt(dim)) ** 2])
+    return rdp
 
 
 def rdp_to_epsilon(rdp: np.ndarray, delta: float) -> float:

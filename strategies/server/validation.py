@@ -52,6 +52,18 @@ def parse_client_id(value: Any) -> int | None:
     return None
 
 
+def number_metrics(metrics: Mapping[str, Any], *keys: str) -> tuple[int | float, ...] | None:
+    """The values of ``keys``, unconverted, when every one is a number (an int or a float, never a bool);
+    None when one is missing or of another type (a Flower ``Scalar`` may be bytes, str or bool)."""
+    values: list[int | float] = []
+    for key in keys:
+        value = metrics.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return None
+        values.append(value)
+    return tuple(values)
+
+
 def metric_problem(metrics: Mapping[str, Any]) -> str | None:
     """Why a client's metrics are malformed (``None`` when they are usable)."""
     if "client_id" not in metrics:
