@@ -2,7 +2,7 @@
 connection config, the SuperLink, stopping process trees by PID, signals, a parent-death watchdog,
 and the run-config plumbing both entry points need.
 
-Ownership rules (issues #17, #18): whatever a launcher starts is stopped by PID when the run ends,
+Ownership rules: whatever a launcher starts is stopped by PID when the run ends,
 fails, is interrupted (SIGINT, SIGTERM, SIGHUP) — and also when the launcher itself is killed
 (``kill -9``): the SuperLink gets a parent-death signal (Linux ``prctl(PR_SET_PDEATHSIG)``) and a
 :func:`watchdog` process in its own session stops the SuperLink and every descendant it saw once

@@ -1,4 +1,4 @@
-"""Process helpers behind the launchers: signals, parent-death signal, watchdog (issues #17, #18)."""
+"""Process helpers behind the launchers: signals, parent-death signal, watchdog."""
 
 from __future__ import annotations
 
