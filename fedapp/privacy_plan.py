@@ -42,6 +42,7 @@ def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | N
     """The length of the vector each client of ``cfg``'s client-level strategy privatizes (the strategy's own
     :meth:`~strategies.client_level.ClientLevelDPStrategy.payload_dim`, built from the run's initial model)."""
     from strategies.base import StrategyContext
+    from strategies.client_level import ClientLevelDPStrategy
 
     if initial_weights is None:
         from fedapp.clients.common import make_model
@@ -51,7 +52,9 @@ def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | N
         _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
         initial_weights = get_weights(make_model(cfg, test))
     strategy = get_spec(cfg["strategy"]).strategy_factory()(cfg, StrategyContext(initial_weights=list(initial_weights)))
-    return int(strategy.payload_dim())  # type: ignore[attr-defined]
+    if not isinstance(strategy, ClientLevelDPStrategy):
+        raise ConfigError(f"strategy {cfg['strategy']!r} sends no client-level DP payload to a secure sum")
+    return strategy.payload_dim()
 
 
 def _client_level(cfg: RunConfig, n: int, initial_weights: Sequence[np.ndarray] | None) -> dict[str, Any]:

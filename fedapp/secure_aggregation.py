@@ -146,7 +146,7 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
         if ddg is None:
             return super().unmask_stage(grid, context, state)
         strategy = context.strategy  # Flower hands the dequantized mean to aggregate_fit: give it the residues
-        context.strategy = _ResidueSum(strategy, ddg.bits)  # type: ignore[assignment]
+        context.strategy = _ResidueSum(strategy, ddg.bits)  # type: ignore[assignment]  # only aggregate_fit is called
         try:
             return super().unmask_stage(grid, context, state)
         finally:
@@ -264,9 +264,10 @@ def _residue_payload(arrays: list[np.ndarray], bits: int, ctxt: Context) -> Any:
     exactly (weight 1), after checking that the server set up exactly the field 2^b (:func:`ddg_transport`)."""
     expected = ddg_transport(bits)
     state = ctxt.state.config_records.get(RECORD_KEY_STATE, {})
-    got = {"clipping_range": state.get("clipping_range"), "quantization_range": state.get("target_range"),
-           "modulus_range": state.get("mod_range"), "max_weight": state.get("max_weight")}
-    if any(got[k] is None or float(got[k]) != float(v) for k, v in expected.items()):  # type: ignore[arg-type]
+    got = {k: state.get(flower_key) for k, flower_key in (("clipping_range", "clipping_range"),
+                                                          ("quantization_range", "target_range"),
+                                                          ("modulus_range", "mod_range"), ("max_weight", "max_weight"))}
+    if any(not isinstance(got[k], (int, float)) or float(got[k]) != float(v) for k, v in expected.items()):
         raise NoContribution(f"the server's SecAgg+ parameters {got} are not the {bits}-bit field of the discrete "
                              f"Gaussian {expected}: the sum would reveal more than its residue modulo 2^{bits}")
     levels = expected["quantization_range"]
