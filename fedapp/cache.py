@@ -1,8 +1,7 @@
 """A per-user, per-machine cache shared by every process of a run (server, Ray actors, SuperNodes).
 
-Start-up cost of a federation is dominated by work every process repeats: decoding a dataset
-(and importing torchvision to do it) and calibrating each client's noise with the accountant.
-This cache keeps both across processes and runs:
+Start-up cost of a federation is dominated by work every process repeats: decoding a dataset and
+calibrating each client's noise with the accountant. This cache keeps both across processes and runs:
 
 * **datasets** — decoded, normalized arrays as ``.npy`` files, opened memory-mapped copy-on-write,
   so every process of a simulation shares one copy in the page cache (memory) and none decodes

@@ -65,7 +65,7 @@ _KEYS: list[Key] = [
     Key("strategy", str, "dpsgd-fedavg", "Strategy from the registry (`fedapp.registry`)."),
     Key("dataset", str, "digits", "Dataset: a name listed here (digits is embedded) or `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/hf_data.py`; needs an explicit `model`).",
         choices=DATASETS, prefix="hf:"),
-    Key("data-dir", str, "", "Folder holding torchvision/LIBSVM data (e.g. ../shared/data). Required except for digits and hf: datasets (for which it is the base of relative folders and the Hub download cache)."),
+    Key("data-dir", str, "", "Folder holding MNIST/CIFAR (torchvision's folder layout) / LIBSVM data (e.g. ../shared/data). Required except for digits and hf: datasets (for which it is the base of relative folders and the Hub download cache)."),
     Key("model", str, "auto", "Model name (`fedapp.models.MODELS`); auto = the dataset's default."),
     Key("num-server-rounds", int, 3, "Number of federated rounds E.", _positive, "> 0"),
     Key("seed", int, 42, "Seed for partitions, privacy profiles and model init (not DP noise or client sampling, see seeded-noise).", _nonneg, ">= 0"),

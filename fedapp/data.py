@@ -1,4 +1,5 @@
-"""Datasets as in-memory arrays: digits (embedded), torchvision image sets, LIBSVM a9a, Hugging Face (``hf:``).
+"""Datasets as in-memory arrays: digits (embedded), MNIST/FashionMNIST/CIFAR-10/CIFAR-100 (read directly from
+torchvision's folder layout, without torchvision), LIBSVM a9a, Hugging Face (``hf:``).
 
 Each loader returns ``(train, test)`` :class:`ArrayDataset` s; the test split is the
 server's held-out set for centralized evaluation, the train split is partitioned among
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +20,17 @@ import numpy as np
 from fedapp.config import ConfigError
 from fedapp.model_catalog import A9A_FEATURES
 
-# name -> (torchvision class, channels, mean, std)
-_TORCHVISION = {
+# name -> (torchvision's class name, which names its folder layout; per-channel mean; per-channel std)
+_IMAGE_SETS = {
     "mnist": ("MNIST", (0.1307,), (0.3081,)),
     "fmnist": ("FashionMNIST", (0.2860,), (0.3530,)),
     "cifar10": ("CIFAR10", (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ("CIFAR100", (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+# name -> (folder under data-dir, train batches, test batches, label key, classes): the "python version" pickles
+_CIFAR = {
+    "cifar10": ("cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)), ("test_batch",), "labels", 10),
+    "cifar100": ("cifar-100-python", ("train",), ("test",), "fine_labels", 100),
 }
 _CACHE_FORMAT = 1  # bump when a decoder's output changes, so cached arrays are rebuilt
 
@@ -88,7 +95,7 @@ def _idx_path(folder: Path, stem: str) -> Path | None:
 
 def _mnist_family_files(name: str, data_dir: str) -> list[Path]:
     """The four IDX files torchvision's MNIST/FashionMNIST read from ``data_dir/<Class>/raw``."""
-    cls_name = _TORCHVISION[name][0]
+    cls_name = _IMAGE_SETS[name][0]
     folder = Path(data_dir) / cls_name / "raw"
     stems = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
     paths = [_idx_path(folder, stem) for stem in stems]
@@ -102,7 +109,7 @@ def _mnist_family_files(name: str, data_dir: str) -> list[Path]:
 
 def _normalized(name: str, images: np.ndarray) -> np.ndarray:
     """uint8 images (N, H, W) or (N, H, W, C) → float32 (N, C, H, W), standardized per channel."""
-    _, mean, std = _TORCHVISION[name]
+    _, mean, std = _IMAGE_SETS[name]
     x = images.astype(np.float32) / 255.0
     x = x[:, None, :, :] if x.ndim == 3 else np.transpose(x, (0, 3, 1, 2))
     m = np.asarray(mean, dtype=np.float32).reshape(1, -1, 1, 1)
@@ -118,25 +125,48 @@ def _mnist_family_arrays(name: str, data_dir: str) -> dict[str, np.ndarray]:
             "test_x": _normalized(name, te_x), "test_y": te_y.astype(np.int64), "num_classes": np.asarray([10])}
 
 
-def _torchvision_arrays(name: str, data_dir: str) -> dict[str, np.ndarray]:
-    from fedapp.tv_compat import import_torchvision
+def _cifar_files(name: str, data_dir: str) -> tuple[list[Path], list[Path]]:
+    """The train and test pickle batches torchvision's CIFAR10/CIFAR100 read from ``data_dir/<folder>``."""
+    folder_name, train_stems, test_stems, _, _ = _CIFAR[name]
+    folder = Path(data_dir) / folder_name
+    train, test = [folder / s for s in train_stems], [folder / s for s in test_stems]
+    if not all(p.is_file() for p in train + test):
+        raise ConfigError(
+            f"dataset {name!r} not found under run-config 'data-dir' = {data_dir!r}: the files torchvision's "
+            f"{_IMAGE_SETS[name][0]} reads ({folder}/{{{','.join(train_stems + test_stems)}}}) are missing there; "
+            "nothing is downloaded, put them there first")
+    return train, test
 
-    tv = import_torchvision()
-    cls_name = _TORCHVISION[name][0]
-    out: dict[str, np.ndarray] = {}
-    for split, train in (("train", True), ("test", False)):
-        try:
-            ds = getattr(tv.datasets, cls_name)(data_dir, train=train, download=False)  # never downloads
-        except RuntimeError:
-            raise ConfigError(
-                f"dataset {name!r} not found under run-config 'data-dir' = {data_dir!r}: the files torchvision's "
-                f"{cls_name} reads are missing there; nothing is downloaded, put them there first"
-            ) from None
-        data = ds.data
-        out[f"{split}_x"] = _normalized(name, data.numpy() if hasattr(data, "numpy") else np.asarray(data))
-        targets = ds.targets
-        out[f"{split}_y"] = np.asarray(targets.numpy() if hasattr(targets, "numpy") else targets, dtype=np.int64)
-        out["num_classes"] = np.asarray([len(ds.classes)])
+
+def _read_cifar_batches(paths: list[Path], label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    """Images (N, 32, 32, 3) uint8 and labels (N,) int64 of CIFAR "python version" batches, as torchvision's CIFAR
+    classes hold them: each batch a pickled dict whose ``data`` is N × 3072 uint8, channel-major (1024 red, 1024
+    green, 1024 blue values, each row-major), and ``label_key`` a list of N ints. The original (Python 2) files
+    are read as torchvision does (``encoding="latin1"``: str keys); bytes keys (``b"data"``) are accepted too."""
+    images, labels = [], []
+    for path in paths:
+        with open(path, "rb") as fh:
+            raw = pickle.load(fh, encoding="latin1")  # the dataset's own format; data-dir is trusted, as by torchvision
+        entry = {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in dict(raw).items()}
+        if "data" not in entry or label_key not in entry:
+            raise ValueError(f"{path} is not a CIFAR batch: it has no 'data' or {label_key!r} entry")
+        data, y = np.asarray(entry["data"]), np.asarray(entry[label_key], dtype=np.int64)
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 or len(y) != len(data):
+            raise ValueError(f"{path}: expected N x 3072 uint8 images and N labels, got {data.dtype} "
+                             f"{data.shape} and {len(y)} labels")
+        images.append(data)
+        labels.append(y)
+    return np.concatenate(images).reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), np.concatenate(labels)
+
+
+def _cifar_arrays(name: str, data_dir: str) -> dict[str, np.ndarray]:
+    """Train and test arrays of CIFAR-10/100, read directly: the values torchvision's CIFAR classes yield (CIFAR-100:
+    the fine labels), normalized by :func:`_normalized` like every image set, without importing torchvision."""
+    _, _, _, label_key, classes = _CIFAR[name]
+    out: dict[str, np.ndarray] = {"num_classes": np.asarray([classes])}
+    for split, paths in zip(("train", "test"), _cifar_files(name, data_dir), strict=True):
+        images, labels = _read_cifar_batches(paths, label_key)
+        out[f"{split}_x"], out[f"{split}_y"] = _normalized(name, images), labels
     return out
 
 
@@ -144,9 +174,9 @@ def _source_files(name: str, data_dir: str) -> list[Path]:
     """The files a dataset is decoded from (their sizes and mtimes key the array cache)."""
     if name in ("mnist", "fmnist"):
         return _mnist_family_files(name, data_dir)
-    if name in _TORCHVISION:
-        folder = Path(data_dir) / {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}[name]
-        return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    if name in _CIFAR:
+        train, test = _cifar_files(name, data_dir)
+        return train + test
     return list(_a9a_paths(data_dir))
 
 
@@ -155,7 +185,7 @@ def _decoded(name: str, data_dir: str, build) -> tuple[ArrayDataset, ArrayDatase
     from fedapp.cache import cached_arrays, fingerprint, library_versions
 
     files = _source_files(name, data_dir)
-    key = fingerprint(files, _CACHE_FORMAT, library_versions("numpy", "scikit-learn", "torchvision", "pillow"))
+    key = fingerprint(files, _CACHE_FORMAT, library_versions("numpy", "scikit-learn"))
     arrays = cached_arrays(f"{name}-{key}", build) if files else build()
     k = int(arrays["num_classes"][0])
     return (ArrayDataset(arrays["train_x"], arrays["train_y"], k), ArrayDataset(arrays["test_x"], arrays["test_y"], k))
@@ -210,12 +240,12 @@ def load_dataset(name: str, data_dir: str = "") -> tuple[ArrayDataset, ArrayData
 def _load_dataset(name: str, data_dir: str) -> tuple[ArrayDataset, ArrayDataset]:
     if name == "digits":
         return load_digits_dataset()
-    if name in _TORCHVISION:
+    if name in _IMAGE_SETS:
         if not data_dir:
             raise ConfigError(f"dataset {name!r} needs run-config 'data-dir'")
         if name in ("mnist", "fmnist"):
             return _decoded(name, data_dir, lambda: _mnist_family_arrays(name, data_dir))
-        return _decoded(name, data_dir, lambda: _torchvision_arrays(name, data_dir))
+        return _decoded(name, data_dir, lambda: _cifar_arrays(name, data_dir))
     if name == "a9a":
         return _decoded(name, data_dir, lambda: _a9a_arrays(data_dir))
     if name.startswith("hf:"):  # a Hugging Face dataset (fedapp.hf_data documents the syntax)

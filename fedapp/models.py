@@ -126,18 +126,24 @@ class DigitsCNN(nn.Module):
 
 
 class ResidualBlock(nn.Module):
-    """torchvision's ``BasicBlock`` without in-place ops, on the very same submodules (same names and order).
+    """torchvision's ``BasicBlock`` without in-place ops, with its submodules' names and order (so the same
+    ``state_dict``): conv3x3(stride) → norm → ReLU → conv3x3 → norm, plus the identity (or ``downsample``), ReLU.
 
     Opacus' ``hooks`` and ``functorch`` modes wrap module outputs in backward hooks; torchvision's in-place
     ``ReLU(inplace=True)`` and ``out += identity`` modify those outputs ("Output 0 of BackwardHookFunction is
-    a view and is being modified inplace"). Same math, same parameters, same ``state_dict``.
+    a view and is being modified inplace"). Same math, same parameters.
     """
 
-    def __init__(self, block: nn.Module) -> None:
+    def __init__(self, in_channels: int, channels: int, norm: Callable[[int], nn.Module], stride: int = 1,
+                 downsample: nn.Module | None = None) -> None:
         super().__init__()
-        self.conv1, self.bn1, self.relu = block.conv1, block.bn1, nn.ReLU()
-        self.conv2, self.bn2, self.downsample = block.conv2, block.bn2, block.downsample
-        self.stride = block.stride
+        self.conv1 = nn.Conv2d(in_channels, channels, kernel_size=3, stride=stride, padding=1, bias=False)
+        self.bn1 = norm(channels)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(channels, channels, kernel_size=3, stride=1, padding=1, bias=False)
+        self.bn2 = norm(channels)
+        self.downsample = downsample
+        self.stride = stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
@@ -145,20 +151,54 @@ class ResidualBlock(nn.Module):
         return self.relu(out + identity)
 
 
-def resnet18_groupnorm(in_channels: int = 3, num_classes: int = 10, groups: int = 32) -> nn.Module:
-    """torchvision ResNet-18 with GroupNorm and no in-place ops (Opacus, every grad-sample mode): 11,181,642 params
-    for 10 classes."""
-    from fedapp.tv_compat import import_torchvision
+class ResNet18GN(nn.Module):
+    """torchvision's ``resnet18`` (He et al. 2016, ImageNet stem) with GroupNorm and no in-place ops, written out
+    so torchvision is not needed: the same modules in the same order, so the same ``state_dict`` keys (norms keep
+    torchvision's ``bn*`` / ``downsample.1`` names) and, for 3 input channels under the same seed, the same
+    initial weights (modules are created, and the random initialization drawn, in torchvision's order)."""
 
-    tv = import_torchvision()
-    model = tv.models.resnet18(num_classes=num_classes, norm_layer=lambda c: nn.GroupNorm(min(groups, c), c))
-    if in_channels != 3:
-        model.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
-    model.relu = nn.ReLU()  # the stem's activation, in place in torchvision
-    for layer in (model.layer1, model.layer2, model.layer3, model.layer4):
-        for i, block in enumerate(layer):
-            layer[i] = ResidualBlock(block)
-    return model
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, groups: int = 32) -> None:
+        super().__init__()
+
+        def norm(channels: int) -> nn.Module:
+            return nn.GroupNorm(min(groups, channels), channels)
+
+        self.conv1 = nn.Conv2d(in_channels, 64, kernel_size=7, stride=2, padding=3, bias=False)
+        self.bn1 = norm(64)
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.layer1 = self._layer(64, 64, 1, norm)
+        self.layer2 = self._layer(64, 128, 2, norm)
+        self.layer3 = self._layer(128, 256, 2, norm)
+        self.layer4 = self._layer(256, 512, 2, norm)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512, num_classes)  # PyTorch's default Linear init, as torchvision leaves it
+        for m in self.modules():  # torchvision's initialization (zero_init_residual=False)
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.GroupNorm):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+    @staticmethod
+    def _layer(in_channels: int, channels: int, stride: int, norm: Callable[[int], nn.Module]) -> nn.Sequential:
+        downsample = None
+        if stride != 1 or in_channels != channels:  # created before the blocks, as torchvision's _make_layer does
+            downsample = nn.Sequential(nn.Conv2d(in_channels, channels, kernel_size=1, stride=stride, bias=False),
+                                       norm(channels))
+        return nn.Sequential(ResidualBlock(in_channels, channels, norm, stride, downsample),
+                             ResidualBlock(channels, channels, norm))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def resnet18_groupnorm(in_channels: int = 3, num_classes: int = 10, groups: int = 32) -> nn.Module:
+    """ResNet-18 with GroupNorm and no in-place ops (Opacus, every grad-sample mode): 11,181,642 params
+    for 3 input channels and 10 classes (:class:`ResNet18GN`)."""
+    return ResNet18GN(in_channels, num_classes, groups)
 
 
 ModelFactory = Callable[..., nn.Module]

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PACKAGES = ("flwr", "torch", "torchvision", "opacus", "numpy", "scipy", "scikit-learn", "dp-accounting", "ray",
+PACKAGES = ("flwr", "torch", "opacus", "numpy", "scipy", "scikit-learn", "dp-accounting", "ray",
             "flwr-datasets", "datasets", "tensorboardX")
 
 

@@ -26,7 +26,6 @@ from fedapp.registry import get_spec
 from fedapp.results import ResultsWriter
 from fedapp.secure_aggregation import run_with_secure_aggregation, uses_secure_aggregation
 from fedapp.training import evaluate_model, get_weights, resolve_device, set_weights
-from fedapp.tv_compat import guard_state
 from strategies.base import StrategyContext
 
 
@@ -118,7 +117,6 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
         "privacy_plan": privacy_plan(cfg, int(cfg["num-clients"]), initial) if cfg["num-clients"] else None,
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
-        "torchvision_guard": {k: v for k, v in guard_state().items()},
     })
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
                           prevalidate=make_prevalidate(cfg))

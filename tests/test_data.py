@@ -1,4 +1,4 @@
-"""Dataset loaders on the embedded digits and the real shared MNIST / a9a files."""
+"""Dataset loaders on the embedded digits, the real shared MNIST / a9a files, CIFAR folders written here."""
 
 from __future__ import annotations
 
@@ -40,6 +40,69 @@ def test_missing_dataset_files_give_clear_error(tmp_path):
         load_dataset("a9a", str(tmp_path))
     with pytest.raises(ConfigError, match="mnist"):
         load_dataset("mnist", str(tmp_path / "nothing-here"))
+
+
+def _write_cifar_batch(path, rows: int, label_key: str, classes: int, rng, bytes_keys: bool):
+    """A CIFAR "python version" batch: a pickled dict, ``data`` N x 3072 uint8 (channel-major), labels a list."""
+    import pickle
+
+    data = rng.integers(0, 256, (rows, 3072), dtype=np.uint8)
+    labels = rng.integers(0, classes, rows).tolist()
+    entry = {"data": data, label_key: labels, "filenames": [f"{i}.png" for i in range(rows)]}
+    if bytes_keys:  # as the CIFAR page's own reader sees them (pickle.load(..., encoding="bytes"))
+        entry = {k.encode(): v for k, v in entry.items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(entry, protocol=2))
+    return data, labels
+
+
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_cifar_pickle_batches_are_read_without_torchvision(tmp_path, name):
+    """torchvision's CIFAR folder layout, read directly: (N, 3, 32, 32) float32 standardized per channel with the
+    dataset's mean/std, channel-major rows unflattened as (C, H, W), batches in order, int64 (fine) labels."""
+    rng = np.random.default_rng(1)
+    if name == "cifar10":
+        folder, label_key, classes, bytes_keys = tmp_path / "cifar-10-batches-py", "labels", 10, True
+        train_files, test_files, rows = [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], 3
+        mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    else:
+        folder, label_key, classes, bytes_keys = tmp_path / "cifar-100-python", "fine_labels", 100, False
+        train_files, test_files, rows = ["train"], ["test"], 4
+        mean, std = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+    written = {split: [_write_cifar_batch(folder / f, rows, label_key, classes, rng, bytes_keys) for f in files]
+               for split, files in (("train", train_files), ("test", test_files))}
+    (folder / "readme.html").write_text("not a batch")  # other files in the folder are ignored
+    train, test = load_dataset(name, str(tmp_path))
+    assert train.x.shape == (rows * len(train_files), 3, 32, 32) and test.x.shape == (rows, 3, 32, 32)
+    assert train.x.dtype == test.x.dtype == np.float32 and train.y.dtype == np.int64
+    assert train.num_classes == test.num_classes == classes
+    for part, split in ((train, "train"), (test, "test")):
+        data = np.concatenate([d for d, _ in written[split]])
+        assert part.y.tolist() == [y for _, labels in written[split] for y in labels]
+        expected = (data.reshape(-1, 3, 32, 32) / 255.0 - np.reshape(mean, (1, 3, 1, 1))) / np.reshape(std, (1, 3, 1, 1))
+        np.testing.assert_allclose(part.x, expected, rtol=0, atol=1e-5)
+    # one known pixel: channel 1 (green), row 2, column 5 of the last batch's first image
+    value = int(written["train"][-1][0][0, 1024 + 2 * 32 + 5])
+    index = rows * (len(train_files) - 1)
+    assert float(train.x[index, 1, 2, 5]) == pytest.approx((value / 255 - mean[1]) / std[1], rel=1e-5, abs=1e-6)
+
+
+def test_missing_or_malformed_cifar_files_name_the_problem(tmp_path):
+    import pickle
+
+    with pytest.raises(ConfigError, match=r"'cifar10' not found .*cifar-10-batches-py/\{data_batch_1,.*test_batch\}"):
+        load_dataset("cifar10", str(tmp_path))
+    folder = tmp_path / "cifar-100-python"
+    folder.mkdir()
+    (folder / "train").write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"fine_labels": [1, 2]}))
+    with pytest.raises(ConfigError, match=r"'cifar100' not found .*\{train,test\}"):
+        load_dataset("cifar100", str(tmp_path))
+    (folder / "test").write_bytes(pickle.dumps({b"data": np.zeros((2, 1024), np.uint8), b"fine_labels": [1, 2]}))
+    with pytest.raises(ValueError, match="expected N x 3072 uint8 images"):
+        load_dataset("cifar100", str(tmp_path))
+    (folder / "test").write_bytes(pickle.dumps({b"data": np.zeros((2, 3072), np.uint8), b"labels": [1, 2]}))
+    with pytest.raises(ValueError, match="no 'data' or 'fine_labels' entry"):
+        load_dataset("cifar100", str(tmp_path))
 
 
 def _save_images(path, n_train=40, n_test=10, channels=None):
