@@ -19,16 +19,16 @@ from fedapp.registry import get_spec
 from fedapp.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 
 
-def privacy_plan(cfg: RunConfig, num_clients: int,
-                 initial_weights: Sequence[np.ndarray] | None = None) -> dict[str, Any]:
-    """The plan of ``cfg`` for a federation of ``num_clients`` (see the module docstring). ``initial_weights``: the
-    run's initial model when already built (the distributed discrete Gaussian is sized for its payload)."""
+def privacy_plan(cfg: RunConfig, num_clients: int, payload_dim: int | None = None) -> dict[str, Any]:
+    """The plan of ``cfg`` for a federation of ``num_clients`` (see the module docstring). ``payload_dim``: the length
+    of a client's privatized vector, from the run's built strategy when there is one (the distributed discrete
+    Gaussian is sized for it); without it, :func:`secure_payload_dim` builds a strategy to ask."""
     spec = get_spec(cfg["strategy"])
     plan: dict[str, Any] = {"strategy": spec.name, "threat_model": spec.privacy, "rounds": int(cfg.rounds),
                             "dp_rounds": int(cfg.dp_rounds), "clients": int(num_clients),
                             "seeded_noise": bool(cfg["seeded-noise"])}
     if spec.privacy.startswith("client-level"):
-        plan.update(_client_level(cfg, num_clients, initial_weights))
+        plan.update(_client_level(cfg, num_clients, payload_dim))
     elif spec.privacy.startswith("record-level"):
         plan.update(_record_level(cfg, num_clients, dpsgd=spec.family != "soteriafl"))
     else:
@@ -57,7 +57,7 @@ def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | N
     return strategy.payload_dim()
 
 
-def _client_level(cfg: RunConfig, n: int, initial_weights: Sequence[np.ndarray] | None) -> dict[str, Any]:
+def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, Any]:
     from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
     from strategies.privacy.accountants import epsilon_of
 
@@ -70,7 +70,7 @@ def _client_level(cfg: RunConfig, n: int, initial_weights: Sequence[np.ndarray] 
         "sample_rate": dp.sample_rate, "delta": dp.delta, "accountant": dp.accountant,
         "budget_holds_against": dp.adversary,
     }
-    ddg = secure_sum_mechanism(cfg, dp, secure_payload_dim(cfg, initial_weights)) if secagg and \
+    ddg = secure_sum_mechanism(cfg, dp, payload_dim or secure_payload_dim(cfg)) if secagg and \
         cfg["secagg-mechanism"] == "ddg" else None
     if ddg is not None:
         mechanism.update(

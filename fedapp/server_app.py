@@ -27,6 +27,7 @@ from fedapp.results import ResultsWriter
 from fedapp.secure_aggregation import run_with_secure_aggregation, uses_secure_aggregation
 from fedapp.training import evaluate_model, get_weights, resolve_device, set_weights
 from strategies.base import StrategyContext
+from strategies.client_level import ClientLevelDPStrategy
 
 
 def make_evaluate_fn(cfg: RunConfig):
@@ -114,13 +115,16 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
         "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
                      "description": spec.description},
         "privacy": privacy_meta(cfg, spec.privacy),
-        "privacy_plan": privacy_plan(cfg, int(cfg["num-clients"]), initial) if cfg["num-clients"] else None,
+        "privacy_plan": None,  # below, from the built strategy
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
     })
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
                           prevalidate=make_prevalidate(cfg))
     strategy = spec.strategy_factory()(cfg, ctx)
+    if cfg["num-clients"]:  # config.json is written when the first round opens the run folder
+        payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
+        recorder.meta["privacy_plan"] = privacy_plan(cfg, int(cfg["num-clients"]), payload_dim)
     check_fault_config(cfg)
     remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults
     return ServerAppComponents(strategy=strategy, config=ServerConfig(
