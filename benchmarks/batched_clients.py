@@ -6,7 +6,7 @@ The cohort is the 20-client MNIST federation of benchmarks/speed.py (shards, bat
 dist2, clip 3, one local epoch; ``digits`` when ../shared/data has no MNIST). Both paths start from the same
 global model with the same per-client seeds; the script prints the per-round time of each path, their
 ratio measured within this run, and the largest weight difference between the paths (they compute the same
-DP-SGD: ``fedapp.batched_dpsgd``, tests/test_batched_dpsgd.py). σ does not change the work, so it is fixed.
+DP-SGD: ``fedapp.clients.batched_dpsgd``, tests/test_batched_dpsgd.py). σ does not change the work, so it is fixed.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ DATA_DIR = (REPO.parent / "shared" / "data").resolve()
 
 def cohort(num_clients: int, samples: int):
     """(model, [(data, batch size)]) of the federation's clients, through the app's own data path."""
-    from fedapp.client_data import load_client_data
     from fedapp.clients.common import make_model
     from fedapp.config import resolve_config
-    from fedapp.privacy_profiles import sample_batch_sizes
+    from fedapp.data.client_data import load_client_data
+    from fedapp.privacy.profiles import sample_batch_sizes
 
     mnist = (DATA_DIR / "MNIST").is_dir()
     cfg = resolve_config(None, {"dataset": "mnist" if mnist else "digits", "data-dir": str(DATA_DIR) if mnist else "",
@@ -44,7 +44,8 @@ def cohort(num_clients: int, samples: int):
 
 
 def sequential(model, clients, seeds, mode: str, device) -> tuple[float, list[dict]]:
-    from fedapp.training import LocalTraining, PerSampleDP, local_train, steps_per_epoch
+    from fedapp.clients.training import LocalTraining, PerSampleDP, local_train
+    from fedapp.privacy.profiles import steps_per_epoch
 
     start, out = time.perf_counter(), []
     for (data, b), seed in zip(clients, seeds):
@@ -58,8 +59,8 @@ def sequential(model, clients, seeds, mode: str, device) -> tuple[float, list[di
 
 
 def batched(model, clients, seeds, device) -> tuple[float, list[dict]]:
-    from fedapp.batched_dpsgd import BatchedClient, train_clients_batched
-    from fedapp.training import steps_per_epoch
+    from fedapp.clients.batched_dpsgd import BatchedClient, train_clients_batched
+    from fedapp.privacy.profiles import steps_per_epoch
 
     jobs = [BatchedClient(data, b, steps_per_epoch(len(data), b), 0.05, 1.0, 3.0, torch.Generator().manual_seed(s))
             for (data, b), s in zip(clients, seeds)]

@@ -20,11 +20,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from fedapp.apps.privacy_plan import secure_payload_dim
 from fedapp.config import resolve_config
-from fedapp.privacy_plan import secure_payload_dim
-from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
-from fedapp.report import interval, pair_by_seed, paired_verdict
-from fedapp.secure_aggregation import QUANTIZATION_RANGE, modulus_for
+from fedapp.experiments.report import interval, pair_by_seed, paired_verdict
+from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
+from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 
 
 def _variant(assignments: dict[str, Any]) -> str:

@@ -34,17 +34,17 @@ from flwr.common import Context, RecordDict  # noqa: E402
 from flwr.server import Server, SimpleClientManager  # noqa: E402
 from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
+from fedapp.apps.factories import build_dp2_variant  # noqa: E402
+from fedapp.apps.server_app import make_evaluate_fn  # noqa: E402
 from fedapp.clients.common import (
     make_model,  # noqa: E402
     setup_client,  # noqa: E402
 )
 from fedapp.clients.dp2_fedsam import DP2FedSAMClient  # noqa: E402
+from fedapp.clients.training import get_weights  # noqa: E402
 from fedapp.config import resolve_config  # noqa: E402
-from fedapp.data import load_dataset  # noqa: E402
-from fedapp.factories import build_dp2_variant  # noqa: E402
-from fedapp.results import write_json_atomic  # noqa: E402
-from fedapp.server_app import make_evaluate_fn  # noqa: E402
-from fedapp.training import get_weights  # noqa: E402
+from fedapp.data.datasets import load_dataset  # noqa: E402
+from fedapp.state.results import write_json_atomic  # noqa: E402
 from strategies.base import StrategyContext  # noqa: E402
 from strategies.dp2_fedsam import VARIANTS  # noqa: E402
 

@@ -35,10 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 from fedapp.clients.client_dp import ClientLevelDPClient  # noqa: E402
 from fedapp.clients.common import make_model, setup_client  # noqa: E402
+from fedapp.clients.training import evaluate_model, get_weights, set_weights  # noqa: E402
 from fedapp.config import resolve_config  # noqa: E402
-from fedapp.data import load_dataset  # noqa: E402
+from fedapp.data.datasets import load_dataset  # noqa: E402
 from fedapp.registry import get_spec  # noqa: E402
-from fedapp.training import evaluate_model, get_weights, set_weights  # noqa: E402
 from strategies.base import StrategyContext  # noqa: E402
 
 DOCS = ROOT / "docs" / "benchmarks"
@@ -110,7 +110,7 @@ def run_in_process(overrides: dict[str, Any], num_clients: int, log_every: int =
     strategy = spec.strategy_factory()(cfg, ctx)
     # In-process stand-in for SecAgg+: this loop computes the same sum the secure aggregation would (equal within
     # quantization, tests/test_secure_aggregation.py), so the paper's aggregate budget applies to the utility
-    # measured here; the guarantee itself needs the real protocol (`flwr run`, fedapp.secure_aggregation).
+    # measured here; the guarantee itself needs the real protocol (`flwr run`, fedapp.privacy.secure_aggregation).
     strategy.secure_aggregation = bool(cfg["secure-aggregation"])
     manager = SimpleClientManager()
     proxies = {}

@@ -31,7 +31,7 @@ DATA_DIR = str((REPO.parent / "shared" / "data").resolve())
 
 # --------------------------------------------------------------------------- DP-SGD step cost
 def _mnist_batch(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    from fedapp.data import load_dataset
+    from fedapp.data.datasets import load_dataset
 
     train, _ = load_dataset("mnist", DATA_DIR)
     idx = np.random.default_rng(seed).choice(len(train), size=batch * 64, replace=False)
@@ -71,7 +71,7 @@ def bench_step(quick: bool) -> list[str]:
 
     from torch.utils.data import DataLoader, TensorDataset
 
-    from fedapp.models import MnistCNN
+    from fedapp.models.zoo import MnistCNN
 
     warnings.filterwarnings("ignore")
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -140,7 +140,7 @@ def _plain_loop_seconds(ov: dict, n: int) -> float:
 
     from fedapp.clients.common import setup_client
     from fedapp.clients.dpsgd import DPSGDClient
-    from fedapp.training import get_weights
+    from fedapp.clients.training import get_weights
 
     ctxs = [Context(1, i, {"partition-id": i, "num-partitions": n}, RecordDict(), dict(ov)) for i in range(n)]
     weights = None
@@ -161,8 +161,8 @@ def _simulate(ov: dict, n: int, cpus_per_client: int, sample_memory: bool = Fals
     import psutil
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     os.environ["PYTHONPATH"] = str(REPO)
     peak = [0.0]
@@ -221,7 +221,7 @@ def bench_memory(quick: bool) -> list[str]:
 
 # --------------------------------------------------------------------------- MNIST accuracy
 def bench_mnist(rounds: int, lr: float) -> list[str]:
-    from fedapp.launch import run
+    from fedapp.run.launch import run
 
     out = REPO / "benchmarks" / "out"
     cfg = (f"strategy='dpsgd-fedavg' dataset='mnist' data-dir='{DATA_DIR}' partitioner='shards' privacy-dist='dist2' "

@@ -4,11 +4,11 @@ FederatedAveraging + central Gaussian mechanism on the same MNIST task, in wall 
     .venv/bin/python -m benchmarks.peer_pfl [--rounds 30] [--repeats 3] [--pfl-python /work/pfl-venv/bin/python]
 
 1. Exports the shared inputs once to a temporary folder, through this project's own code: the MNIST
-   training pool and test set (``fedapp.data``), every client's training indices for 20 clients from the
-   run's partitioner (``fedapp.client_data`` / ``fedapp.partition``), the Table-5 CNN's initial weights
+   training pool and test set (``fedapp.data.datasets``), every client's training indices for 20 clients from the
+   run's partitioner (``fedapp.data.client_data`` / ``fedapp.data.partition``), the Table-5 CNN's initial weights
    for the run's seed (``fedapp.clients.common.make_model``, what the ServerApp starts from) and the
    settings.
-2. Runs ``dp-fedavg`` through the real launcher (``python -m fedapp.launch``: SuperLink, ``flwr run``,
+2. Runs ``dp-fedavg`` through the real launcher (``python -m fedapp.run.launch``: SuperLink, ``flwr run``,
    Ray simulation) with σ = 1, C = 1, b = 32, 1 local epoch, Poisson sampling of 10 of 20 clients per
    round, central evaluation every round, no federated evaluation. ``secure-aggregation = false``:
    pfl's central Gaussian mechanism trusts the server with every update, so the comparison is with
@@ -81,12 +81,12 @@ def run_overrides(args: argparse.Namespace, output_dir: Path) -> dict[str, Any]:
 
 def export_inputs(folder: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     """Write the data, partition, initial weights and settings both sides train on; returns the settings."""
-    from fedapp.client_data import client_partition_indices, training_pool
     from fedapp.clients.common import make_model
     from fedapp.config import resolve_config
-    from fedapp.data import load_dataset
-    from fedapp.partition import train_test_split_local
-    from fedapp.processes import pyproject_run_config
+    from fedapp.data.client_data import client_partition_indices, training_pool
+    from fedapp.data.datasets import load_dataset
+    from fedapp.data.partition import train_test_split_local
+    from fedapp.run.processes import pyproject_run_config
 
     cfg = resolve_config({**pyproject_run_config(REPO), **overrides, "num-clients": NUM_CLIENTS})
     pool = training_pool(cfg)
@@ -220,15 +220,15 @@ def round_stats(walls: list[float]) -> dict[str, float]:
 
 def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace,
              engine: str = "superlink", num_cpus: float = 1.0) -> dict[str, Any]:
-    """This project's side through ``python -m fedapp.launch --engine ENGINE --num-cpus NUM_CPUS``; its record."""
-    from fedapp.processes import to_toml_assignments
+    """This project's side through ``python -m fedapp.run.launch --engine ENGINE --num-cpus NUM_CPUS``; its record."""
+    from fedapp.run.processes import to_toml_assignments
 
     out_dir = Path(overrides["output-dir"])
     before = {p for p in out_dir.glob("*") if p.is_dir()} if out_dir.exists() else set()
     env = os.environ.copy()
     env.update({"FLWR_HOME": str(work / ".flwr"), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
-    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(NUM_CLIENTS),
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(NUM_CLIENTS),
            "--num-cpus", str(num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
     log = work / f"ours-{engine}-cpus{num_cpus:g}-{tag}.log"
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)

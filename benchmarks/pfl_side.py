@@ -58,7 +58,7 @@ SAMPLINGS = ("poisson", "fixed", "random", "minimize_reuse")
 
 
 class MnistCNN(nn.Module):
-    """The project's Table-5 CNN (``fedapp.models.MnistCNN``), same layers and parameter names, plus the
+    """The project's Table-5 CNN (``fedapp.models.zoo.MnistCNN``), same layers and parameter names, plus the
     ``loss``/``metrics`` methods ``PyTorchModel`` calls."""
 
     def __init__(self, in_channels: int = 1, num_classes: int = 10) -> None:

@@ -10,7 +10,7 @@ called exactly as ``algs/HDPFL.py`` (lines 269-283) calls it::
 
 (numpy ≥ 2 removed ``np.Inf``, which ``fit`` reads once; it is restored as an alias of ``np.inf`` while it runs.)
 This project's weights come from ``RobustHDP.raw_weights`` (``strategies/robust_hdp.py``) with the run-config
-defaults (``fedapp.factories.rpca_options``: inexact ALM, float32, relative tol 1e-4, ρ = 1.5) and, as
+defaults (``fedapp.apps.factories.rpca_options``: inexact ALM, float32, relative tol 1e-4, ρ = 1.5) and, as
 diagnostics, ``strategies.rpca.rpca`` in float64 at tol 1e-7 and at a slow μ growth (ρ = 1.05, tol 1e-9).
 
 Updates follow the model the paper assumes (Sec. 3, Eq. 7): column i = shared signal + client scale · signal
@@ -53,9 +53,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.robust_hdp import P_MNIST, TABLE8, as_client_updates, eq7_sigma2  # noqa: E402
+from fedapp.apps.factories import rpca_options  # noqa: E402
 from fedapp.config import resolve_config  # noqa: E402
-from fedapp.factories import rpca_options  # noqa: E402
-from fedapp.privacy_profiles import federation_profiles  # noqa: E402
+from fedapp.privacy.profiles import federation_profiles  # noqa: E402
 from strategies.robust_hdp import RobustHDP  # noqa: E402
 from strategies.rpca import inverse_variance_weights, rpca  # noqa: E402
 
@@ -204,7 +204,7 @@ def real_updates(dist: str, data_dir: str, max_samples: int, lr: float) -> tuple
 
     from fedapp.clients.common import setup_client
     from fedapp.clients.dpsgd import DPSGDClient
-    from fedapp.training import get_weights
+    from fedapp.clients.training import get_weights
     from strategies.robust_hdp import oracle_sigma2
 
     ov = {"strategy": "robust-hdp", "dataset": "mnist", "data-dir": data_dir, "num-server-rounds": 40,

@@ -48,8 +48,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedapp.models import LogisticRegression as TorchLogReg  # noqa: E402
-from fedapp.report import interval  # noqa: E402
+from fedapp.experiments.report import interval  # noqa: E402
+from fedapp.models.zoo import LogisticRegression as TorchLogReg  # noqa: E402
 from strategies.compression import rand_k_compress, rand_k_decompress, rand_k_indices, rand_k_omega  # noqa: E402
 from strategies.privacy.accountants import epsilon_of  # noqa: E402
 from strategies.soteriafl import (  # noqa: E402
@@ -156,7 +156,7 @@ class Setup:
 
     ``data = "reference"``: the notebook's cell 'eps = 5' as is (nda rescales the training features, see
     :func:`feature_scale`) and x₀ = randn(d)/5. ``data = "raw"``: the same split with the unscaled a9a features this
-    project's loader gives (``fedapp.data.read_libsvm``) and x₀ = the torch default init of its logreg model
+    project's loader gives (``fedapp.data.datasets.read_libsvm``) and x₀ = the torch default init of its logreg model
     (seed 0): the inputs of the project's quick sweep, for both codes.
     """
 
@@ -435,7 +435,7 @@ def clip_activity(s: Setup, x: np.ndarray, clip: float, batch: int, seed: int = 
 
 # ----------------------------------------------------------------------------- part 3: own randomness
 def t_interval(values: list[float]) -> tuple[float, float]:
-    """Mean and 95 % half-width (Student t) over seeds: the sweep reports' ``fedapp.report.interval``."""
+    """Mean and 95 % half-width (Student t) over seeds: the sweep reports' ``fedapp.experiments.report.interval``."""
     mean, half, _ = interval(values)
     return mean, half
 

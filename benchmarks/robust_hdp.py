@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fedapp.config import resolve_config  # noqa: E402
-from fedapp.privacy_profiles import federation_profiles  # noqa: E402
-from fedapp.results import write_json_atomic  # noqa: E402
+from fedapp.privacy.profiles import federation_profiles  # noqa: E402
+from fedapp.state.results import write_json_atomic  # noqa: E402
 from strategies.aggregate import aggregate_noise_variance, weighted_sum  # noqa: E402
 from strategies.base import ClientUpdate  # noqa: E402
 from strategies.privacy.calibration import calibrate_noise_multiplier  # noqa: E402
@@ -138,8 +138,8 @@ def run_accuracy(strategy: str, dist: str, rounds: int, data_dir: str, max_sampl
                  lr: float = 0.0, dp_rounds: int = 0, lr_scale: float = 1.0) -> dict:
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     ov = {"strategy": strategy, "dataset": "mnist", "data-dir": data_dir, "num-server-rounds": rounds,
           "partitioner": "shards", "shards-per-client": 8, "privacy-dist": dist, "batch-size-choices": "16,32,64,128",

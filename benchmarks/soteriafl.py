@@ -31,11 +31,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedapp.client_data import load_client_data, training_pool  # noqa: E402
 from fedapp.clients.common import make_model  # noqa: E402
+from fedapp.clients.training import evaluate_model, get_weights, set_weights  # noqa: E402
 from fedapp.config import resolve_config  # noqa: E402
-from fedapp.data import load_dataset  # noqa: E402
-from fedapp.training import evaluate_model, get_weights, set_weights  # noqa: E402
+from fedapp.data.client_data import load_client_data, training_pool  # noqa: E402
+from fedapp.data.datasets import load_dataset  # noqa: E402
 from strategies.aggregate import unflatten  # noqa: E402
 from strategies.compression import rand_k_omega  # noqa: E402
 from strategies.soteriafl import (  # noqa: E402

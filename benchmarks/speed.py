@@ -33,7 +33,7 @@ MNIST_FEDERATION = ("strategy='dpsgd-fedavg' dataset='mnist' data-dir='{data}' p
 
 def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str, engine: str = "superlink",
            num_cpus: float = 1.0) -> dict:
-    """One federation through ``python -m fedapp.launch`` (a child process, as a user runs it): wall, peak
+    """One federation through ``python -m fedapp.run.launch`` (a child process, as a user runs it): wall, peak
     memory of its whole process tree, and the per-round times from rounds.jsonl. The launcher's output goes
     to ``<out>/launch-<n>.log``."""
     import sys
@@ -44,7 +44,7 @@ def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str, engin
            "MPLBACKEND": "Agg"}
     before = set(Path(out).glob("*"))
     log = Path(out) / f"launch-{len(before)}.log"
-    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", str(num_supernodes), "--run-config", run_config,
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(num_supernodes), "--run-config", run_config,
            "--engine", engine, "--num-cpus", str(num_cpus)]
     # one PSS sample of ~17 processes costs ~85 ms of CPU: every 2 s
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=2.0, timeout=None)
@@ -93,10 +93,10 @@ def bench_modes(batch: int, models: list[str]) -> list[str]:
     """Seconds per step of each supported Opacus mode and of plain SGD, per model, and what ``auto`` picks."""
     import torch
 
-    from fedapp.data import load_dataset
-    from fedapp.grad_sample_mode import supported_modes, time_modes
-    from fedapp.models import DEFAULT_MODEL, build_model
-    from fedapp.training import LocalTraining, local_train
+    from fedapp.clients.grad_sample_mode import supported_modes, time_modes
+    from fedapp.clients.training import LocalTraining, local_train
+    from fedapp.data.datasets import load_dataset
+    from fedapp.models.zoo import DEFAULT_MODEL, build_model
 
     shapes = {name: dataset for dataset, name in DEFAULT_MODEL.items()}
     rows = [f"| model (batch {batch}, CPU, {torch.get_num_threads()} threads) | plain SGD step | " +
@@ -131,7 +131,7 @@ def _plain_step(new_model, shape, classes, batch, LocalTraining, local_train, st
     import numpy as np
     import torch
 
-    from fedapp.data import ArrayDataset
+    from fedapp.data.datasets import ArrayDataset
 
     rng = np.random.default_rng(0)
     data = ArrayDataset(rng.standard_normal((batch * steps, *shape)).astype(np.float32),

@@ -63,10 +63,10 @@ def _prob(v: Any) -> bool:
 _KEYS: list[Key] = [
     # --- general -------------------------------------------------------------------
     Key("strategy", str, "dpsgd-fedavg", "Strategy from the registry (`fedapp.registry`)."),
-    Key("dataset", str, "digits", "Dataset: a name listed here (digits is embedded) or `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/hf_data.py`; needs an explicit `model`).",
+    Key("dataset", str, "digits", "Dataset: a name listed here (digits is embedded) or `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/data/hf_data.py`; needs an explicit `model`).",
         choices=DATASETS, prefix="hf:"),
     Key("data-dir", str, "", "Folder holding MNIST/CIFAR (torchvision's folder layout) / LIBSVM data (e.g. ../shared/data). Required except for digits and hf: datasets (for which it is the base of relative folders and the Hub download cache)."),
-    Key("model", str, "auto", "Model name (`fedapp.models.MODELS`); auto = the dataset's default."),
+    Key("model", str, "auto", "Model name (`fedapp.models.zoo.MODELS`); auto = the dataset's default."),
     Key("num-server-rounds", int, 3, "Number of federated rounds E.", _positive, "> 0"),
     Key("seed", int, 42, "Seed for partitions, privacy profiles and model init (not DP noise or client sampling, see seeded-noise).", _nonneg, ">= 0"),
     Key("seeded-noise", bool, False, "Derive DP noise and Poisson sampling from the run seed: reproducible for tests/benchmarks, but a server that knows the seed can remove the noise, which voids the guarantee. Default: OS entropy."),
@@ -264,17 +264,17 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         if not torch.cuda.is_available():
             raise ConfigError("run-config 'device' = 'cuda' but no CUDA device is available here (use 'auto' or 'cpu')")
     if cfg["model"] != "auto":
-        from fedapp.model_catalog import MODEL_NAMES
+        from fedapp.models.catalog import MODEL_NAMES
 
         if cfg["model"] not in MODEL_NAMES:
             raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)}")
     model = cfg["model"]
     if model == "auto" and cfg["dataset"] in DATASETS:
-        from fedapp.model_catalog import DEFAULT_MODEL
+        from fedapp.models.catalog import DEFAULT_MODEL
 
         model = DEFAULT_MODEL[cfg["dataset"]]
     if model != "auto" and cfg["dataset"] in DATASETS:  # before any data: hf: shapes are checked once loaded (build_model)
-        from fedapp.model_catalog import INPUT_SHAPES, model_input_problem
+        from fedapp.models.catalog import INPUT_SHAPES, model_input_problem
 
         shape = INPUT_SHAPES[cfg["dataset"]]
         problem = model_input_problem(model, shape)
@@ -294,7 +294,7 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         if not os.path.isdir(data_dir) or not os.access(data_dir, os.R_OK):
             raise ConfigError(f"run-config 'data-dir' = {data_dir!r} is not a readable folder (dataset {cfg['dataset']!r})")
     if model != "auto" and cfg["grad-sample-mode"] != "auto":
-        from fedapp.model_catalog import check_grad_sample_mode
+        from fedapp.models.catalog import check_grad_sample_mode
 
         try:
             check_grad_sample_mode(model, cfg["grad-sample-mode"])

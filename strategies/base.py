@@ -674,7 +674,7 @@ def _reply_order(pair: tuple[ClientProxy, FitRes]) -> tuple[int, int]:
 
 
 def _failed_client_id(reason: str) -> int | None:
-    """Client id named in a failure message (``client_id=<n>``, as :mod:`fedapp.faults` raises)."""
+    """Client id named in a failure message (``client_id=<n>``, as :mod:`fedapp.clients.guard` raises)."""
     match = re.search(r"client_id=(\d+)", reason)
     return int(match.group(1)) if match else None
 

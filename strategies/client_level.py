@@ -1,7 +1,7 @@
 """Server side of client-level DP (DP-FedAvg, Fed-SMP, DP2-FedSAM and their baselines).
 
 The mechanism (:class:`~strategies.privacy.mechanisms.ClientLevelDP`): each sampled client clips its
-update to C and adds Gaussian noise. With secure aggregation (Flower SecAgg+, ``fedapp.secure_aggregation``)
+update to C and adds Gaussian noise. With secure aggregation (Flower SecAgg+, ``fedapp.privacy.secure_aggregation``)
 the server sees only the sum: each client adds N(0, C²σ²/r_t), r_t the round's sampled count (sent as
 ``dp-round-clients``; a client never uses more than its own floor ``min-round-clients``), so the sum carries
 σC. Without it the server sees every update: each client adds the fixed N(0, C²σ²/r), one update carries

@@ -20,7 +20,7 @@ seeing single updates gets multiplier σ/√(rN) (reported as ``epsilon_individu
 
 Framework-free math (numpy/torch only): φ/h split by parameter-name prefix
 (:func:`head_parameter_names`) and the SAM/ASAM step of Eq. 11–12 (:func:`sam_gradient`); the local
-training loop that uses them is ``fedapp.training``. The Flower server strategy aggregates only φ
+training loop that uses them is ``fedapp.clients.training``. The Flower server strategy aggregates only φ
 (personalized variants) or the whole model (DP-FedSAM, FT variants) with uniform weights 1/r.
 
 Variants (Sec. 5): ``dp2-fedsam`` (head SGD τ_h epochs then SAM on φ τ_φ epochs), ``centaur``

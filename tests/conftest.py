@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-if "DPFL_CACHE_DIR" not in os.environ:  # the shared dataset/calibration cache (fedapp.cache): one per session,
+if "DPFL_CACHE_DIR" not in os.environ:  # the shared dataset/calibration cache (fedapp.state.cache): one per session,
     _CACHE = tempfile.mkdtemp(prefix="dpfl-test-cache-")  # inherited by every process the tests start
     os.environ["DPFL_CACHE_DIR"] = _CACHE
     atexit.register(shutil.rmtree, _CACHE, True)
@@ -52,10 +52,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def device(request: pytest.FixtureRequest):
     """The ``torch.device`` the training tests use (``--device`` / ``DPFL_TEST_DEVICE``), decided by
-    ``fedapp.training.resolve_device`` like every client; ``cuda`` without a GPU skips the test."""
+    ``fedapp.clients.training.resolve_device`` like every client; ``cuda`` without a GPU skips the test."""
     import torch
 
-    from fedapp.training import resolve_device
+    from fedapp.clients.training import resolve_device
 
     name = request.config.getoption("--device")
     if name == "cuda" and not torch.cuda.is_available():
@@ -74,8 +74,8 @@ def run_small_simulation(overrides: dict[str, Any], num_supernodes: int = 4) -> 
     """Run a real in-process Flower simulation (Ray backend) and return its results folder."""
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
     out = Path(overrides["output-dir"])

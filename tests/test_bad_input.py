@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-from fedapp.checkpoint import save_checkpoint
+from fedapp.apps.server_app import build_components, make_prevalidate
 from fedapp.config import ConfigError, resolve_config
-from fedapp.privacy_profiles import client_profile
-from fedapp.server_app import build_components, make_prevalidate
+from fedapp.privacy.profiles import client_profile
+from fedapp.state.checkpoint import save_checkpoint
 from strategies.base import DPFLStrategy
 
 
@@ -174,7 +174,7 @@ LATE_FAILURES = {  # configs that used to fail 25-34 s later inside the SuperLin
 
 def test_a_tiny_target_epsilon_calibrates_to_a_non_negative_epsilon() -> None:
     """target-epsilon 1e-6 once gave ε = -0.113 (RDP conversion below 0) and every client was rejected."""
-    from fedapp.privacy_profiles import client_level_mechanism
+    from fedapp.privacy.profiles import client_level_mechanism
 
     dp = client_level_mechanism(resolve_config(None, {"strategy": "dp-fedavg", "target-epsilon": 1e-6}), 4)
     assert 0.0 <= dp.epsilon() <= 1e-6 and dp.epsilon(1) >= 0.0
@@ -182,7 +182,7 @@ def test_a_tiny_target_epsilon_calibrates_to_a_non_negative_epsilon() -> None:
 
 @pytest.mark.parametrize("case", sorted(LATE_FAILURES))
 def test_dry_run_names_the_key_before_anything_starts(case: str, tmp_path) -> None:
-    from fedapp.server_app import dry_run
+    from fedapp.apps.server_app import dry_run
 
     overrides, key = LATE_FAILURES[case]
     cfg = resolve_config(None, {"output-dir": str(tmp_path / "out"), "max-samples": 400, **overrides})
@@ -192,7 +192,7 @@ def test_dry_run_names_the_key_before_anything_starts(case: str, tmp_path) -> No
 
 
 def test_dry_run_passes_a_good_config_and_reports_unused_keys(tmp_path) -> None:
-    from fedapp.server_app import dry_run
+    from fedapp.apps.server_app import dry_run
 
     cfg = resolve_config(None, {"strategy": "soteriafl-sgd", "target-epsilon": 5.0, "output-dir": str(tmp_path / "o"),
                                 "max-samples": 400, "privacy-dist": "fixed", "allow-large-delta": True})
@@ -218,7 +218,7 @@ def test_output_dir_that_is_a_file_is_refused(tmp_path) -> None:
 
 
 def test_an_assignment_without_value_is_refused() -> None:
-    from fedapp.processes import parse_overrides
+    from fedapp.run.processes import parse_overrides
 
     with pytest.raises(ConfigError, match="'epsilon'"):
         parse_overrides("strategy='fedavg' epsilon= seed=3")
@@ -230,7 +230,7 @@ def test_the_launchers_dry_run_raises_the_config_error_itself_from_its_child(tmp
     caller (this test process, plus one extra thread): the ConfigError naming the value comes back unchanged."""
     import threading
 
-    from fedapp.launch import dry_run_in_child
+    from fedapp.run.launch import dry_run_in_child
 
     overrides, key = LATE_FAILURES[sorted(LATE_FAILURES)[0]]
     cfg = resolve_config(None, {"output-dir": str(tmp_path / "out"), "max-samples": 400, **overrides})
@@ -258,7 +258,7 @@ def test_the_launcher_refuses_a_bad_config_before_starting_anything(run_config: 
     import sys
 
     home, out = tmp_path / "flwr-home", tmp_path / "out"
-    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", "4", "--run-config",
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", "4", "--run-config",
            f"{run_config} output-dir='{out}'"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(Path(__file__).resolve().parents[1]),
                           env={**os.environ, "FLWR_HOME": str(home)})
@@ -276,9 +276,9 @@ def test_a_launchers_dry_run_leaves_the_launcher_torch_free(tmp_path) -> None:
     import subprocess
     import sys
 
-    code = ("import sys, json; import fedapp.faults; from fedapp.launch import dry_run_in_child, resolve_config; "
+    code = ("import sys, json; import fedapp.clients.guard; from fedapp.run.launch import dry_run_in_child, resolve_config; "
             "cfg = resolve_config(None, json.loads(sys.argv[1])); dry_run_in_child(cfg, 4); "
-            "print(json.dumps(sorted(m for m in ('torch', 'fedapp.server_app', 'opacus') if m in sys.modules)))")
+            "print(json.dumps(sorted(m for m in ('torch', 'fedapp.apps.server_app', 'opacus') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code,
                           json.dumps({"max-samples": 400, "output-dir": str(tmp_path / "out")})],
                          capture_output=True, text=True, check=True, timeout=300)

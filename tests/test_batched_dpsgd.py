@@ -1,4 +1,4 @@
-"""The batched multi-client DP-SGD step equals the per-client Opacus path (fedapp.training.local_train)."""
+"""The batched multi-client DP-SGD step equals the per-client Opacus path (fedapp.clients.training.local_train)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.batched_dpsgd import BatchedClient, clipped_sums, train_clients_batched
-from fedapp.data import ArrayDataset
-from fedapp.models import build_model
-from fedapp.training import LocalTraining, PerSampleDP, local_train
+from fedapp.clients.batched_dpsgd import BatchedClient, clipped_sums, train_clients_batched
+from fedapp.clients.training import LocalTraining, PerSampleDP, local_train
+from fedapp.data.datasets import ArrayDataset
+from fedapp.models.zoo import build_model
 
 
 def _client_data(n: int, seed: int, shape=(1, 8, 8)) -> ArrayDataset:
@@ -38,7 +38,7 @@ def test_clipped_sums_match_opacus_per_sample_clipping():
     factor = (clip / (norms + 1e-6)).clamp(max=1.0)
     for (n, p) in gsm._module.named_parameters():
         ref[n] = torch.einsum("i,i...", factor, p.grad_sample)
-    from fedapp.batched_dpsgd import _per_sample_grads
+    from fedapp.clients.batched_dpsgd import _per_sample_grads
 
     params = {n: p.detach().unsqueeze(0).repeat(2, *([1] * p.dim())) for n, p in model.named_parameters()}
     per_sample = _per_sample_grads(model)(params, torch.stack([x, x]), torch.stack([y, y]))

@@ -1,4 +1,4 @@
-"""The shared start-up cache (fedapp.cache): decoded datasets and noise calibrations across processes."""
+"""The shared start-up cache (fedapp.state.cache): decoded datasets and noise calibrations across processes."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from fedapp import cache
-from fedapp.data import _mnist_family_arrays, _mnist_family_files, _read_idx, load_dataset
+from fedapp.data.datasets import _mnist_family_arrays, _mnist_family_files, _read_idx, load_dataset
+from fedapp.state import cache
 from strategies.privacy.accountants import epsilon_of
 from strategies.privacy.calibration import calibrate_noise_multiplier
 
@@ -80,7 +80,7 @@ def test_mnist_read_directly_equals_the_cached_copy(shared_data, cache_root):
     finally:
         load_dataset.cache_clear()
     # a second process maps the stored arrays instead of decoding (torchvision is not a dependency at all)
-    code = ("import sys; from fedapp.data import load_dataset; tr, te = load_dataset('mnist', sys.argv[1]); "
+    code = ("import sys; from fedapp.data.datasets import load_dataset; tr, te = load_dataset('mnist', sys.argv[1]); "
             "import numpy as np; assert isinstance(tr.x, np.memmap); assert 'torchvision' not in sys.modules; "
             "print(float(tr.x[123].sum()))")
     out = subprocess.run([sys.executable, "-c", code, str(shared_data)], capture_output=True, text=True, check=True)
@@ -102,15 +102,15 @@ def test_a_cached_calibration_is_verified_never_trusted(cache_root):
 
 
 def test_partitions_are_computed_once_and_read_back_without_flwr_datasets(cache_root):
-    from fedapp.client_data import _partitions, client_partition_indices
     from fedapp.config import resolve_config
+    from fedapp.data.client_data import _partitions, client_partition_indices
 
     cfg = resolve_config({"partitioner": "dirichlet", "dirichlet-alpha": 0.5, "seed": 3})
     _partitions.cache_clear()
     first = client_partition_indices(cfg, 6)
     assert sorted(np.concatenate(first).tolist()) == sorted(set(np.concatenate(first).tolist()))  # disjoint
     assert len(list((cache_root / "datasets").glob("partition-*"))) == 1
-    code = ("import sys; from fedapp.client_data import client_partition_indices; from fedapp.config import "
+    code = ("import sys; from fedapp.data.client_data import client_partition_indices; from fedapp.config import "
             "resolve_config; cfg = resolve_config({'partitioner': 'dirichlet', 'dirichlet-alpha': 0.5, 'seed': 3}); "
             "parts = client_partition_indices(cfg, 6); assert 'flwr_datasets' not in sys.modules; "
             "print(','.join(str(int(p.sum())) for p in parts))")
@@ -138,8 +138,8 @@ def test_released_pool_pages_leave_the_process_and_the_values_stay(cache_root):
 
 
 def test_client_data_is_a_writable_copy_of_a_read_only_pool(cache_root):
-    from fedapp.client_data import load_client_data
     from fedapp.config import resolve_config
+    from fedapp.data.client_data import load_client_data
 
     cfg = resolve_config({"dataset": "digits", "num-clients": 4})
     train, _ = load_dataset("digits")
@@ -150,7 +150,8 @@ def test_client_data_is_a_writable_copy_of_a_read_only_pool(cache_root):
 
 def test_cache_keys_change_with_the_libraries_that_produce_the_arrays(monkeypatch) -> None:
     """A partition cached under one flwr-datasets/numpy is not reused under another."""
-    from fedapp import cache, client_data
+    from fedapp.data import client_data
+    from fedapp.state import cache
 
     assert cache.library_versions("numpy", "no-such-package-x").startswith("numpy=")
     assert cache.library_versions("no-such-package-x") == "no-such-package-x=-"

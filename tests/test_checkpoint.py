@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedapp.checkpoint import (
+from fedapp.config import ConfigError, resolve_config
+from fedapp.state.checkpoint import (
     CHECKPOINT_FILE,
     attach,
     check_resumable,
@@ -17,7 +18,6 @@ from fedapp.checkpoint import (
     save_checkpoint,
     temp_path,
 )
-from fedapp.config import ConfigError, resolve_config
 from strategies.base import DPFLStrategy
 
 
@@ -53,8 +53,8 @@ def test_save_load_round_trip_is_atomic_and_pickle_free(tmp_path) -> None:
 
 
 def test_stale_temporary_file_is_removed_before_writing_and_on_resume(tmp_path, monkeypatch) -> None:
-    import fedapp.checkpoint as ckpt
-    from fedapp.client_state import ClientStateStore
+    import fedapp.state.checkpoint as ckpt
+    from fedapp.state.client_state import ClientStateStore
 
     target = tmp_path / CHECKPOINT_FILE
     stale = temp_path(target)

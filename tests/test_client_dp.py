@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from flwr.common import Context, RecordDict
 
-from fedapp.client_data import _public_split, public_dataset, training_pool
 from fedapp.clients.client_dp import ClientLevelDPClient
 from fedapp.clients.common import setup_client
+from fedapp.clients.training import LocalTraining, get_weights, local_train
 from fedapp.config import ConfigError, resolve_config
-from fedapp.privacy_profiles import client_level_mechanism as mechanism_from_config
-from fedapp.training import LocalTraining, get_weights, local_train
+from fedapp.data.client_data import _public_split, public_dataset, training_pool
+from fedapp.privacy.profiles import client_level_mechanism as mechanism_from_config
 from strategies.client_level import CFG_SIGMA
 from strategies.fed_smp import theorem1_noise_multiplier
 from strategies.privacy.calibration import calibrate_noise_multiplier

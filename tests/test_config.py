@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from fedapp.apps.server_app import make_prevalidate
 from fedapp.config import SCHEMA, ConfigError, resolve_config
-from fedapp.privacy_profiles import client_profile, sample_epsilons
-from fedapp.server_app import make_prevalidate
+from fedapp.privacy.profiles import client_profile, sample_epsilons
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -81,8 +81,8 @@ INPUT_SHAPES_TRIED = [(1, 8, 8), (1, 28, 28), (3, 32, 32), (123,), (1, 12, 12), 
 def test_the_catalog_knows_which_inputs_each_model_takes(model_name):
     import torch
 
-    from fedapp.model_catalog import FLAT_INPUT_MODELS, MODEL_NAMES, model_input_problem
-    from fedapp.models import MODELS, build_model
+    from fedapp.models.catalog import FLAT_INPUT_MODELS, MODEL_NAMES, model_input_problem
+    from fedapp.models.zoo import MODELS, build_model
 
     assert model_name in MODEL_NAMES
     built: dict[int, torch.nn.Module] = {}  # image models: one per channel count (their layers are size-free)
@@ -106,15 +106,15 @@ def test_the_catalog_knows_which_inputs_each_model_takes(model_name):
 
 def test_every_named_dataset_fits_its_default_model():
     from fedapp.config import DATASETS
-    from fedapp.model_catalog import DEFAULT_MODEL, INPUT_SHAPES, model_input_problem
+    from fedapp.models.catalog import DEFAULT_MODEL, INPUT_SHAPES, model_input_problem
 
     assert set(INPUT_SHAPES) == set(DATASETS) == set(DEFAULT_MODEL)
     assert {d: model_input_problem(DEFAULT_MODEL[d], INPUT_SHAPES[d]) for d in DATASETS} == dict.fromkeys(DATASETS)
 
 
 def test_declared_input_shapes_are_what_the_loaders_give(shared_data):
-    from fedapp.data import load_dataset
-    from fedapp.model_catalog import INPUT_SHAPES
+    from fedapp.data.datasets import load_dataset
+    from fedapp.models.catalog import INPUT_SHAPES
 
     names = ["digits", "mnist"] + (["a9a"] if (shared_data / "a9a" / "a9a").is_file() else [])
     for name in names:
@@ -195,7 +195,7 @@ def test_keys_a_strategy_does_not_read_are_reported(strategy, key, value, unused
 
 
 def test_a_run_where_nothing_trained_is_not_finished():
-    from fedapp.results import summarize
+    from fedapp.state.results import summarize
 
     idle = [{"round": r, "metrics": {"clients_ok": 0}, "clients": []} for r in (1, 2)]
     summary = summarize(idle, 1.0, done=True)

@@ -14,8 +14,8 @@ import numpy as np
 import psutil
 import pytest
 
-from fedapp.checkpoint import COMMITTED_ROUND_KEY, CheckpointingRecorder, load_checkpoint
 from fedapp.config import resolve_config
+from fedapp.state.checkpoint import COMMITTED_ROUND_KEY, CheckpointingRecorder, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -68,9 +68,9 @@ def test_checkpoint_is_written_before_rounds_jsonl_and_before_clients_are_told(t
 
 
 def test_default_batch_sizes_fit_sixty_clients_on_digits() -> None:
-    from fedapp.client_data import client_train_sizes
-    from fedapp.privacy_profiles import federation_profiles
-    from fedapp.server_app import make_prevalidate
+    from fedapp.apps.server_app import make_prevalidate
+    from fedapp.data.client_data import client_train_sizes
+    from fedapp.privacy.profiles import federation_profiles
 
     cfg = resolve_config(overrides={"num-clients": 60})
     make_prevalidate(cfg)(60)  # the pre-round checks pass
@@ -105,7 +105,7 @@ BASE = ("strategy='dpsgd-fedavg' seed=5 seeded-noise=true max-samples=450 batch-
 
 def _launch(tmp_path: Path, name: str, extra: str) -> subprocess.Popen:
     env = {**os.environ, "FLWR_HOME": str(tmp_path / f"home-{name}")}
-    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", "3", "--run-config", f"{BASE} {extra}"]
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", "3", "--run-config", f"{BASE} {extra}"]
     log = open(tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the test
     return subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

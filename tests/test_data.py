@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedapp.config import ConfigError
-from fedapp.data import load_dataset, read_libsvm
+from fedapp.data.datasets import load_dataset, read_libsvm
 
 
 def test_digits_embedded():
@@ -162,8 +162,8 @@ def test_hf_bad_specs_name_the_problem(tmp_path):
 
 
 def test_hf_dataset_in_the_run_config_partitions_like_any_other(tmp_path):
-    from fedapp.client_data import load_client_data
     from fedapp.config import resolve_config
+    from fedapp.data.client_data import load_client_data
 
     folder = _save_images(tmp_path / "tiny", n_train=60)
     with pytest.raises(ConfigError, match="set run-config 'model'"):

@@ -16,7 +16,13 @@ from flwr.common.secure_aggregation.quantization import dequantize, quantize
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE
 
 from fedapp.config import ConfigError, resolve_config
-from fedapp.secure_aggregation import MAX_WEIGHT, NoContribution, _residue_payload, ddg_transport, residues_from_mean
+from fedapp.privacy.secure_aggregation import (
+    MAX_WEIGHT,
+    NoContribution,
+    _residue_payload,
+    ddg_transport,
+    residues_from_mean,
+)
 from strategies.privacy.discrete_gaussian import ORDERS, DistributedDiscreteGaussian, rdp_to_epsilon
 
 
@@ -91,7 +97,7 @@ def test_the_config_refuses_what_the_discrete_gaussian_cannot_claim() -> None:
 
 
 def test_the_plan_refuses_too_few_bits_naming_the_key() -> None:
-    from fedapp.privacy_plan import privacy_plan
+    from fedapp.apps.privacy_plan import privacy_plan
 
     cfg = resolve_config(None, {"strategy": "dp-fedavg", "target-epsilon": 0.5, "num-server-rounds": 50,
                                 "secagg-bits": 8, "num-clients": 20})
@@ -110,7 +116,7 @@ def test_a_discrete_gaussian_secure_sum_trains_like_the_plain_sum_and_its_ledger
     same run without secure aggregation up to the noise and rounding (so rotation, scaling, modular sum and decoding
     are right), and every client's epsilon_vs_server is the RDP composition of the rounds' Gaussian equivalents,
     which bounds the discrete mechanism's own RDP ε."""
-    from fedapp.checkpoint import load_checkpoint
+    from fedapp.state.checkpoint import load_checkpoint
     from tests.test_secure_aggregation import rounds_of, simulate
 
     tiny = {"strategy": "dp-fedavg", "noise-multiplier": 1e-4}
@@ -160,7 +166,7 @@ def test_clients_send_one_residue_share_of_the_padded_payload(strategy: str) -> 
     the padded payload (the model, the k masked values, or φ); without the round's rotation seed it refuses."""
     from flwr.common import FitIns, GetParametersIns, ndarrays_to_parameters
 
-    from fedapp.privacy_plan import secure_payload_dim
+    from fedapp.apps.privacy_plan import secure_payload_dim
     from fedapp.registry import get_spec
     from strategies.client_level import CFG_ROTATION_SEED, rotation_seed
     from strategies.fed_smp import CFG_K, CFG_SEED, CFG_SPARSIFIER, mask_seed

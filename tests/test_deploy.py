@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding
 
 from fedapp.config import ConfigError, resolve_config
-from fedapp.deploy import node_config_arg, node_configs, parse_node_config, validate_nodes
-from fedapp.processes import simulation_backend
+from fedapp.run.deploy import node_config_arg, node_configs, parse_node_config, validate_nodes
+from fedapp.run.processes import simulation_backend
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_simulation_backend_fractional_gpus_and_ray_cluster() -> None:
 def test_tls_authenticated_federation_of_three_supernodes(tmp_path) -> None:
     import psutil
 
-    from fedapp.deploy import deploy
+    from fedapp.run.deploy import deploy
 
     out = tmp_path / "results"
     res = deploy(3, f"strategy='robust-hdp' num-server-rounds=2 max-samples=300 batch-size=16 "

@@ -1,6 +1,6 @@
 """Device correctness without a GPU: nothing in fedapp/ or strategies/ may put a tensor on a hard-coded device.
 
-One place decides the device (``fedapp.training.resolve_device``); every client passes it down. Two checks
+One place decides the device (``fedapp.clients.training.resolve_device``); every client passes it down. Two checks
 catch the bug class ("Input type (torch.cuda.FloatTensor) and weight type (torch.FloatTensor) should be the same")
 on a CPU-only machine:
 
@@ -29,9 +29,9 @@ from flwr.common import Context, RecordDict
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from fedapp.data import ArrayDataset
-from fedapp.models import build_model
-from fedapp.training import SAM, LocalTraining, PerSampleDP, evaluate_model, get_weights, local_train
+from fedapp.clients.training import SAM, LocalTraining, PerSampleDP, evaluate_model, get_weights, local_train
+from fedapp.data.datasets import ArrayDataset
+from fedapp.models.zoo import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 META = torch.device("meta")
@@ -157,16 +157,16 @@ FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "rand
 
 #: (file, function, call) → why this tensor is on the CPU on purpose
 HOST_SIDE = {
-    ("fedapp/server_app.py", "dry_run", "torch.from_numpy(test.x[:2].copy())"):
+    ("fedapp/apps/server_app.py", "dry_run", "torch.from_numpy(test.x[:2].copy())"):
         "config dry run: a freshly built CPU model on two CPU samples, no device involved",
-    ("fedapp/training.py", "set_weights", "torch.as_tensor(np.asarray(w), dtype=old.dtype)"):
+    ("fedapp/clients/training.py", "set_weights", "torch.as_tensor(np.asarray(w), dtype=old.dtype)"):
         "staging copy of a numpy array; load_state_dict copies it onto the model's own device",
-    ("fedapp/training.py", "_shuffled_batches", "torch.from_numpy(order[pos:pos + batch_size])"):
+    ("fedapp/clients/training.py", "_shuffled_batches", "torch.from_numpy(order[pos:pos + batch_size])"):
         "indices into the host copy of the dataset; the batch is moved to the device in local_train",
-    ("fedapp/training.py", "_private", "torch.from_numpy(data.x)"): "Opacus' DataLoader over host data",
-    ("fedapp/training.py", "_private", "torch.from_numpy(data.y)"): "Opacus' DataLoader over host data",
-    ("fedapp/training.py", "local_train", "torch.from_numpy(data.x)"): "host data; each batch is moved (xb.to)",
-    ("fedapp/training.py", "local_train", "torch.from_numpy(data.y)"): "host data; each batch is moved (yb.to)",
+    ("fedapp/clients/training.py", "_private", "torch.from_numpy(data.x)"): "Opacus' DataLoader over host data",
+    ("fedapp/clients/training.py", "_private", "torch.from_numpy(data.y)"): "Opacus' DataLoader over host data",
+    ("fedapp/clients/training.py", "local_train", "torch.from_numpy(data.x)"): "host data; each batch is moved (xb.to)",
+    ("fedapp/clients/training.py", "local_train", "torch.from_numpy(data.y)"): "host data; each batch is moved (yb.to)",
 }
 
 

@@ -13,11 +13,11 @@ from torch import nn
 
 from fedapp.clients.common import setup_client
 from fedapp.clients.dp2_fedsam import DP2FedSAMClient, shared_weights
+from fedapp.clients.training import SAM, LocalTraining, local_train
 from fedapp.config import ConfigError, resolve_config
-from fedapp.data import ArrayDataset
-from fedapp.models import DigitsCNN, LogisticRegression
-from fedapp.privacy_profiles import client_level_mechanism
-from fedapp.training import SAM, LocalTraining, local_train
+from fedapp.data.datasets import ArrayDataset
+from fedapp.models.zoo import DigitsCNN, LogisticRegression
+from fedapp.privacy.profiles import client_level_mechanism
 from strategies.base import RejectedUpdate
 from strategies.dp2_fedsam import VARIANTS, DP2FedSAMStrategy, head_parameter_names, sam_gradient, shared_mask
 from strategies.privacy.accountants import DPAccountingRDP
@@ -212,8 +212,8 @@ def test_server_rejects_update_beyond_clip_plus_noise_bound():
 def test_simulation_dp2_fedsam_shares_phi_only(tmp_path: Path):
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     ov = {**BASE, "strategy": "dp2-fedsam", "num-server-rounds": 2, "output-dir": str(tmp_path), "max-samples": 0,
           "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/test_secure_aggregation.py)

@@ -1,6 +1,6 @@
 """Every registered model trains with DP-SGD in every grad-sample mode, through the one training loop.
 
-One real private step per (model x mode) through ``fedapp.training.local_train`` with ``PerSampleDP``, on the
+One real private step per (model x mode) through ``fedapp.clients.training.local_train`` with ``PerSampleDP``, on the
 device of ``--device`` / ``DPFL_TEST_DEVICE``. With two different samples in a batch of 2 (Poisson rate 1:
 both are always drawn) and noise multiplier 0, the step must equal -lr/2 (clip(g_1) + clip(g_2)) with g_i the
 per-sample gradients computed one sample at a time: a batch-level clip or a missing clip gives another update.
@@ -18,15 +18,15 @@ import torch
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from fedapp.data import ArrayDataset
-from fedapp.models import (
+from fedapp.clients.training import LocalTraining, PerSampleDP, local_train
+from fedapp.data.datasets import ArrayDataset
+from fedapp.models.zoo import (
     GRAD_SAMPLE_MODES,
     MODELS,
     UNSUPPORTED_GRAD_SAMPLE_MODES,
     build_model,
     check_grad_sample_mode,
 )
-from fedapp.training import LocalTraining, PerSampleDP, local_train
 
 #: input shape (without batch) and classes of a tiny batch per registered model
 SHAPES: dict[str, tuple[tuple[int, ...], int]] = {

@@ -11,7 +11,7 @@ from opacus.accountants import RDPAccountant
 
 from fedapp.clients.common import setup_client
 from fedapp.clients.dpsgd import STATE_KEY, DPSGDClient
-from fedapp.training import get_weights
+from fedapp.clients.training import get_weights
 from strategies.privacy.accountants import compact_history, epsilon_of
 from strategies.privacy.calibration import calibrate_noise_multiplier
 

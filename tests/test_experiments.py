@@ -1,4 +1,4 @@
-"""Sweeps (fedapp.sweep) and reports (fedapp.report): grid, resume, validation tuning, intervals, verdicts."""
+"""Sweeps (fedapp.experiments.sweep) and reports (fedapp.experiments.report): grid, resume, validation tuning, intervals, verdicts."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from fedapp.config import ConfigError
-from fedapp.report import ReportError, interval, main, paired_verdict, tuned_groups, write_report
-from fedapp.sweep import cell_id, load_sweep, run_sweep
+from fedapp.experiments.report import ReportError, interval, main, paired_verdict, tuned_groups, write_report
+from fedapp.experiments.sweep import cell_id, load_sweep, run_sweep
 
 SWEEP = """
 [sweep]
@@ -127,7 +127,7 @@ def test_common_random_numbers_seed_the_noise_of_every_cell(tmp_path: Path):
 
 
 def _fabricate_sweep(root: Path, seeded: bool = False) -> Path:
-    """A finished sweep's folder as fedapp.sweep leaves it: index.json and one results folder per cell."""
+    """A finished sweep's folder as fedapp.experiments.sweep leaves it: index.json and one results folder per cell."""
     cells = {}
     for strategy, gain in (("fedavg", 0.02), ("dpsgd-fedavg", 0.0)):
         for lr, val in ((0.05, 0.7), (0.5, 0.6)):
@@ -219,8 +219,13 @@ def test_tuning_chooses_on_the_validation_split_never_on_test():
 
 
 def test_validation_split_is_disjoint_and_counted_in_n_i():
-    from fedapp.client_data import client_partition_indices, client_train_sizes, load_client_data, split_client_indices
     from fedapp.config import resolve_config
+    from fedapp.data.client_data import (
+        client_partition_indices,
+        client_train_sizes,
+        load_client_data,
+        split_client_indices,
+    )
 
     cfg = resolve_config(None, {"validation-fraction": 0.25, "local-test-fraction": 0.2, "max-samples": 400})
     sizes = client_train_sizes(cfg, 3)

@@ -1,16 +1,19 @@
-"""The launchers run ``flwr run`` on a staged copy of the app (fedapp/fab.py): its FAB must hold exactly the
+"""The launchers run ``flwr run`` on a staged copy of the app (fedapp/run/fab.py): its FAB must hold exactly the
 project FAB's code and config, byte for byte, minus folders no ServerApp or ClientApp imports."""
 
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
 from flwr.cli.build import build_fab_from_disk
 
-from fedapp.fab import stage_app
-from fedapp.processes import PROJECT_ROOT
+from fedapp.run.fab import stage_app
+from fedapp.run.processes import PROJECT_ROOT
 
 
 def _files(fab: bytes) -> dict[str, bytes]:
@@ -22,10 +25,25 @@ def test_the_staged_fab_is_the_projects_fab_without_docs_tests_and_benchmarks(tm
     staged = stage_app(PROJECT_ROOT, tmp_path)
     assert staged != PROJECT_ROOT and staged.parent == tmp_path
     ours, full = _files(build_fab_from_disk(staged)), _files(build_fab_from_disk(PROJECT_ROOT))
-    assert {"pyproject.toml", "fedapp/server_app.py", "fedapp/client_app.py", "strategies/rpca.py"} <= set(ours)
+    assert {"pyproject.toml", "fedapp/apps/server_app.py", "fedapp/apps/client_app.py", "strategies/rpca.py"} <= set(ours)
     assert all(full.get(name) == data for name, data in ours.items())  # a subset, byte for byte
-    left_out = {name.split("/")[0] for name in set(full) - set(ours)}
-    assert left_out and left_out.isdisjoint({"fedapp", "strategies", "pyproject.toml"})
+    left_out = {name.split("/")[0] for name in set(full) - set(ours)} - {"fedapp"}
+    assert left_out and left_out.isdisjoint({"strategies", "pyproject.toml"})
+    # of fedapp/, only the launcher and the experiments stay behind
+    assert {n.split("/")[1] for n in set(full) - set(ours) if n.startswith("fedapp/")} == {"run", "experiments"}
+
+
+def test_the_staged_apps_import_without_the_launcher_and_the_experiments(tmp_path: Path) -> None:
+    """A SuperNode gets the apps and what they import: both apps load from the staged folder alone."""
+    staged = stage_app(PROJECT_ROOT, tmp_path)
+    assert not (staged / "fedapp" / "run").exists() and not (staged / "fedapp" / "experiments").exists()
+    root, app = str(PROJECT_ROOT), str(staged)
+    code = (f"import sys; sys.path = [p for p in sys.path if p not in ('', {root!r})]; sys.path.insert(0, {app!r}); "
+            "import fedapp.apps.server_app, fedapp.apps.client_app, fedapp.apps.factories, fedapp; "
+            f"assert fedapp.__file__.startswith({app!r}), fedapp.__file__")
+    out = subprocess.run([sys.executable, "-c", code], cwd=staged, capture_output=True, text=True, timeout=120,
+                         env={"PATH": os.environ["PATH"], "PYTHONNOUSERSITE": "1"})
+    assert out.returncode == 0, out.stderr
 
 
 def test_an_app_without_a_package_list_is_run_from_its_own_folder(tmp_path: Path) -> None:

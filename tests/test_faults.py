@@ -11,8 +11,8 @@ from conftest import read_rounds, run_small_simulation
 from flwr.client import Client
 from flwr.common import Code, Context, FitIns, FitRes, RecordDict, Status, ndarrays_to_parameters
 
+from fedapp.clients.guard import TAINT_KEY, InjectedFault, check_fault_config, failing_clients, guard_client
 from fedapp.config import ConfigError, resolve_config
-from fedapp.faults import TAINT_KEY, InjectedFault, check_fault_config, failing_clients, guard_client
 from strategies.base import LEDGER_CONFIG_KEY
 from strategies.privacy.accountants import epsilon_of
 
@@ -75,7 +75,7 @@ def test_timeout_fault_sleeps_then_trains(monkeypatch) -> None:
                                     "fault-delay": 9.0, "seed": 3})
     rnd = next(r for r in range(1, 50) if 2 in failing_clients(3, r, 5, 0.2))
     slept: list[float] = []
-    monkeypatch.setattr("fedapp.faults.time.sleep", slept.append)
+    monkeypatch.setattr("fedapp.clients.guard.time.sleep", slept.append)
     ctx = _ctx()
     res = guard_client(FakeClient(ctx), ctx, cfg).fit(_ins(rnd))
     assert slept == [9.0] and res.metrics["status"] == "ok" and res.metrics["epsilon_spent"] == 0.25
@@ -163,9 +163,9 @@ def test_family_strategies_aggregate_the_returned_subset(name: str) -> None:
     from flwr.common import Code, FitRes, Status
 
     from fedapp.clients.common import make_model
-    from fedapp.data import load_dataset
+    from fedapp.clients.training import get_weights
+    from fedapp.data.datasets import load_dataset
     from fedapp.registry import get_spec
-    from fedapp.training import get_weights
     from strategies.base import StrategyContext
 
     cfg = resolve_config(overrides={"strategy": name})
@@ -223,7 +223,7 @@ def test_journal_replays_released_rounds_and_keeps_the_spend_of_discarded_ones(t
     """Rounds 1-3 trained, the server committed round 1 only (then crashed): a resume that asks round 2
     with the same model gets the very same reply (no new ε); one that asks with another model trains
     afresh from the committed training state, but its accountant keeps the released rounds' spend."""
-    from fedapp.client_state import TRAINING_RECORDS
+    from fedapp.state.client_state import TRAINING_RECORDS
 
     client, inner, ctx = _journal_client(tmp_path)
     replies = [client.fit(_journal_ins(r, float(r), committed=r - 1 if r < 3 else 1)) for r in (1, 2, 3)]
@@ -253,9 +253,9 @@ def test_journal_replays_released_rounds_and_keeps_the_spend_of_discarded_ones(t
 
 
 def test_training_records_name_the_families_state_keys() -> None:
-    from fedapp.client_state import _VOLATILE_KEYS, TRAINING_RECORDS
     from fedapp.clients.dp2_fedsam import HEAD_KEY
     from fedapp.clients.soteriafl import ARRAYS_KEY
+    from fedapp.state.client_state import _VOLATILE_KEYS, TRAINING_RECORDS
 
     assert TRAINING_RECORDS == {HEAD_KEY, ARRAYS_KEY} and LEDGER_CONFIG_KEY in _VOLATILE_KEYS
 

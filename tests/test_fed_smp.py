@@ -12,9 +12,9 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from flwr.server.client_manager import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from fedapp.apps.factories import build_fed_smp_topk
 from fedapp.config import ConfigError, resolve_config
-from fedapp.factories import build_fed_smp_topk
-from fedapp.models import FmnistCNN
+from fedapp.models.zoo import FmnistCNN
 from strategies.base import StrategyContext
 from strategies.compression import check_indices, decode_sparse, encode_sparse, num_kept, rand_k_indices, top_k_indices
 from strategies.fed_smp import CFG_MASK, ClientLevelStrategy, dp_spar, mask_from_config
@@ -213,8 +213,8 @@ def test_topk_needs_public_samples():
 def test_fed_smp_topk_flower_simulation(tmp_path):
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     ov = {"strategy": "fed-smp-topk", "num-server-rounds": 2, "output-dir": str(tmp_path), "compression-ratio": 0.05,
           "public-samples": 100, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 1.0,
@@ -229,7 +229,7 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
     rounds = [json.loads(line) for line in open(path)]
     assert [r["round"] for r in rounds] == [1, 2]
     cfg = resolve_config({}, ov)
-    from fedapp.privacy_profiles import client_level_mechanism
+    from fedapp.privacy.profiles import client_level_mechanism
 
     dp = client_level_mechanism(cfg, 4)
     k = rounds[0]["metrics"]["k"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import fedapp.client_data as client_data
+import fedapp.data.client_data as client_data
 from fedapp.config import resolve_config
-from fedapp.privacy_profiles import _epsilon_draws, federation_profiles, sample_epsilons
+from fedapp.privacy.profiles import _epsilon_draws, federation_profiles, sample_epsilons
 
 
 def test_federation_profiles_split_each_partition_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,4 +1,4 @@
-"""The fleet gateway (``python -m fedapp.fleet_gateway``) live on loopback, in front of a fake SuperLink that
+"""The fleet gateway (``python -m fedapp.run.fleet_gateway``) live on loopback, in front of a fake SuperLink that
 records every connection and request: only the exact Fleet API routes reach it, with the path unchanged."""
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from fedapp.fleet_gateway import ALLOWED, FLEET_RPCS, allowed
-from fedapp.processes import free_port, stop_process_tree
+from fedapp.run.fleet_gateway import ALLOWED, FLEET_RPCS, allowed
+from fedapp.run.processes import free_port, stop_process_tree
 
 REPO = Path(__file__).resolve().parents[1]
 CONTROL = ["/v1/control/list-runs", "/v1/control/register-node", "/v1/control/start-run",
@@ -140,7 +140,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     thread.start()
     port, log = free_port(), tmp_path_factory.mktemp("gateway") / "fleet-gateway.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "fedapp.fleet_gateway", "--listen", f"127.0.0.1:{port}",
+        proc = subprocess.Popen([sys.executable, "-m", "fedapp.run.fleet_gateway", "--listen", f"127.0.0.1:{port}",
                                  "--upstream", f"127.0.0.1:{upstream.port}"], cwd=str(REPO), stdout=out,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp import grad_sample_mode as gsm
+from fedapp.clients import grad_sample_mode as gsm
 from fedapp.config import ConfigError, resolve_config
-from fedapp.data import ArrayDataset
-from fedapp.models import GRAD_SAMPLE_MODES, build_model
+from fedapp.data.datasets import ArrayDataset
+from fedapp.models.zoo import GRAD_SAMPLE_MODES, build_model
 
 
 def _digits_like(n: int = 64) -> ArrayDataset:

@@ -1,4 +1,4 @@
-"""fedapp.heap: freed heap memory goes back to the OS after each ClientApp message."""
+"""fedapp.compat.heap: freed heap memory goes back to the OS after each ClientApp message."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from fedapp import heap
+from fedapp.compat import heap
 
 _PROBE = """
 import numpy as np, psutil
-from fedapp.heap import return_freed_memory
+from fedapp.compat.heap import return_freed_memory
 blocks = [np.ones(10_000) for _ in range(3_000)]  # 240 MB in 80 kB blocks: glibc serves them from the heap
 keep = blocks[::50]
 del blocks  # freed, but kept by the allocator for reuse
@@ -41,6 +41,6 @@ def test_the_mod_passes_the_reply_through():
 
 
 def test_the_client_app_trims_after_every_message():
-    from fedapp.client_app import build_client_app
+    from fedapp.apps.client_app import build_client_app
 
     assert heap.trim_heap_mod in build_client_app()._mods

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flwr.common import Code, FitRes, Parameters, Status, ndarrays_to_parameters
 
-from fedapp.results import ResultsWriter
+from fedapp.state.results import ResultsWriter
 from strategies.base import DPFLStrategy
 
 SHAPES = [(3, 2), (2,)]
@@ -113,7 +113,7 @@ def test_all_rejected_leaves_model_unchanged_and_rejections_reach_rounds_jsonl(t
 
 def test_failures_are_recorded_with_their_client_id() -> None:
     s = make_strategy()
-    err = ValueError("Message contains an Error (reason: fedapp.faults.InjectedFault:<injected fault: client_id=3 "
+    err = ValueError("Message contains an Error (reason: fedapp.clients.guard.InjectedFault:<injected fault: client_id=3 "
                      "round=1 (fault-fraction=0.2)>)")
     s.aggregate_fit(1, [(proxy(0), fit_res())], [err])
     failed = [r for r in s.round_log.clients() if r["status"] == "failed"]
@@ -134,10 +134,10 @@ def test_min_fit_clients_aborts_with_clear_message() -> None:
 def test_every_registered_strategy_rejects_nan_and_wrong_arrays() -> None:
     """Family strategies (custom decoders included) never average a NaN or mis-shaped payload."""
     from fedapp.clients.common import make_model
+    from fedapp.clients.training import get_weights
     from fedapp.config import resolve_config
-    from fedapp.data import load_dataset
+    from fedapp.data.datasets import load_dataset
     from fedapp.registry import REGISTRY
-    from fedapp.training import get_weights
     from strategies.base import StrategyContext
 
     _, test = load_dataset("digits", "")

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from fedapp.config import ConfigError
-from fedapp.launch import resolve_flwr_home, run
-from fedapp.processes import free_port
+from fedapp.run.launch import resolve_flwr_home, run
+from fedapp.run.processes import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,7 +45,7 @@ def _ray_sessions() -> set[Path]:
 
 
 def _assert_lean_ray_session(session: Path) -> None:
-    """What fedapp.lean_ray leaves out of a local head: no autoscaler monitor, log monitor or dashboard API server
+    """What fedapp.compat.lean_ray leaves out of a local head: no autoscaler monitor, log monitor or dashboard API server
     wrote a log, no worker was prestarted for Ray's own job (``ffffffff``)."""
     logs = {p.name for p in (session / "logs").iterdir()}
     assert "raylet.out" in logs and "gcs_server.out" in logs, sorted(logs)
@@ -70,7 +70,7 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path)
     assert not leftovers, f"processes left running: {leftovers}"
     python_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "python"), timeout=300,
                      engine="run-simulation")
-    # both engines started a lean Ray head: flwr-simulation through fedapp.client_app's import, ours in process
+    # both engines started a lean Ray head: flwr-simulation through fedapp.apps.client_app's import, ours in process
     new_sessions = _ray_sessions() - sessions
     assert len(new_sessions) == 2, new_sessions
     for session in new_sessions:
@@ -84,7 +84,7 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path)
         assert config_used["num-clients"] == 3 and config_used["min-available-clients"] == 3
     time.sleep(1.0)
     assert not _ray_processes(str(REPO)), "Ray daemons left running"
-    assert not any("fedapp.run_simulation_engine" in " ".join(p.info["cmdline"] or [])
+    assert not any("fedapp.run.simulation_engine" in " ".join(p.info["cmdline"] or [])
                    for p in psutil.process_iter(["cmdline"]))
     ours, theirs = _round_records(python_dir), _round_records(superlink_dir)
     assert [r["round"] for r in ours] == [r["round"] for r in theirs] == [1, 2]
@@ -132,9 +132,9 @@ def test_flwr_home_comes_from_the_environment_by_default(tmp_path, monkeypatch):
 
 
 def _start_launcher(tmp_path: Path, rounds: int) -> subprocess.Popen:
-    """``python -m fedapp.launch`` as a user starts it, with its own FLWR_HOME (2 clients, fedavg on digits)."""
+    """``python -m fedapp.run.launch`` as a user starts it, with its own FLWR_HOME (2 clients, fedavg on digits)."""
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "home")}
-    cmd = [sys.executable, "-m", "fedapp.launch", "--num-supernodes", "2", "--run-config",
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", "2", "--run-config",
            f"strategy='fedavg' num-server-rounds={rounds} max-samples=300 output-dir='{tmp_path / 'out'}'"]
     log = open(tmp_path / "launcher.log", "w")  # noqa: SIM115 - closed with the test
     return subprocess.Popen(cmd, env=env, cwd=str(REPO), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

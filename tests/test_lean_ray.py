@@ -1,4 +1,4 @@
-"""fedapp.lean_ray: a local Ray head without the autoscaler monitor, log monitor, dashboard API server and
+"""fedapp.compat.lean_ray: a local Ray head without the autoscaler monitor, log monitor, dashboard API server and
 prestarted idle workers."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from fedapp.lean_ray import LEAN_RAY_SETTINGS, lean_local_ray_head, lean_ray_env  # noqa: E402
+from fedapp.compat.lean_ray import LEAN_RAY_SETTINGS, lean_local_ray_head, lean_ray_env  # noqa: E402
 
 
 def _lean_env() -> dict[str, str | None]:
-    """This process's values of the settings fedapp.lean_ray may set (None: unset)."""
+    """This process's values of the settings fedapp.compat.lean_ray may set (None: unset)."""
     return {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
 
 
@@ -65,10 +65,14 @@ def test_lean_ray_env_keeps_what_the_user_set(monkeypatch):
     assert "RAY_prestart_worker_first_driver" not in lean_ray_env()
 
 
-def test_the_simulation_runtime_hook_applies_only_in_flwr_simulation_and_is_undone():
+def test_the_simulation_runtime_hook_applies_only_in_flwr_simulation_and_is_undone(monkeypatch):
     from ray._private.node import Node
 
-    from fedapp import lean_ray
+    from fedapp.compat import lean_ray
+
+    monkeypatch.delenv(lean_ray.SWITCH, raising=False)
+    assert lean_ray.lean_head_in_simulation_runtime("/venv/bin/flwr-simulation") is False  # not switched on
+    monkeypatch.setenv(lean_ray.SWITCH, "on")  # as the launcher's Flower processes have it
 
     original = Node.__init__
     before = _lean_env()
@@ -94,3 +98,24 @@ def test_dpfl_lean_ray_off_leaves_ray_alone(monkeypatch):
     with lean_local_ray_head() as patched:
         assert patched is False and Node.__init__ is original
         assert _lean_env() == before
+
+
+def test_the_patch_is_not_applied_to_another_ray_version(monkeypatch):
+    """The Node patch is written for one Ray minor version; any other keeps Ray's own start-up."""
+    from ray._private.node import Node
+
+
+    original = Node.__init__
+    monkeypatch.setattr(ray, "__version__", "9.99.0")
+    with lean_local_ray_head() as patched:
+        assert patched is False and Node.__init__ is original
+
+
+def test_the_launchers_flower_processes_switch_the_lean_head_on(monkeypatch, tmp_path):
+    from fedapp.compat import lean_ray
+    from fedapp.run.processes import flower_env
+
+    monkeypatch.delenv(lean_ray.SWITCH, raising=False)
+    assert flower_env(tmp_path)[lean_ray.SWITCH] == "on"
+    monkeypatch.setenv(lean_ray.SWITCH, "off")  # the user's choice wins
+    assert flower_env(tmp_path)[lean_ray.SWITCH] == "off"

@@ -1,4 +1,4 @@
-"""A client's budget across runs (fedapp.lifetime_budget): basic composition over run lineages, refusal."""
+"""A client's budget across runs (fedapp.state.lifetime_budget): basic composition over run lineages, refusal."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import numpy as np
 from flwr.client import Client
 from flwr.common import Code, Context, FitIns, FitRes, RecordDict, Status, ndarrays_to_parameters
 
+from fedapp.clients.guard import guard_client
 from fedapp.config import resolve_config
-from fedapp.faults import guard_client
-from fedapp.lifetime_budget import LifetimeBudget
+from fedapp.state.lifetime_budget import LifetimeBudget
 
 
 class Spender(Client):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from opacus.validators import ModuleValidator
 
-from fedapp.models import build_model, count_parameters
+from fedapp.models.zoo import build_model, count_parameters
 
 CASES = [
     ("cnn-mnist", (1, 28, 28), 10, 28_938),  # Robust-HDP Table 5
@@ -108,9 +108,9 @@ def test_the_models_and_datasets_never_import_torchvision():
 
     cases = [(name, shape, classes) for name, shape, classes, _ in CASES]
     code = ("import sys; sys.modules['torchvision'] = None  # any import of it now raises ImportError\n"
-            "import fedapp.data, fedapp.models, fedapp.client_app, fedapp.server_app\n"
+            "import fedapp.data.datasets, fedapp.models.zoo, fedapp.apps.client_app, fedapp.apps.server_app\n"
             f"for name, shape, classes in {cases!r}:\n"
-            "    fedapp.models.build_model(name, shape, classes)\n"
+            "    fedapp.models.zoo.build_model(name, shape, classes)\n"
             "assert sys.modules['torchvision'] is None and not [m for m in sys.modules if m.startswith('torchvision.')]\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -119,12 +119,12 @@ def test_the_torch_free_catalog_names_every_model_and_the_launcher_never_imports
     import subprocess
     import sys
 
-    from fedapp.model_catalog import DEFAULT_MODEL, MODEL_NAMES
-    from fedapp.models import MODELS
+    from fedapp.models.catalog import DEFAULT_MODEL, MODEL_NAMES
+    from fedapp.models.zoo import MODELS
 
     assert tuple(MODELS) == MODEL_NAMES and set(DEFAULT_MODEL.values()) <= set(MODEL_NAMES)
-    code = ("import sys; from fedapp.launch import PROJECT_ROOT, pyproject_run_config, resolve_config; "
-            "from fedapp.faults import check_fault_config; "
+    code = ("import sys; from fedapp.run.launch import PROJECT_ROOT, pyproject_run_config, resolve_config; "
+            "from fedapp.clients.guard import check_fault_config; "
             "check_fault_config(resolve_config({**pyproject_run_config(PROJECT_ROOT), 'grad-sample-mode': 'ew'})); "
             "assert 'torch' not in sys.modules, 'the launcher imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)

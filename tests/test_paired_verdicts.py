@@ -1,4 +1,4 @@
-"""Paired claim verdicts of fedapp.report: t interval of per-seed differences, sign-flip p-value, power line."""
+"""Paired claim verdicts of fedapp.experiments.report: t interval of per-seed differences, sign-flip p-value, power line."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from fedapp import report
-from fedapp.report import (
+from fedapp.experiments import report
+from fedapp.experiments.report import (
     claim_rows,
     interval,
     pair_by_seed,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedapp.config import ConfigError
-from fedapp.partition import partition, train_test_split_local
+from fedapp.data.partition import partition, train_test_split_local
 
 LABELS = np.repeat(np.arange(10), 300)  # balanced, 3000 samples
 

@@ -1,4 +1,4 @@
-"""fedapp.training.PlainSGD steps exactly as torch.optim.SGD does (alone and wrapped by Opacus), and local
+"""fedapp.clients.training.PlainSGD steps exactly as torch.optim.SGD does (alone and wrapped by Opacus), and local
 training no longer imports torch._dynamo (what constructing a torch optimizer costs every Ray actor)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
-from fedapp.models import MnistCNN
-from fedapp.training import PlainSGD
+from fedapp.clients.training import PlainSGD
+from fedapp.models.zoo import MnistCNN
 
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
@@ -41,9 +41,9 @@ def test_plain_sgd_matches_torch_sgd_bit_for_bit(momentum: float, set_to_none: b
                          ids=["client-level", "dpsgd-hooks"])
 def test_local_training_does_not_import_torch_dynamo(dp: str) -> None:
     code = ("import sys, json, numpy as np\n"
-            "from fedapp.data import ArrayDataset\n"
-            "from fedapp.models import MnistCNN\n"
-            "from fedapp.training import LocalTraining, PerSampleDP, local_train\n"
+            "from fedapp.data.datasets import ArrayDataset\n"
+            "from fedapp.models.zoo import MnistCNN\n"
+            "from fedapp.clients.training import LocalTraining, PerSampleDP, local_train\n"
             "d = ArrayDataset(np.random.rand(64, 1, 28, 28).astype('float32'), np.arange(64) % 10, 10)\n"
             f"local_train(MnistCNN(), d, LocalTraining(batch_size=16, steps=4, lr=0.1, momentum=0.9, dp={dp}))\n"
             "print(json.dumps('torch._dynamo' in sys.modules))")
@@ -58,9 +58,9 @@ def test_dpsgd_through_plain_sgd_matches_opacus_wrapping_torch_sgd(monkeypatch, 
     (same Poisson batches, clipping and noise: the seeds are the same)."""
     import numpy as np
 
-    import fedapp.training as training
-    from fedapp.data import ArrayDataset
-    from fedapp.training import LocalTraining, PerSampleDP, local_train
+    import fedapp.clients.training as training
+    from fedapp.clients.training import LocalTraining, PerSampleDP, local_train
+    from fedapp.data.datasets import ArrayDataset
 
     rng = np.random.default_rng(0)
     data = ArrayDataset(rng.normal(size=(48, 1, 28, 28)).astype("float32"), np.arange(48) % 10, 10)

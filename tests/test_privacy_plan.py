@@ -1,4 +1,4 @@
-"""`python -m fedapp.launch --plan`: every check, then the privacy plan; nothing starts."""
+"""`python -m fedapp.run.launch --plan`: every check, then the privacy plan; nothing starts."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.config import resolve_config
-from fedapp.privacy_plan import privacy_plan
 from strategies.privacy.accountants import epsilon_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def launch_plan(tmp_path: Path, run_config: str, n: int = 20) -> subprocess.CompletedProcess:
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "flwr")}
-    return subprocess.run([sys.executable, "-m", "fedapp.launch", "--plan", "--num-supernodes", str(n),
+    return subprocess.run([sys.executable, "-m", "fedapp.run.launch", "--plan", "--num-supernodes", str(n),
                            "--run-config", f"{run_config} output-dir='{tmp_path / 'results'}'"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
 

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from fedapp.processes import Interrupted, signals_as_interrupt, start_watchdog
+from fedapp.run.processes import Interrupted, signals_as_interrupt, start_watchdog
 
 LINUX = sys.platform.startswith("linux")
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -80,7 +80,7 @@ def test_no_handlers_outside_the_main_thread() -> None:
 def test_parent_death_signal_stops_the_child_of_a_killed_parent() -> None:
     middle = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import subprocess, sys, time
-        from fedapp.processes import parent_death_preexec
+        from fedapp.run.processes import parent_death_preexec
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True,
                                  preexec_fn=parent_death_preexec())
         print(child.pid, flush=True)

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedapp.processes import free_port, stop_process_tree, terminate_processes, venv_bin
+from fedapp.run.processes import free_port, stop_process_tree, terminate_processes, venv_bin
 
 REPO = Path(__file__).resolve().parents[1]
 READY = "block forever"  # what `ray start --block` prints once its node is up and registered
@@ -90,7 +90,7 @@ def test_simulation_attached_to_a_two_node_ray_cluster(tmp_path: Path):
 
         out, env = tmp_path / "results", {**os.environ, "FLWR_HOME": str(tmp_path / "flwr")}
         env.pop("RAY_ADDRESS", None)
-        cmd = [sys.executable, "-m", "fedapp.launch", "--ray-address", f"127.0.0.1:{port}", "--num-supernodes", "2",
+        cmd = [sys.executable, "-m", "fedapp.run.launch", "--ray-address", f"127.0.0.1:{port}", "--num-supernodes", "2",
                "--run-config", f"strategy='dpsgd-fedavg' dataset='digits' num-server-rounds=2 max-samples=200 "
                                f"output-dir='{out}'"]
         with (tmp_path / "launch.log").open("wb") as log:

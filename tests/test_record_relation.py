@@ -18,10 +18,10 @@ from flwr.common import Code, Context, FitIns, FitRes, RecordDict, Status, ndarr
 
 from fedapp.clients.common import setup_client
 from fedapp.clients.dpsgd import DPSGDClient
+from fedapp.clients.guard import guard_client
+from fedapp.clients.training import get_weights
 from fedapp.config import ConfigError, resolve_config
-from fedapp.faults import guard_client
-from fedapp.lifetime_budget import LifetimeBudget
-from fedapp.training import get_weights
+from fedapp.state.lifetime_budget import LifetimeBudget
 from strategies.privacy.accountants import (
     ReplaceOnePLD,
     compact_history,

@@ -14,10 +14,10 @@ from scipy.stats import spearmanr
 
 from fedapp.clients.common import ClientSetup
 from fedapp.clients.dpsgd import min_epsilon_profile
+from fedapp.clients.training import LocalTraining, PerSampleDP, epochs_to_steps, local_train
 from fedapp.config import resolve_config
-from fedapp.data import ArrayDataset
-from fedapp.privacy_profiles import federation_profiles
-from fedapp.training import LocalTraining, PerSampleDP, dpsgd_sample_rate, epochs_to_steps, local_train
+from fedapp.data.datasets import ArrayDataset
+from fedapp.privacy.profiles import dpsgd_sample_rate, federation_profiles
 from strategies.base import ClientUpdate, RejectedUpdate
 from strategies.fedavg import DPSGDFedAvg
 from strategies.robust_hdp import (
@@ -188,8 +188,8 @@ def test_min_eps_strategy_weights_by_dataset_size():
 def test_simulation_logs_oracle_fields(strategy, tmp_path):
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     ov = {"strategy": strategy, "num-server-rounds": 1, "output-dir": str(tmp_path), "max-samples": 400,
           "batch-size-choices": "16,32", "privacy-dist": "dist2", "fraction-evaluate": 0.0}

@@ -109,8 +109,8 @@ def test_run_config_default_solver_gives_the_pcp_optimum_weights():
     """Robust-HDP's defaults (float32, rpca-tol) stay within 1 % of the weights of a slow-μ (ρ = 1.01), tol 1e-10
     float64 solve, which reaches the PCP optimum (not the same solver at a tighter tolerance: a fast μ growth
     stops early at a non-optimal point however small tol is)."""
+    from fedapp.apps.factories import rpca_options
     from fedapp.config import resolve_config
-    from fedapp.factories import rpca_options
 
     m, _ = _heterogeneous_updates()
     opts = rpca_options(resolve_config())

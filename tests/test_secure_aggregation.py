@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedapp.checkpoint import load_checkpoint
+from fedapp.state.checkpoint import load_checkpoint
 from strategies.privacy.accountants import DPAccountingRDP
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 
@@ -23,8 +23,8 @@ GAUSSIAN = {"secure-aggregation": True, "secagg-mechanism": "gaussian"}
 def simulate(tmp: Path, overrides: dict, num_supernodes: int = 4) -> Path:
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     ov = {**BASE, **overrides, "output-dir": str(tmp)}
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=num_supernodes,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from fedapp.clients.common import restart_if_diverged
-from fedapp.secure_aggregation import MAX_MODULUS, modulus_for
+from fedapp.privacy.secure_aggregation import MAX_MODULUS, modulus_for
 from strategies.privacy.mechanisms import ClientLevelDP, NonFiniteUpdate, clip_by_l2
 
 

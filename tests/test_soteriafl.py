@@ -11,11 +11,11 @@ import pytest
 import torch
 from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_parameters
 
+from fedapp.apps.factories import build_soteriafl
 from fedapp.clients.common import setup_client
 from fedapp.clients.soteriafl import ARRAYS_KEY, SoteriaFLClient
 from fedapp.config import ConfigError
-from fedapp.factories import build_soteriafl
-from fedapp.models import build_model
+from fedapp.models.zoo import build_model
 from strategies.base import RejectedUpdate, StrategyContext
 from strategies.compression import rand_k_compress, rand_k_decompress, rand_k_indices, rand_k_omega
 from strategies.privacy.accountants import DPAccountingPLD, DPAccountingRDP, epsilon_of
@@ -237,7 +237,7 @@ def test_client_state_persists_in_context_and_budget_is_enforced():
     ov = {**_BASE, "strategy": "soteriafl-gd", "dp-rounds": 2}
     ctx = _context()
     setup = setup_client(ctx, ov)
-    weights = [w.copy() for w in __import__("fedapp.training", fromlist=["get_weights"]).get_weights(setup.new_model())]
+    weights = [w.copy() for w in __import__("fedapp.clients.training", fromlist=["get_weights"]).get_weights(setup.new_model())]
     d = sum(w.size for w in weights)
     k = d // 20
     shift = np.zeros(d)
@@ -298,8 +298,8 @@ def test_strategy_rejects_bad_payloads_and_config():
 def test_flower_simulation_bits_state_and_refusal(tmp_path):
     from flwr.simulation import run_simulation
 
-    from fedapp.client_app import build_client_app
-    from fedapp.server_app import build_server_app
+    from fedapp.apps.client_app import build_client_app
+    from fedapp.apps.server_app import build_server_app
 
     ov = {**_BASE, "strategy": "soteriafl-gd", "output-dir": str(tmp_path), "fraction-evaluate": 0.0,
           "dp-rounds": 2, "soteriafl-eta": 0.3}

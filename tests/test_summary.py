@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedapp.results import summarize
+from fedapp.state.results import summarize
 
 
 def _round(n: int, ok: int, clients: list[dict] | None = None, **metrics: object) -> dict:

@@ -7,8 +7,8 @@ import math
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from fedapp.results import ResultsWriter
-from fedapp.tensorboard_log import SUBDIR, round_scalars
+from fedapp.state.results import ResultsWriter
+from fedapp.state.tensorboard_log import SUBDIR, round_scalars
 
 
 def _record(rnd: int, accuracy: float | None) -> dict:

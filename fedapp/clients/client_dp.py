@@ -11,7 +11,7 @@ client runs τ local momentum-SGD steps from the global model θ (momentum reset
 
 The noise is sized so that the *sum* over the r_t clients sampled this round (``dp-round-clients``)
 carries σC; see ``strategies/client_level.py`` for the threat model and the server's ledger. σ comes
-from ``fedapp.privacy_profiles.client_level_mechanism`` — the same function the server uses — and a
+from ``fedapp.privacy.profiles.client_level_mechanism`` — the same function the server uses — and a
 client refuses to train in a round whose ε would exceed the planned budget ε(T).
 
 Reuse (DP2-FedSAM): subclass :class:`ClientLevelDPClient` and override :meth:`local_train`
@@ -44,10 +44,10 @@ from fedapp.clients.common import (
     round_lr,
     round_seed,
 )
+from fedapp.clients.training import LocalTraining, TrainResult, get_weights, local_train, set_weights
 from fedapp.config import RunConfig
-from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
-from fedapp.secure_aggregation import SECAGG_BITS
-from fedapp.training import LocalTraining, TrainResult, get_weights, local_train, set_weights, steps_per_epoch
+from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism, steps_per_epoch
+from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
 from strategies.client_level import CFG_ROTATION_SEED, CFG_SIGMA
 from strategies.compression import encode_sparse

@@ -11,12 +11,12 @@ import numpy as np
 import torch
 from flwr.common import ConfigRecord, Context, log
 
-from fedapp.client_data import load_client_data
+from fedapp.clients.training import evaluate_model, resolve_device, set_weights
 from fedapp.config import RunConfig, resolve_config
-from fedapp.data import ArrayDataset
-from fedapp.models import DEFAULT_MODEL, build_model
-from fedapp.privacy_profiles import ClientProfile, client_profile
-from fedapp.training import evaluate_model, resolve_device, set_weights
+from fedapp.data.client_data import load_client_data
+from fedapp.data.datasets import ArrayDataset
+from fedapp.models.zoo import DEFAULT_MODEL, build_model
+from fedapp.privacy.profiles import ClientProfile, client_profile
 
 
 @dataclass
@@ -43,7 +43,7 @@ def evaluate_on_local_test(setup: ClientSetup, parameters: list) -> tuple[float,
 
 def evaluate_local_splits(setup: ClientSetup, model: torch.nn.Module) -> tuple[float, int, dict[str, Any]]:
     """(loss, n, metrics) of ``model`` on the local test split; ``val_loss``/``val_accuracy`` on the local
-    validation split when there is one (what ``fedapp.report`` tunes on; the test split is what it reports)."""
+    validation split when there is one (what ``fedapp.experiments.report`` tunes on; the test split is what it reports)."""
     metrics: dict[str, Any] = {"client_id": setup.profile.client_id}
     batch = int(setup.cfg["eval-batch-size"])
     if setup.validation is not None and len(setup.validation) > 0:

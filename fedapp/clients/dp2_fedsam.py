@@ -44,11 +44,11 @@ from fedapp.clients.common import (
     round_lr,
     round_seed,
 )
+from fedapp.clients.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
 from fedapp.config import ConfigError, RunConfig
-from fedapp.data import load_dataset
-from fedapp.privacy_profiles import client_level_mechanism, secure_sum_mechanism
-from fedapp.secure_aggregation import SECAGG_BITS
-from fedapp.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
+from fedapp.data.datasets import load_dataset
+from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
+from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
 from strategies.dp2_fedsam import Variant, shared_mask
 from strategies.privacy.budget import budget_refusal

@@ -26,7 +26,6 @@ import numpy as np
 from flwr.client import NumPyClient
 from flwr.common import Context
 
-from fedapp.cache import calibrated_noise_multiplier
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
@@ -36,17 +35,17 @@ from fedapp.clients.common import (
     round_seed,
     write_record,
 )
-from fedapp.grad_sample_mode import resolve_grad_sample_mode
-from fedapp.models import DEFAULT_MODEL
-from fedapp.training import (
+from fedapp.clients.grad_sample_mode import resolve_grad_sample_mode
+from fedapp.clients.training import (
     LocalTraining,
     PerSampleDP,
-    dpsgd_sample_rate,
     get_weights,
     local_train,
     set_weights,
-    steps_per_epoch,
 )
+from fedapp.models.zoo import DEFAULT_MODEL
+from fedapp.privacy.profiles import dpsgd_sample_rate, steps_per_epoch
+from fedapp.state.cache import calibrated_noise_multiplier
 from strategies.privacy.accountants import compact_history, epsilon_of, record_accountant
 from strategies.privacy.budget import budget_refusal
 from strategies.privacy.mechanisms import max_delta
@@ -197,7 +196,7 @@ def min_epsilon_profile(setup: ClientSetup) -> ClientSetup:
     lower). In deployment every node must be given the agreed minimum as node-config
     ``epsilon``. The client reports the ε it trains with, unless its report is falsified.
     """
-    from fedapp.privacy_profiles import federation_profiles
+    from fedapp.privacy.profiles import federation_profiles
 
     p = setup.profile
     eps_min = min([q.epsilon for q in federation_profiles(setup.cfg, p.num_clients)] + [p.epsilon])

@@ -35,8 +35,8 @@ from fedapp.clients.common import (
     write_record,
 )
 from fedapp.clients.dpsgd import record_delta_refusal
+from fedapp.clients.training import get_weights, set_weights
 from fedapp.config import ConfigError
-from fedapp.training import get_weights, set_weights
 from strategies.compression import rand_k_omega
 from strategies.privacy.accountants import epsilon_of, record_accountant
 from strategies.privacy.budget import budget_refusal

@@ -7,7 +7,7 @@ mechanism with multiplier σ on a sum of sensitivity C. That sum-level guarantee
 individual update to be hidden from the server (secure aggregation); a server that reads each update
 alone sees multiplier σ/√r, reported as :meth:`ClientLevelDP.epsilon_individual`.
 
-Per-sample clipping for record-level DP-SGD is Opacus' (``fedapp.training``); SoteriaFL clips per
+Per-sample clipping for record-level DP-SGD is Opacus' (``fedapp.clients.training``); SoteriaFL clips per
 sample in :class:`strategies.soteriafl.GradientOracle`.
 """
 

@@ -3,7 +3,7 @@
 :class:`RoundLog` holds the record of the round in progress: the strategy opens it in
 ``configure_fit``, fills client records in ``aggregate_fit`` and metrics in ``evaluate`` /
 ``aggregate_evaluate``, and :meth:`RoundLog.flush` hands it to a :class:`RoundRecorder`
-(``fedapp.results.ResultsWriter`` implements one) exactly once.
+(``fedapp.state.results.ResultsWriter`` implements one) exactly once.
 """
 
 from __future__ import annotations

@@ -1,0 +1,34 @@
+"""Flower ClientApp: builds the client of the registered strategy's family for this node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.client import Client
+from flwr.clientapp import ClientApp
+from flwr.common import Context
+
+from fedapp.clients.guard import guard_client
+from fedapp.compat.heap import trim_heap_mod
+from fedapp.compat.lean_ray import lean_head_in_simulation_runtime
+from fedapp.config import resolve_config
+from fedapp.privacy.secure_aggregation import secagg_mod
+from fedapp.registry import get_spec
+
+
+def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
+    """A ClientApp whose run-config is Flower's merged with ``overrides`` (used by tests)."""
+
+    def client_fn(context: Context) -> Client:
+        cfg = resolve_config(context.run_config, overrides)
+        client = get_spec(cfg["strategy"]).client_factory()(context, overrides)
+        return guard_client(client, context, cfg)  # faults, state persistence, lost-accountant guard
+
+    # trim_heap_mod: freed memory back to the OS after each message; secagg_mod: SecAgg+ rounds only
+    return ClientApp(client_fn=client_fn, mods=[trim_heap_mod, secagg_mod])
+
+
+app = build_client_app()
+
+# Flower's simulation runtime (`flwr run` against a SuperLink) imports this module before it starts Ray: a lean head
+lean_head_in_simulation_runtime()

@@ -1,0 +1,121 @@
+"""The privacy plan of a run, before anything runs: mechanism, its parameters and the planned ε per adversary.
+
+``python -m fedapp.run.launch --plan ...`` validates the run-config and builds everything (the dry run), then prints
+this plan and starts nothing; every run keeps it in ``config.json`` (``privacy_plan``). Planned values assume the
+run goes as planned: a client-level client takes part in every round (the worst case against the server) and
+every sampled client survives; the ledger then charges what actually happened.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from fedapp.config import ConfigError, RunConfig
+from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
+from fedapp.registry import get_spec
+
+
+def privacy_plan(cfg: RunConfig, num_clients: int, payload_dim: int | None = None) -> dict[str, Any]:
+    """The plan of ``cfg`` for a federation of ``num_clients`` (see the module docstring). ``payload_dim``: the length
+    of a client's privatized vector, from the run's built strategy when there is one (the distributed discrete
+    Gaussian is sized for it); without it, :func:`secure_payload_dim` builds a strategy to ask."""
+    spec = get_spec(cfg["strategy"])
+    plan: dict[str, Any] = {"strategy": spec.name, "threat_model": spec.privacy, "rounds": int(cfg.rounds),
+                            "dp_rounds": int(cfg.dp_rounds), "clients": int(num_clients),
+                            "seeded_noise": bool(cfg["seeded-noise"])}
+    if spec.privacy.startswith("client-level"):
+        plan.update(_client_level(cfg, num_clients, payload_dim))
+    elif spec.privacy.startswith("record-level"):
+        plan.update(_record_level(cfg, num_clients, dpsgd=spec.family != "soteriafl"))
+    else:
+        plan["mechanism"] = {"name": "none (non-private baseline)"}
+    if plan["seeded_noise"]:
+        plan["note"] = "seeded-noise = true: the server knows the noise seed, so no ε holds against it"
+    return plan
+
+
+def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | None = None) -> int:
+    """The length of the vector each client of ``cfg``'s client-level strategy privatizes (the strategy's own
+    :meth:`~strategies.client_level.ClientLevelDPStrategy.payload_dim`, built from the run's initial model)."""
+    from strategies.base import StrategyContext
+    from strategies.client_level import ClientLevelDPStrategy
+
+    if initial_weights is None:
+        from fedapp.clients.common import make_model
+        from fedapp.clients.training import get_weights
+        from fedapp.data.datasets import load_dataset
+
+        _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+        initial_weights = get_weights(make_model(cfg, test))
+    strategy = get_spec(cfg["strategy"]).strategy_factory()(cfg, StrategyContext(initial_weights=list(initial_weights)))
+    if not isinstance(strategy, ClientLevelDPStrategy):
+        raise ConfigError(f"strategy {cfg['strategy']!r} sends no client-level DP payload to a secure sum")
+    return strategy.payload_dim()
+
+
+def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, Any]:
+    from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
+    from strategies.privacy.accountants import epsilon_of
+
+    dp = client_level_mechanism(cfg, n)
+    secagg = bool(cfg["secure-aggregation"])
+    mechanism: dict[str, Any] = {
+        "name": "Gaussian on the sum of clipped client updates (each sampled client adds its share)",
+        "secure_aggregation": "Flower SecAgg+" if secagg else "off: the server sees every update",
+        "noise_multiplier": dp.noise_multiplier, "clip": dp.clip, "clients_per_round": dp.clients_per_round,
+        "sample_rate": dp.sample_rate, "delta": dp.delta, "accountant": dp.accountant,
+        "budget_holds_against": dp.adversary,
+    }
+    ddg = secure_sum_mechanism(cfg, dp, payload_dim or secure_payload_dim(cfg)) if secagg and \
+        cfg["secagg-mechanism"] == "ddg" else None
+    if ddg is not None:
+        mechanism.update(
+            name="distributed discrete Gaussian on the sum of clipped client updates (Kairouz, Liu, Steinke 2021): "
+                 "each sampled client sends its rotated, scaled, conditionally rounded update plus discrete "
+                 "Gaussian noise modulo 2^bits",
+            field_bits=ddg.bits, payload_dim=ddg.dim, padded_dim=ddg.padded_dim, granularity=ddg.granularity,
+            noise_multiplier=ddg.noise_multiplier, planned_gaussian_multiplier=dp.noise_multiplier,
+            gaussian_equivalent=ddg.gaussian_equivalent(n, n),
+            payload_bytes=ddg.padded_dim * ddg.bits / 8)
+    elif secagg:
+        try:
+            field = modulus_for(n, QUANTIZATION_RANGE)
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'secure-aggregation' = true with {n} clients: {exc}") from None
+        mechanism.update(quantization_bits=int(math.log2(QUANTIZATION_RANGE)), field_bits=int(math.log2(field)))
+    t = dp.rounds
+    r = dp.clients_per_round  # the discrete sum is charged at its Gaussian equivalent (never below σ), unamplified
+    z_server = ddg.gaussian_equivalent(r, r) if ddg is not None else dp.budget_noise_multiplier
+    # worst case against the server: the client takes part in all T rounds, each unamplified, at the multiplier the
+    # server sees (the sum's with SecAgg+, one update's without)
+    vs_server = epsilon_of([(z_server, 1.0, t)], dp.delta, dp.accountant)
+    return {"mechanism": mechanism, "epsilon_budget": dp.epsilon(),
+            "every_client": {"epsilon_vs_server": vs_server,
+                             "epsilon_vs_release": vs_server if ddg is not None else dp.epsilon_vs_release(),
+                             "delta": dp.delta}}
+
+
+def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:
+    from fedapp.data.client_data import client_train_sizes
+    from fedapp.privacy.profiles import dpsgd_sample_rate, federation_profiles, steps_per_epoch
+
+    profiles = federation_profiles(cfg, n)
+    sizes = client_train_sizes(cfg, n)
+    clients = []
+    for p, n_i in zip(profiles, sizes):
+        row: dict[str, Any] = {"client_id": p.client_id, "num_examples": int(n_i), "delta": p.delta,
+                               # local DP: the client's own noise, so the same ε against the server and the release
+                               "epsilon_vs_server": p.epsilon, "epsilon_vs_release": p.epsilon}
+        if dpsgd:  # DP-SGD's Poisson batches: q_i = 1/⌈N_i/b_i⌉, K_i⌈N_i/b_i⌉ steps a round
+            row.update(batch_size=p.batch_size, sample_rate=dpsgd_sample_rate(n_i, p.batch_size) if n_i else None,
+                       steps_per_round=p.local_epochs * steps_per_epoch(n_i, p.batch_size))
+        clients.append(row)
+    return {"mechanism": {"name": "local DP-SGD / noisy local estimator on each client (noise added before "
+                                  "anything leaves it); each client calibrates its own noise to its ε_i over "
+                                  "dp-rounds before round 1", "clip": float(cfg["clip-norm"]),
+                          "accountant": str(cfg["accountant"])},
+            "per_client": clients}

@@ -1,0 +1,188 @@
+"""Flower ServerApp: resolves the run-config, builds the registered strategy, writes results."""
+
+from __future__ import annotations
+
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.common import Context, RecordDict, log
+from flwr.server import ServerAppComponents, ServerConfig
+from flwr.server.compat import start_grid
+from flwr.serverapp import Grid, ServerApp
+
+from fedapp.apps.privacy_plan import privacy_plan
+from fedapp.clients.common import make_model
+from fedapp.clients.guard import check_fault_config
+from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
+from fedapp.compat.heap import return_freed_memory
+from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
+from fedapp.data.client_data import client_train_sizes
+from fedapp.data.datasets import load_dataset
+from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles
+from fedapp.privacy.secure_aggregation import run_with_secure_aggregation, uses_secure_aggregation
+from fedapp.registry import get_spec
+from fedapp.state.cache import release_mapped_pages
+from fedapp.state.checkpoint import attach as attach_checkpointing
+from fedapp.state.results import ResultsWriter
+from strategies.base import StrategyContext
+from strategies.client_level import ClientLevelDPStrategy
+
+
+def make_evaluate_fn(cfg: RunConfig):
+    """Centralized evaluation of the global model on the dataset's held-out test split."""
+    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    model = make_model(cfg, test)
+    device = resolve_device(cfg["device"])
+    batch = int(cfg["eval-batch-size"])
+
+    def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, dict[str, Any]]:
+        set_weights(model, weights)
+        loss, acc = evaluate_model(model, test, batch_size=batch, device=device)
+        release_mapped_pages(test.x, test.y)  # the test set stays in the page cache, not in this process
+        return_freed_memory()  # the batches' activations: back to the OS until the next evaluation
+        return float(loss), {"accuracy": float(acc)}
+
+    return evaluate_fn
+
+
+def make_prevalidate(cfg: RunConfig):
+    """Checks every simulated client's profile against its data before round 1."""
+
+    def prevalidate(num_clients: int) -> None:
+        if cfg["num-clients"] and cfg["num-clients"] != num_clients:
+            raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but {num_clients} clients connected")
+        sizes = client_train_sizes(cfg, num_clients)
+        profiles = federation_profiles(cfg, num_clients)
+        for profile, n_i in zip(profiles, sizes):
+            if profile.batch_size > n_i:
+                raise ConfigError(f"client {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
+                                  f"N_i = {n_i}")
+        if get_spec(cfg["strategy"]).privacy.startswith("record-level"):
+            check_record_delta(cfg, profiles, sizes)
+        elif get_spec(cfg["strategy"]).privacy.startswith("client-level"):
+            client_level_mechanism(cfg, int(cfg["num-clients"]) or num_clients)  # δ, σ calibration: fail early
+
+    return prevalidate
+
+
+def _ledger_accountant(cfg: RunConfig, threat_model: str) -> str:
+    """The accountant the ledger composes with: record-level DP under its neighbouring relation."""
+    from strategies.privacy.accountants import record_accountant
+
+    if threat_model.startswith("record-level"):
+        return record_accountant(str(cfg["accountant"]), str(cfg["record-neighbours"]))
+    return str(cfg["accountant"])
+
+
+def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
+    """What ``config.json`` says about the guarantee this run can claim."""
+    seeded = bool(cfg["seeded-noise"])
+    out: dict[str, Any] = {
+        "threat_model": threat_model,
+        "ledger": "server-side: the server composes every client's ε from mechanism parameters with the "
+                  f"'{_ledger_accountant(cfg, threat_model)}' accountant; clients' reports are only cross-checked",
+        "client_sampling": ("seeded from the run seed: no amplification by sampling against anyone who knows it"
+                            if seeded else "secret (OS entropy); participation stays in the server's records"),
+        "guarantee": ("NONE: seeded-noise = true derives the DP noise from the run seed, which the server knows"
+                      if seeded else "as stated by the threat model"),
+    }
+    if threat_model.startswith("client-level"):
+        out["secure_aggregation"] = (
+            "SecAgg+ (Flower): the server sees only the sum of each round's updates; the budget and the headline "
+            "'epsilon' are the aggregate's" if cfg["secure-aggregation"] else
+            "off: the server sees every update; σ is calibrated so one update meets the budget, and the headline "
+            "'epsilon' is one update's ('epsilon_aggregate' is for observers of the sums and the final model)")
+        out["budget_holds_against"] = (
+            "the server that draws the sample (client-dp-adversary = server): no amplification by sampling; every "
+            "round is charged at q = 1, which bounds each client's epsilon_vs_server; epsilon_vs_release reports the "
+            "amplified view" if cfg["client-dp-adversary"] == "server" else
+            "observers of the released models only (client-dp-adversary = release): amplified by secret Poisson "
+            "sampling at q = r/n; against the server itself see epsilon_vs_server, which this run does not bound")
+    return out
+
+
+def build_components(cfg: RunConfig) -> ServerAppComponents:
+    spec = get_spec(cfg["strategy"])
+    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    initial = get_weights(make_model(cfg, test))
+    unused = unused_keys(cfg, spec.family)
+    for key in unused:
+        log(WARNING, "run-config %r = %r is not read by strategy %r (family %s); it has no effect", key, cfg[key],
+            spec.name, spec.family)
+    recorder = ResultsWriter(cfg["output-dir"], dict(cfg), meta={
+        "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
+                     "description": spec.description},
+        "privacy": privacy_meta(cfg, spec.privacy),
+        "privacy_plan": None,  # below, from the built strategy
+        "unused_keys": unused,
+        "num_parameters": int(sum(w.size for w in initial)),
+    })
+    ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
+                          prevalidate=make_prevalidate(cfg))
+    strategy = spec.strategy_factory()(cfg, ctx)
+    if cfg["num-clients"]:  # config.json is written when the first round opens the run folder
+        payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
+        recorder.meta["privacy_plan"] = privacy_plan(cfg, int(cfg["num-clients"]), payload_dim)
+    check_fault_config(cfg)
+    remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults
+    return ServerAppComponents(strategy=strategy, config=ServerConfig(
+        num_rounds=remaining, round_timeout=float(cfg["round-timeout"]) or None))
+
+
+def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
+    """Build everything a run builds — strategy, mechanism, resume state, one client — without starting a
+    process or writing a file, so every configuration error surfaces before anything starts. Returns the
+    keys the strategy does not read."""
+    if cfg["min-available-clients"] > num_clients:
+        raise ConfigError(f"run-config 'min-available-clients' = {cfg['min-available-clients']} but only {num_clients} "
+                          "clients will connect: the server would wait for them forever")
+    if cfg["num-clients"] and cfg["num-clients"] != num_clients:
+        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but {num_clients} clients will connect")
+    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    model = make_model(cfg, test)
+    try:
+        model.eval()(torch.from_numpy(test.x[:2].copy()))  # a copy: the pool is read-only
+    except Exception as exc:  # noqa: BLE001 — any shape/dtype mismatch of model and data
+        raise ConfigError(f"run-config 'model' = {cfg['model']!r} does not fit dataset {cfg['dataset']!r} "
+                          f"(inputs {tuple(test.x.shape[1:])}): {type(exc).__name__}: {exc}") from None
+    components = build_components(cfg)
+    strategy = components.strategy
+    if getattr(strategy, "prevalidate", None) is not None:
+        strategy.prevalidate(num_clients)
+    setup = getattr(strategy, "setup_privacy", None)
+    if callable(setup):
+        setup(int(cfg["num-clients"]) or num_clients)
+    node = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-partitions": num_clients},
+                   state=RecordDict(), run_config={})
+    get_spec(cfg["strategy"]).client_factory()(node, dict(cfg))  # the client side builds too (model, data, head)
+    return unused_keys(cfg, get_spec(cfg["strategy"]).family)
+
+
+def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = None) -> None:
+    """The ServerApp's main: build the components, then run Flower's round loop — with SecAgg+ as the fit
+    step for client-level DP strategies (``secure-aggregation``), the legacy loop otherwise."""
+    cfg = resolve_config(context.run_config, overrides)
+    components = build_components(cfg)
+    strategy = components.strategy
+    if uses_secure_aggregation(cfg, strategy):
+        strategy.secure_aggregation = True
+        log(INFO, "secure aggregation (SecAgg+) on: the server sees only the sum of each round's updates")
+        run_with_secure_aggregation(grid, context, strategy, components.config, cfg)
+    else:
+        start_grid(grid=grid, config=components.config, strategy=strategy)
+
+
+def build_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
+    """A ServerApp whose run-config is Flower's merged with ``overrides`` (used by tests)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_server(grid, context, overrides)
+
+    return app
+
+
+app = build_server_app()

@@ -1,0 +1,1 @@
+"""Workarounds for third-party libraries, each switched on explicitly and checked against the version it patches."""

@@ -1,0 +1,502 @@
+"""Turn a sweep (``index.json`` of :mod:`fedapp.experiments.sweep`) into a markdown report with intervals and verdicts.
+
+``python -m fedapp.experiments.report results/sweeps/<name>/index.json [--out DIR]`` writes ``report.md``,
+``accuracy_rounds.png`` (mean and 95 % interval per group over rounds), when the grid varies a privacy key
+``accuracy_epsilon.png``, and a self-contained ``index.json`` into DIR (default: next to the index).
+
+* Groups are cells that differ only in ``seed``; each metric is reported as mean ± the 95 % confidence
+  half-width of the mean (Student t, n − 1 degrees of freedom) with n stated.
+* Keys listed under ``tune`` (e.g. ``lr``) are chosen per group on the clients' *validation split*
+  (``validation-fraction`` of each client's training part; ``tune-metric``, default
+  ``final_client_val_accuracy``), never on the local or central test sets the tables report.
+* A claim compares two groups on one metric (``lower-is-better`` for losses) within every setting of the
+  grid keys it does not name, each group at its tuned setting. The cells are *paired by seed* (a seed gives
+  both the same partition, privacy profiles and initial model): per seed d = better − worse, their mean
+  ± the 95 % t half-width, and a two-sided sign-flip permutation p-value (exact over the 2^n sign patterns
+  for n ≤ 16, seeded Monte Carlo above). The verdict is read from the interval: **holds** when it lies
+  entirely on the claimed side of 0 (> 0, or < 0 with ``lower-is-better``), **does not hold** when entirely
+  on the other side, **inconclusive** when it contains 0; fewer than 2 pairs give no verdict. "Seeds to
+  resolve" is the smallest n with t_{0.975, n−1} · s / √n < |mean d| at the observed mean and spread s.
+* The ``index.json`` written beside the report holds, per cell, its assignments, resolved run-config,
+  ``summary.json`` and the per-round metrics the plots read (``ROUND_METRICS``; no per-client records), so
+  ``python -m fedapp.experiments.report <that index.json>`` rewrites the same tables with no results folders present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+METRICS = ("final_accuracy", "best_accuracy", "final_client_accuracy", "final_loss", "max_epsilon",
+           "total_uplink_bytes", "wall_seconds")
+TUNING_METRICS = {"final_client_val_accuracy": "higher", "final_client_val_loss": "lower"}
+DEFAULT_TUNING_METRIC = "final_client_val_accuracy"
+PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
+ROUND_METRICS = ("accuracy", "client_accuracy", "loss", "epsilon", "client_val_accuracy", "client_val_loss")
+EXACT_UP_TO = 16  # sign-flip test: exact enumeration of 2^n patterns up to this many pairs
+MONTE_CARLO_DRAWS = 100_000
+MONTE_CARLO_SEED = 0
+
+
+class ReportError(ValueError):
+    """A sweep the report cannot be written for (e.g. a tuned key without a validation metric)."""
+
+
+def tuning_metric(doc: Mapping[str, Any]) -> str:
+    metric = str(doc.get("meta", {}).get("tune-metric", DEFAULT_TUNING_METRIC))
+    if metric not in TUNING_METRICS:
+        raise ReportError(f"tune-metric must be one of {sorted(TUNING_METRICS)}, got {metric!r}")
+    return metric
+
+
+def _finite(values: Iterable[Any]) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def _sd(xs: Sequence[float], mean: float) -> float:
+    return math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def interval(values: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, 95 % half-width of the mean, n); the half-width is nan for n < 2."""
+    from scipy import stats
+
+    xs = _finite(values)
+    n = len(xs)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = sum(xs) / n
+    if n < 2:
+        return mean, math.nan, 1
+    return mean, float(stats.t.ppf(0.975, n - 1)) * _sd(xs, mean) / math.sqrt(n), n
+
+
+# ----------------------------------------------------------------------------- paired comparisons
+@dataclass(frozen=True)
+class Paired:
+    """What the per-seed differences d = better − worse of one claim in one setting say."""
+
+    n: int  # pairs
+    mean: float  # mean of d (nan without pairs)
+    half: float  # 95 % t half-width of that mean (nan for n < 2)
+    p: float  # two-sided sign-flip permutation p-value (nan without pairs)
+    verdict: str
+    needed: int | None  # seeds that resolve ``mean`` at the observed spread; None: never (mean 0) or no spread
+
+
+def sign_flip_p(diffs: Sequence[float], *, draws: int = MONTE_CARLO_DRAWS, seed: int = MONTE_CARLO_SEED) -> float:
+    """Two-sided sign-flip permutation p-value of mean(d) = 0: the share of sign patterns s with
+    |mean(s · d)| ≥ |mean(d)|; every one of the 2^n patterns for n ≤ ``EXACT_UP_TO``, else ``draws`` seeded
+    random ones (the observed pattern counted once more: (1 + hits) / (1 + draws))."""
+    import numpy as np
+
+    d = np.asarray(_finite(diffs), dtype=float)
+    n = len(d)
+    if n == 0:
+        return math.nan
+    tol = 1e-12 * float(np.abs(d).sum())  # the observed pattern and its mirror must count despite rounding
+    if n <= EXACT_UP_TO:
+        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
+        means = (1 - 2 * bits) @ d / n  # row 0 (all +1) is the observed mean, summed the same way
+        return float(np.mean(np.abs(means) >= abs(means[0]) - tol))
+    observed = abs(float(np.ones(n) @ d / n))
+    rng = np.random.default_rng(seed)
+    hits = 0
+    for start in range(0, draws, 10_000):
+        signs = rng.choice([-1.0, 1.0], size=(min(10_000, draws - start), n))
+        hits += int(np.sum(np.abs(signs @ d / n) >= observed - tol))
+    return (1 + hits) / (1 + draws)
+
+
+def seeds_to_resolve(mean: float, sd: float) -> int | None:
+    """The smallest n ≥ 2 with t_{0.975, n−1} · sd / √n < |mean|: the seeds a paired interval needs to exclude
+    0 if the differences kept this mean and spread. None when no n does (mean 0) or the spread is unknown."""
+    from scipy import stats
+
+    if not (math.isfinite(mean) and math.isfinite(sd)) or mean == 0:
+        return None
+
+    def resolves(n: int) -> bool:
+        return float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < abs(mean)
+
+    lo, hi = 1, 2  # resolves(lo) is False by convention (no interval from one seed)
+    while not resolves(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if resolves(mid) else (mid, hi)
+    return hi
+
+
+def paired_verdict(diffs: Sequence[float], lower_is_better: bool = False) -> Paired:
+    """The verdict of a claim from its per-seed differences better − worse (see the module docstring)."""
+    d = _finite(diffs)
+    mean, half, n = interval(d)
+    p = sign_flip_p(d)
+    if n == 0:
+        return Paired(0, mean, half, p, "no paired seeds", None)
+    if n < 2:
+        return Paired(n, mean, half, p, "fewer than 2 pairs: no verdict", None)
+    sign = -1.0 if lower_is_better else 1.0  # the claimed side of 0
+    lo, hi = sorted((sign * (mean - half), sign * (mean + half)))
+    if lo > 0:
+        decided = "holds"
+    elif hi < 0:
+        decided = "does not hold"
+    else:
+        decided = "inconclusive (interval contains 0)"
+    return Paired(n, mean, half, p, decided, seeds_to_resolve(mean, _sd(d, mean)))
+
+
+def pair_by_seed(better: Sequence[Mapping[str, Any]], worse: Sequence[Mapping[str, Any]],
+                 metric: str) -> list[tuple[Any, float]]:
+    """(seed, better − worse) for every seed both groups have ``metric`` for, in seed order."""
+
+    def by_seed(cells: Sequence[Mapping[str, Any]]) -> dict[Any, float]:
+        out = {}
+        for c in cells:
+            v = c["summary"].get(metric)
+            if v is not None and math.isfinite(float(v)):
+                out[c["assignments"].get("seed")] = float(v)
+        return out
+
+    b, w = by_seed(better), by_seed(worse)
+    return [(s, b[s] - w[s]) for s in sorted(set(b) & set(w), key=str)]
+
+
+# ----------------------------------------------------------------------------- groups and tuning
+def _key(assignments: Mapping[str, Any], drop: Iterable[str]) -> tuple[tuple[str, Any], ...]:
+    return tuple((k, v) for k, v in assignments.items() if k not in set(drop))
+
+
+def finished_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [c for c in doc["cells"].values() if c.get("status") == "finished" and c.get("summary")]
+
+
+def tuned_groups(doc: Mapping[str, Any]) -> tuple[dict[tuple, list[dict]], dict[tuple, dict[str, Any]]]:
+    """Seed groups after choosing each ``tune`` key per group on the validation metric; (groups, choices).
+
+    A choice among several candidates needs the validation metric in every candidate's cells; a
+    candidate without it is never chosen, and a group where no candidate has it is a :class:`ReportError`
+    (falling back to a test metric would tune on the test set)."""
+    tune = list(doc.get("tune", []))
+    metric = tuning_metric(doc)
+    sign = 1.0 if TUNING_METRICS[metric] == "higher" else -1.0
+    by_setting: dict[tuple, dict[tuple, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for cell in finished_cells(doc):
+        a = cell["assignments"]
+        by_setting[_key(a, ["seed", *tune])][_key({k: a[k] for k in tune if k in a}, [])].append(cell)
+    groups: dict[tuple, list[dict]] = {}
+    choices: dict[tuple, dict[str, Any]] = {}
+    for setting, candidates in by_setting.items():
+        scores = {t: interval([c["summary"].get(metric) for c in cells])[0] for t, cells in candidates.items()}
+        if len(candidates) > 1 and all(math.isnan(v) for v in scores.values()):
+            raise ReportError(f"{_label(setting)}: {len(candidates)} candidates of {tune} but no cell has "
+                              f"{metric!r} (run with validation-fraction > 0 and fraction-evaluate > 0)")
+        best = max(candidates, key=lambda t: _nan_low(sign * scores[t]))
+        groups[setting] = candidates[best]
+        if tune:
+            choices[setting] = {**dict(best), "candidates": len(candidates),
+                                "scores": {_label(t): scores[t] for t in sorted(candidates, key=_value_order)}}
+    return groups, choices
+
+
+def _value_order(assignments: tuple) -> tuple:
+    """Sort key of a candidate's assignments: numbers by value, anything else by text after them."""
+    return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for _, v in assignments)
+
+
+def _nan_low(x: float) -> float:
+    return -math.inf if math.isnan(x) else x
+
+
+def _label(setting: tuple) -> str:
+    return ", ".join(f"{k}={v}" for k, v in setting) or "(all)"
+
+
+def _fmt(mean: float, half: float, n: int, metric: str) -> str:
+    if n == 0:
+        return "–"
+    scale = 100.0 if "accuracy" in metric else 1.0
+    digits = 1 if "accuracy" in metric else 3
+    if metric == "total_uplink_bytes":
+        return f"{mean / 1e6:.2f} MB" + ("" if math.isnan(half) else f" ± {half / 1e6:.2f}")
+    text = f"{mean * scale:.{digits}f}"
+    return text + ("" if math.isnan(half) else f" ± {half * scale:.{digits}f}")
+
+
+def _fmt_paired(p: Paired, metric: str) -> str:
+    if p.n == 0:
+        return "–"
+    text = _fmt(p.mean, p.half, p.n, metric)
+    return ("+" if p.mean > 0 else "") + text + f" (n={p.n})"
+
+
+def _fmt_needed(p: Paired) -> str:
+    if p.n < 2:
+        return "– (no spread)"
+    if p.needed is None:
+        return "never (mean difference 0)"
+    return f"{p.needed} (have {p.n})"
+
+
+def _matches(setting: tuple, where: Mapping[str, Any]) -> bool:
+    d = dict(setting)
+    return all(d.get(k) == v for k, v in where.items())
+
+
+def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> list[str]:
+    rows = []
+    for claim in doc.get("claims", []):
+        metric = claim.get("metric", "final_accuracy")
+        better, worse = dict(claim["better"]), dict(claim["worse"])
+        # compare within every setting of the keys the claim does not name (e.g. per privacy distribution)
+        named = set(better) | set(worse)
+        contexts = sorted({tuple((k, v) for k, v in s if k not in named) for s in groups}, key=str)
+        for ctx in contexts:
+            gb = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **better})]
+            gw = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **worse})]
+            if not gb or not gw:
+                continue
+            ib = interval([c["summary"].get(metric) for c in gb[0]])
+            iw = interval([c["summary"].get(metric) for c in gw[0]])
+            paired = paired_verdict([d for _, d in pair_by_seed(gb[0], gw[0], metric)],
+                                    bool(claim.get("lower-is-better")))
+            p_value = "–" if math.isnan(paired.p) else f"{paired.p:.3g}"
+            rows.append(f"| {claim.get('text', '')} | {_label(ctx)} | {metric} | {_fmt(*ib, metric)} (n={ib[2]}) | "
+                        f"{_fmt(*iw, metric)} (n={iw[2]}) | {_fmt_paired(paired, metric)} | {p_value} | "
+                        f"**{paired.verdict}** | {_fmt_needed(paired)} |")
+    return rows
+
+
+CLAIMS_NOTE = (
+    "Each claim is judged on its cells *paired by seed* (a seed gives both methods the same partition, privacy "
+    "profiles and initial model{crn}), each method at its tuned setting: per seed d = better − worse, "
+    "its mean ± the 95 % t half-width (n pairs, n − 1 degrees of freedom) and a two-sided sign-flip permutation "
+    "p-value (exact over the 2^n sign patterns for n ≤ {exact}, so never below 2/2^n; {draws:,} seeded random "
+    "patterns above). Verdict from the interval: **holds** when it lies entirely on the claimed side of 0 "
+    "(above 0; below 0 for a lower-is-better metric), **does not hold** when entirely on the other side, "
+    "**inconclusive** when it contains 0. Seeds to resolve: the smallest n with t_{{0.975, n−1}} · s / √n < |mean d| "
+    "if the differences kept their mean and standard deviation s. Accuracy differences are in percentage points.")
+
+
+# ----------------------------------------------------------------------------- self-contained index
+def compact_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Per round of ``rounds.jsonl``: its number and the ``ROUND_METRICS`` it has (no per-client records)."""
+    path = Path(run_dir) / "rounds.jsonl"
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [{"round": r["round"], **{k: r["metrics"][k] for k in ROUND_METRICS if k in r["metrics"]}}
+            for r in records]
+
+
+def run_record(run_dir: str | Path) -> dict[str, Any]:
+    """What a cell's index entry keeps of its results folder: the resolved run-config and the round metrics."""
+    run_dir = Path(run_dir)
+    out: dict[str, Any] = {}
+    if (run_dir / "config.json").is_file():
+        out["config"] = json.loads((run_dir / "config.json").read_text(encoding="utf-8")).get("config")
+    if (run_dir / "rounds.jsonl").is_file():
+        out["rounds"] = compact_rounds(run_dir)
+    return out
+
+
+def self_contained(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """``doc`` with every cell's missing ``config`` / ``rounds`` read from its results folder where it exists."""
+    cells = {}
+    for cid, cell in doc["cells"].items():
+        if cell.get("run_dir") and not {"config", "rounds"} <= set(cell):
+            cell = {**cell, **{k: v for k, v in run_record(cell["run_dir"]).items() if k not in cell}}
+        cells[cid] = cell
+    return {**doc, "cells": cells}
+
+
+def dumps_index(doc: Mapping[str, Any]) -> str:
+    """``index.json`` text: indented, one line per round record (small enough to commit, readable in a diff)."""
+    from fedapp.state.results import json_safe
+
+    doc = json_safe(dict(doc))
+    rounds: dict[str, list[dict[str, Any]]] = {}
+    cells = {}
+    for cid, cell in doc.get("cells", {}).items():
+        if isinstance(cell.get("rounds"), list):
+            token = f"\x00rounds {len(rounds)}\x00"
+            rounds[token] = cell["rounds"]
+            cell = {**cell, "rounds": token}
+        cells[cid] = cell
+    text = json.dumps({**doc, "cells": cells}, indent=2)
+    for token, records in rounds.items():
+        body = ",\n".join(" " * 8 + json.dumps(r) for r in records)
+        text = text.replace(json.dumps(token), f"[\n{body}\n      ]" if records else "[]", 1)
+    return text + "\n"
+
+
+def write_index(path: Path, doc: Mapping[str, Any]) -> None:
+    """Write ``index.json`` atomically (a reader never sees half of it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(dumps_index(doc))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def ran_seeded(doc: Mapping[str, Any], cell: Mapping[str, Any]) -> bool:
+    """Whether a cell ran with ``seeded-noise = true`` (its resolved run-config, else its assignments over the
+    sweep's config)."""
+    config = cell.get("config")
+    if isinstance(config, Mapping) and "seeded-noise" in config:
+        return bool(config["seeded-noise"])
+    return bool(cell.get("assignments", {}).get("seeded-noise", doc.get("config", {}).get("seeded-noise", False)))
+
+
+# ----------------------------------------------------------------------------- plots
+def _rounds(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if "rounds" in cell:
+        return list(cell["rounds"])
+    run_dir = cell.get("run_dir")
+    return compact_rounds(run_dir) if run_dir and (Path(run_dir) / "rounds.jsonl").is_file() else []
+
+
+def _axes() -> tuple[Any, Any]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(7, 4.5))
+
+
+def _save(fig: Any, ax: Any, xlabel: str, ylabel: str, path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
+    fig, ax = _axes()
+    for setting, cells in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        per_round: dict[int, list[float]] = defaultdict(list)
+        for cell in cells:
+            for r in _rounds(cell):
+                acc = r.get("accuracy", r.get("client_accuracy"))
+                if acc is not None:
+                    per_round[int(r["round"])].append(float(acc))
+        xs = sorted(per_round)
+        stats = [interval(per_round[x]) for x in xs]
+        means = [s[0] for s in stats]
+        (line,) = ax.plot(xs, means, label=f"{_label(setting)} (n={len(cells)})")
+        halves = [0.0 if math.isnan(s[1]) else s[1] for s in stats]
+        ax.fill_between(xs, [m - h for m, h in zip(means, halves)], [m + h for m, h in zip(means, halves)],
+                        color=line.get_color(), alpha=0.2)
+    _save(fig, ax, "round", "accuracy (mean, 95 % interval over seeds)", path)
+
+
+def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path) -> None:
+    lines: dict[tuple, list[tuple[Any, tuple[float, float, int]]]] = defaultdict(list)
+    for setting, cells in groups.items():
+        d = dict(setting)
+        lines[tuple((k, v) for k, v in setting if k != key)].append(
+            (d.get(key), interval([c["summary"].get("final_accuracy") for c in cells])))
+    fig, ax = _axes()
+    for rest, pts in sorted(lines.items(), key=lambda kv: str(kv[0])):
+        pts.sort(key=lambda p: str(p[0]) if not isinstance(p[0], (int, float)) else f"{p[0]:020.6f}")
+        xs = [str(p[0]) for p in pts]
+        ax.errorbar(xs, [p[1][0] for p in pts], yerr=[0 if math.isnan(p[1][1]) else p[1][1] for p in pts],
+                    marker="o", capsize=3, label=_label(rest))
+    _save(fig, ax, key, "final test accuracy (mean, 95 % interval)", path)
+
+
+# ----------------------------------------------------------------------------- the report
+def write_report(index: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``report.md``, its plots and a self-contained ``index.json`` into ``out`` (default: the index's
+    folder, whose ``index.json`` then gains the cells' run-configs and round metrics); returns the report's path."""
+    index = Path(index)
+    if index.is_dir():
+        index = index / "index.json"
+    doc = self_contained(json.loads(index.read_text(encoding="utf-8")))
+    out = Path(out) if out is not None else index.parent
+    out.mkdir(parents=True, exist_ok=True)
+    groups, choices = tuned_groups(doc)
+    cfg, meta = doc.get("config", {}), doc.get("meta", {})
+    lines = [f"# {doc['sweep']} ({meta.get('scale', 'default')} scale)", ""]
+    seeded = sum(ran_seeded(doc, c) for c in finished_cells(doc))
+    if seeded:
+        lines += [f"> **No privacy guarantee:** {seeded} of {len(finished_cells(doc))} finished cells ran with "
+                  "`seeded-noise = true` (common random numbers, so that methods compared on one seed draw from the "
+                  "same noise and sampling seeds): their DP noise, Poisson batch sampling and client sampling derive from the run "
+                  "seed, which the server knows, so it can remove the noise. Their ε are what the same mechanism "
+                  "would spend with secret noise; these runs are for comparing methods, not private.", ""]
+    if meta.get("paper"):
+        lines.append(f"Reproduces: {meta['paper']}.")
+    lines.append(f"Scale here: {doc.get('num_supernodes')} clients, {cfg.get('num-server-rounds', '?')} rounds, "
+                 f"max-samples {cfg.get('max-samples', 0) or 'all'} on {cfg.get('dataset', 'digits')}"
+                 + (f"; the paper: {meta['paper-scale']}." if meta.get("paper-scale") else "."))
+    cells = doc["cells"].values()
+    lines.append(f"Cells: {sum(c.get('status') == 'finished' for c in cells)} finished of {len(doc['cells'])}; "
+                 f"sweep file `{doc.get('file')}`; intervals are 95 % confidence intervals of the mean over seeds.")
+    lines += ["", "## Results", "", "| group | n | " + " | ".join(METRICS) + " |",
+              "|---|---|" + "---|" * len(METRICS)]
+    for setting, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        cols = [_fmt(*interval([c["summary"].get(m) for c in group]), m) for m in METRICS]
+        lines.append(f"| {_label(setting)} | {len(group)} | " + " | ".join(cols) + " |")
+    if choices:
+        metric = tuning_metric(doc)
+        lines += ["", f"## Tuned on the clients' validation split ({metric}, mean over seeds)", "",
+                  "| group | chosen | candidates |", "|---|---|---|"]
+        for setting, choice in sorted(choices.items(), key=lambda kv: str(kv[0])):
+            chosen = {k: v for k, v in choice.items() if k not in ("candidates", "scores")}
+            scores = "; ".join(f"{t}: {_fmt(v, math.nan, 1, metric)}" for t, v in choice["scores"].items())
+            lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))} | {scores} |")
+    rows = claim_rows(doc, groups)
+    if rows:
+        crn = ", and with `seeded-noise` the same noise and sampling seeds" if seeded else ""
+        lines += ["", "## Claims", "", CLAIMS_NOTE.format(crn=crn, exact=EXACT_UP_TO, draws=MONTE_CARLO_DRAWS), "",
+                  "| claim | setting | metric | better | worse | better − worse (paired) | p (sign-flip) | verdict "
+                  "| seeds to resolve |", "|---|---|---|---|---|---|---|---|---|", *rows]
+    plot_rounds(groups, out / "accuracy_rounds.png")
+    lines += ["", "![accuracy over rounds](accuracy_rounds.png)"]
+    varied = [k for k in PRIVACY_KEYS if len(doc.get("grid", {}).get(k, [])) > 1]
+    if varied:
+        plot_epsilon(groups, varied[0], out / "accuracy_epsilon.png")
+        lines += ["", f"![accuracy vs {varied[0]}](accuracy_epsilon.png)"]
+    failed = [(cid, c.get("error", c.get("status"))) for cid, c in doc["cells"].items() if c.get("status") != "finished"]
+    if failed:
+        lines += ["", "## Cells that did not finish", ""] + [f"* `{cid}`: {why}" for cid, why in failed]
+    lines += ["", "Every cell's run-config, summary and round metrics: [index.json](index.json) "
+              "(`python -m fedapp.experiments.report index.json` rewrites this report from it alone)."]
+    write_index(out / "index.json", doc)
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Write the markdown report of a sweep.")
+    parser.add_argument("index", type=Path, help="index.json of a sweep, or one written beside a report (or its folder)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder for report.md, its plots and a self-contained index.json (default: the index's)")
+    args = parser.parse_args(argv)
+    try:
+        print(write_report(args.index, args.out))
+    except ReportError as exc:
+        print(f"[report] {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

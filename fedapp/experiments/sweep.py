@@ -1,0 +1,291 @@
+"""Seeded sweeps: one command runs a grid of run-configs through the same path as ``flwr run``.
+
+A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
+
+    [sweep]
+    name = "robust-hdp-table12"
+    paper = "Robust-HDP Table 12"           # what is reproduced
+    paper-scale = "20 clients x 2400 samples, 200 rounds"
+    num-supernodes = 20
+    num-gpus = 0.25                         # optional: resources per simulated client (also --num-gpus)
+    base = "configs/main.toml"              # optional run-config file the cells start from
+    tune = ["lr"]                           # keys chosen per group on the clients' validation split
+    tune-metric = "final_client_val_accuracy"  # or final_client_val_loss (needs validation-fraction > 0)
+    common-random-numbers = false           # true: seeded-noise = true in every cell (no privacy guarantee)
+
+    [sweep.config]                          # run-config shared by every cell
+    num-server-rounds = 40
+
+    [sweep.grid]                            # the cartesian product of these lists is the set of cells
+    strategy = ["robust-hdp", "weiavg"]
+    seed = [1, 2, 3]
+
+    [[sweep.variants]]                      # optional: each cell of the grid runs once per variant (settings
+    secagg-mechanism = "gaussian"           # that only make sense together, e.g. a mechanism and its options)
+    [[sweep.variants]]
+    secagg-mechanism = "ddg"
+    secagg-bits = 12
+
+    [[sweep.claims]]                        # verdicts for fedapp.experiments.report
+    text = "Robust-HDP beats WeiAvg"
+    metric = "final_accuracy"
+    better = { strategy = "robust-hdp" }
+    worse = { strategy = "weiavg" }
+
+    [scales.quick]                          # named overrides of [sweep.config] / [sweep.grid] / [sweep]
+    config = { max-samples = 6000 }
+    sweep = { num-supernodes = 10 }
+
+``python -m fedapp.experiments.sweep FILE [--scale quick] [--parallel 2] [--out DIR]`` runs every cell with
+:func:`fedapp.run.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
+``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
+cell's entry holds its resolved run-config, ``summary.json`` and round metrics, so the index alone rebuilds the
+report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes.
+
+``common-random-numbers = true`` sets ``seeded-noise = true`` in every cell: DP noise, Poisson batch sampling
+and client sampling then derive from the run seed, so two methods compared on one seed also draw from the same
+noise and sampling seeds (common random numbers), which narrows the paired differences :mod:`fedapp.experiments.report` judges claims
+on. A server that knows the seed can remove the noise: such runs carry no privacy guarantee, and the report
+says so.
+
+``--engine inprocess`` drives the same server and client components in this process (no transport; faster, for
+notebooks and tests); it cannot run SecAgg+.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from fedapp.config import ConfigError, resolve_config
+from fedapp.experiments.report import TUNING_METRICS, run_record, tuning_metric, write_index
+
+ENGINES = ("flwr", "inprocess")
+
+
+@dataclass
+class Sweep:
+    """A parsed sweep file at one scale."""
+
+    name: str
+    path: Path
+    num_supernodes: int
+    config: dict[str, Any]
+    grid: dict[str, list[Any]]
+    tune: list[str] = field(default_factory=list)
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    variants: list[dict[str, Any]] = field(default_factory=list)
+
+    def cells(self) -> list[dict[str, Any]]:
+        """Every combination of the grid, each once per variant (when there are variants), in file order."""
+        keys = list(self.grid)
+        return [{**dict(zip(keys, values)), **variant}
+                for values in itertools.product(*(self.grid[k] for k in keys)) for variant in self.variants or [{}]]
+
+
+def cell_id(assignments: Mapping[str, Any]) -> str:
+    """A short stable id of a cell's assignments (its results folder name)."""
+    blob = json.dumps(dict(sorted(assignments.items())), sort_keys=True, default=str).encode()
+    readable = "_".join(f"{k}={v}" for k, v in assignments.items() if k in ("strategy", "seed"))
+    return f"{readable}_{hashlib.sha1(blob).hexdigest()[:8]}".replace("/", "-")
+
+
+def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
+    """Parse and validate a sweep file; every cell's run-config is resolved before anything runs."""
+    path = Path(path)
+    doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    if "sweep" not in doc:
+        raise ConfigError(f"{path}: no [sweep] table")
+    sw = dict(doc["sweep"])
+    config, grid = dict(sw.pop("config", {})), dict(sw.pop("grid", {}))
+    claims = list(sw.pop("claims", []))
+    variants = [dict(v) for v in sw.pop("variants", [])]
+    if scale is not None:
+        scales = dict(doc.get("scales", {}))
+        if scale not in scales:
+            raise ConfigError(f"{path}: no scale {scale!r}; scales: {sorted(scales)}")
+        over = dict(scales[scale])
+        config.update(over.pop("config", {}))
+        grid.update(over.pop("grid", {}))
+        sw.update(over.pop("sweep", {}))  # [scales.x] sweep = {...} overrides [sweep] keys
+        unknown = sorted(over)
+        if unknown:
+            raise ConfigError(f"{path}: [scales.{scale}] takes config, grid and sweep tables, not {unknown}")
+    base = sw.pop("base", "")
+    if base:
+        base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
+        if not base_path.is_file():
+            base_path = Path(base)
+        config = {**tomllib.loads(base_path.read_text(encoding="utf-8")), **config}
+    config = _common_random_numbers(path, sw.get("common-random-numbers", False), config, grid)
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{path}: [sweep.grid] {key!r} must be a non-empty list, got {values!r}")
+    for variant in variants:
+        both = sorted(set(variant) & set(grid))
+        if not variant or both:
+            raise ConfigError(f"{path}: [[sweep.variants]] {variant!r} must set keys the grid does not vary "
+                              f"(both set {both})" if both else f"{path}: an empty [[sweep.variants]] table")
+    sweep = Sweep(name=str(sw.pop("name", path.stem)), path=path, num_supernodes=int(sw.pop("num-supernodes", 10)),
+                  config=config, grid=grid, tune=list(sw.pop("tune", [])), claims=claims,
+                  meta={**sw, "scale": scale or "default"}, variants=variants)
+    for t in sweep.tune:
+        if t not in grid:
+            raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] key")
+    try:
+        tuning_metric({"meta": sweep.meta})
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    choosing = any(len(grid[t]) > 1 for t in sweep.tune)
+    for cell in sweep.cells():
+        resolved = resolve_config(None, {**config, **cell})  # ConfigError names the key before anything runs
+        if choosing and not (resolved["validation-fraction"] > 0 and resolved["fraction-evaluate"] > 0):
+            raise ConfigError(
+                f"{path}: tune {sweep.tune} chooses among several values on the clients' validation split "
+                f"({sorted(TUNING_METRICS)}), so every cell needs validation-fraction > 0 and fraction-evaluate > 0; "
+                f"cell {cell} has validation-fraction = {resolved['validation-fraction']}, "
+                f"fraction-evaluate = {resolved['fraction-evaluate']}")
+    return sweep
+
+
+def _common_random_numbers(path: Path, crn: Any, config: dict[str, Any], grid: dict[str, list[Any]]) -> dict[str, Any]:
+    """``config`` with ``seeded-noise = true`` when the sweep asks for common random numbers."""
+    if not isinstance(crn, bool):
+        raise ConfigError(f"{path}: [sweep] common-random-numbers must be true or false, got {crn!r}")
+    if not crn:
+        return config
+    if "seeded-noise" in grid or config.get("seeded-noise", True) is not True:
+        raise ConfigError(f"{path}: common-random-numbers = true sets seeded-noise = true in every cell; "
+                          "remove seeded-noise from [sweep.config] / [sweep.grid]")
+    return {**config, "seeded-noise": True}
+
+
+# ----------------------------------------------------------------------------- running
+class Index:
+    """``index.json``: the sweep, and per cell its assignments, status, results folder and summary (finished
+    cells also their resolved run-config and round metrics: :func:`fedapp.experiments.report.run_record`)."""
+
+    def __init__(self, out: Path, sweep: Sweep) -> None:
+        self.path = out / "index.json"
+        self.lock = threading.Lock()
+        old = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        changed = [k for k, now in (("config", sweep.config), ("num_supernodes", sweep.num_supernodes))
+                   if old.get("cells") and json.loads(json.dumps(now, default=str)) != old.get(k)]
+        if changed:  # a cell's id names only its grid assignments: resuming would mix two experiments
+            raise ConfigError(f"{self.path}: the sweep's {' and '.join(changed)} changed since its cells ran; "
+                              "use another --out (or remove the folder) to run the changed sweep")
+        self.doc = {"sweep": sweep.name, "file": str(sweep.path), "meta": sweep.meta, "num_supernodes":
+                    sweep.num_supernodes, "config": sweep.config, "grid": sweep.grid, "tune": sweep.tune,
+                    "claims": sweep.claims, "cells": dict(old.get("cells", {}))}
+        if sweep.variants:
+            self.doc["variants"] = sweep.variants
+
+    def done(self, cid: str) -> bool:
+        cell = self.doc["cells"].get(cid, {})
+        return cell.get("status") == "finished" and Path(cell.get("run_dir", "")).joinpath("summary.json").is_file()
+
+    def record(self, cid: str, entry: dict[str, Any]) -> None:
+        with self.lock:
+            self.doc["cells"][cid] = entry
+            write_index(self.path, self.doc)
+
+
+def _run_cell(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str) -> Path:
+    cid = cell_id(cell)
+    overrides = {**sweep.config, **cell, "output-dir": str(out / "cells" / cid), "run-name": cid}
+    if engine == "inprocess":
+        from fedapp.experiments.notebook_utils import run_federation
+
+        return run_federation(overrides, num_clients=sweep.num_supernodes)
+    from fedapp.run.launch import run
+    from fedapp.run.processes import to_toml_assignments
+
+    return run(sweep.num_supernodes, to_toml_assignments(overrides), flwr_home=out / ".flwr" / cid,
+               num_cpus=float(sweep.meta.get("num-cpus", 1.0)), num_gpus=float(sweep.meta.get("num-gpus", 0.0)))
+
+
+def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr",
+              only: Mapping[str, Any] | None = None) -> Path:
+    """Run every unfinished cell (``only``: those matching these assignments); returns ``index.json``."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    index = Index(out, sweep)
+    todo = [c for c in sweep.cells() if not index.done(cell_id(c))
+            and all(c.get(k) == v for k, v in (only or {}).items())]
+    print(f"[sweep] {sweep.name}: {len(sweep.cells())} cells, {len(todo)} to run, {parallel} at a time", flush=True)
+
+    def one(cell: dict[str, Any]) -> None:
+        cid, start = cell_id(cell), time.time()
+        index.record(cid, {"assignments": cell, "status": "running"})
+        try:
+            run_dir = _run_cell(sweep, cell, out, engine)
+        except Exception as exc:  # noqa: BLE001 — one failing cell is recorded; the others still run
+            index.record(cid, {"assignments": cell, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+                               "seconds": time.time() - start})
+            print(f"[sweep] {cid}: FAILED {exc}", file=sys.stderr, flush=True)
+            return
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+        index.record(cid, {"assignments": cell, "status": "finished" if summary.get("finished") else "stopped",
+                           "run_dir": str(run_dir), "summary": summary, "seconds": time.time() - start,
+                           **run_record(run_dir)})
+        print(f"[sweep] {cid}: final accuracy {summary.get('final_accuracy')} ({time.time() - start:.0f}s)", flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        list(pool.map(one, todo))
+    return index.path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run a sweep file's grid of run-configs (resumable).")
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--scale", default=None, help="a [scales.<name>] table of the file, e.g. quick or paper")
+    parser.add_argument("--out", type=Path, default=None, help="sweep folder (default results/sweeps/<name>-<scale>)")
+    parser.add_argument("--parallel", type=int, default=1, help="cells at a time (each uses its own SuperLink)")
+    parser.add_argument("--engine", choices=ENGINES, default="flwr")
+    parser.add_argument("--num-cpus", type=float, default=None, help="CPUs per simulated client (launcher)")
+    parser.add_argument("--num-gpus", type=float, default=None, help="GPUs per simulated client, fractional ok")
+    parser.add_argument("--report", action="store_true", help="write the report when the sweep is done")
+    args = parser.parse_args(argv)
+    try:
+        sweep = load_sweep(args.file, args.scale)
+    except ConfigError as exc:
+        print(f"[sweep] configuration error: {exc}", file=sys.stderr)
+        return 2
+    for key, value in (("num-cpus", args.num_cpus), ("num-gpus", args.num_gpus)):
+        if value is not None:
+            sweep.meta[key] = value  # [sweep] num-cpus / num-gpus in the file, overridden here
+    out = args.out or Path("results") / "sweeps" / f"{sweep.name}-{sweep.meta['scale']}"
+    try:
+        index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine)
+    except ConfigError as exc:
+        print(f"[sweep] configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.report:
+        from fedapp.experiments.report import ReportError, write_report
+
+        try:
+            print(f"[sweep] report: {write_report(index)}")
+        except ReportError as exc:
+            print(f"[sweep] no report: {exc}", file=sys.stderr)
+    doc = json.loads(index.read_text(encoding="utf-8"))
+    failed = [cid for cid, c in doc["cells"].items() if c.get("status") != "finished"]
+    print(f"[sweep] index: {index}; {len(doc['cells']) - len(failed)} finished, {len(failed)} not")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,378 @@
+"""Deployment with real processes: one ``flower-superlink`` + N ``flower-supernode`` on loopback.
+
+    python -m fedapp.run.deploy --supernodes 3 --run-config "strategy='robust-hdp' num-server-rounds=2"
+
+1. validates the run-config and every SuperNode's ``--node-config`` (before anything starts);
+2. creates a local CA, the SuperLink's TLS certificate and one EC key pair per SuperNode
+   (``scripts/make_certs.py``) unless ``--insecure``;
+3. starts ``flower-superlink`` on 127.0.0.1 only (TLS, ``--enable-supernode-auth``; Flower 1.41 serves
+   Fleet, Control and runtime APIs on one port, so the Control API is reachable only from this
+   host) and :mod:`fedapp.run.fleet_gateway` on ``--public-host``, which forwards only the Fleet API;
+   registers each SuperNode's
+   public key with ``flwr supernode register`` (unless ``--no-auth``), starts the SuperNodes,
+   each with its own ``--node-config`` (partition-id, num-partitions, and per-node epsilon,
+   delta, batch-size, local-epochs, dataset from ``--node-config i:key=value ...``);
+4. runs ``flwr run <app> dpfl --stream`` and prints the new results folder;
+5. stops *every* process it started and every descendant it saw (SIGTERM, then SIGKILL, by PID),
+   also on Ctrl-C, SIGTERM, SIGHUP or failure.
+
+``--unauthorized K`` also starts K SuperNodes whose keys were never registered; the SuperLink
+refuses them (they exit with Flower's code 305) — a check that authentication is on.
+
+What it protects: TLS (server authentication + encryption of the channel), SuperNode
+authentication (only keys the operator registered on the SuperLink host join) and a control plane
+that the SuperNodes' network cannot reach (``--outsider`` checks it). Differential privacy is the strategy's business;
+the run-config decides it exactly as in simulation.
+
+For SuperNodes on other machines see ``docs/deployment.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.run.fab import stage_app
+from fedapp.run.processes import (
+    CONNECTION,
+    PROJECT_ROOT,
+    Interrupted,
+    Processes,
+    absolutize_paths,
+    flower_env,
+    free_port,
+    list_runs,
+    parse_overrides,
+    pyproject_run_config,
+    signals_as_interrupt,
+    start_superlink,
+    to_toml_assignments,
+    venv_bin,
+    write_flower_config,
+)
+
+NODE_KEYS = {"partition-id": int, "num-partitions": int, "epsilon": float, "delta": float, "batch-size": int,
+             "local-epochs": int, "reported-epsilon": float, "dataset": str, "state-dir": str}
+AUTH_REFUSED_EXIT = 305  # flower-supernode: "Failed to activate SuperNode" (the shell sees 305 % 256 = 49)
+
+
+# ----------------------------------------------------------------------------- configuration
+def parse_node_config(text: str) -> dict[str, Any]:
+    """``'epsilon=0.8 batch-size=32 dataset="digits"'`` → typed dict (``ConfigError`` naming the bad part)."""
+    out: dict[str, Any] = {}
+    for token in shlex.split(text):
+        key, sep, raw = token.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"node-config entry {token!r} is not key=value")
+        if key not in NODE_KEYS:
+            raise ConfigError(f"unknown node-config key {key!r}; valid: {sorted(NODE_KEYS)}")
+        try:
+            out[key] = NODE_KEYS[key](raw)
+        except ValueError:
+            raise ConfigError(f"node-config {key!r} expects {NODE_KEYS[key].__name__}, got {raw!r}") from None
+    return out
+
+
+def node_configs(num: int, per_node: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """One node-config per SuperNode: ``partition-id=i num-partitions=num`` plus ``i:key=value ...`` overrides."""
+    if num < 2:
+        raise ConfigError(f"--supernodes = {num}: a federation needs at least 2 SuperNodes")
+    configs = [{"partition-id": i, "num-partitions": num} for i in range(num)]
+    for item in per_node:
+        match = re.fullmatch(r"\s*(\d+)\s*:(.*)", item)
+        if not match:
+            raise ConfigError(f"--node-config {item!r} must look like '<index>:key=value ...'")
+        idx = int(match.group(1))
+        if idx >= num:
+            raise ConfigError(f"--node-config {item!r}: SuperNode {idx} does not exist (0..{num - 1})")
+        configs[idx].update(parse_node_config(match.group(2)))
+    return configs
+
+
+def validate_nodes(cfg: RunConfig, configs: Sequence[Mapping[str, Any]]) -> None:
+    """Each SuperNode's profile resolves and matches the run (before any process starts)."""
+    from fedapp.data.client_data import client_train_sizes
+    from fedapp.privacy.profiles import client_profile
+
+    sizes = client_train_sizes(cfg, len(configs))
+    for node in configs:
+        if "dataset" in node and node["dataset"] != cfg["dataset"]:
+            raise ConfigError(f"SuperNode {node['partition-id']}: node-config dataset {node['dataset']!r} differs "
+                              f"from run-config dataset {cfg['dataset']!r}")
+        profile = client_profile(cfg, node)
+        if profile.batch_size > sizes[profile.client_id]:
+            raise ConfigError(f"SuperNode {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
+                              f"N_i = {sizes[profile.client_id]}")
+
+
+def node_config_arg(node: Mapping[str, Any]) -> str:
+    """The ``--node-config`` string Flower parses (TOML values)."""
+    return to_toml_assignments(dict(node))
+
+
+# ----------------------------------------------------------------------------- processes
+def wait_https_health(port: int, ca: Path | None, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    import httpx
+
+    scheme = "https" if ca else "http"
+    verify: Any = ssl.create_default_context(cafile=str(ca)) if ca else True
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {proc.returncode} before becoming healthy")
+        try:
+            if httpx.get(f"{scheme}://127.0.0.1:{port}/health", timeout=2.0, verify=verify).is_success:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise TimeoutError(f"SuperLink on 127.0.0.1:{port} not healthy after {timeout:.0f}s")
+
+
+def start_supernode(work: Path, env: dict[str, str], superlink: str, node: Mapping[str, Any], name: str, *,
+                    ca: Path | None, key: Path | None, max_wait: float = 60.0) -> subprocess.Popen:
+    cmd = [venv_bin("flower-supernode"), "--superlink", superlink, "--port", str(free_port()),
+           "--node-config", node_config_arg(node), "--max-wait-time", str(max_wait)]
+    cmd += ["--root-certificates", str(ca)] if ca else ["--insecure"]
+    if key is not None:
+        cmd += ["--auth-supernode-private-key", str(key)]
+    out = open(work / f"{name}.log", "w")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=str(work))
+
+
+def start_gateway(work: Path, env: dict[str, str], listen: str, upstream: str,
+                  paths: Mapping[str, Path] | None) -> subprocess.Popen:
+    """:mod:`fedapp.run.fleet_gateway`: the public face of the SuperLink (Fleet API only)."""
+    cmd = [sys.executable, "-m", "fedapp.run.fleet_gateway", "--listen", listen, "--upstream", upstream]
+    if paths is not None:
+        cmd += ["--ssl-certfile", str(paths["cert"]), "--ssl-keyfile", str(paths["key"]),
+                "--ssl-ca-certfile", str(paths["ca"])]
+    out = open(work / "fleet-gateway.log", "w")  # noqa: SIM115 - lives as long as the process
+    return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=str(PROJECT_ROOT))
+
+
+def probe_as_outsider(work: Path, public: str, ca: Path | None, public_key: Path, app: Path) -> dict[str, str]:
+    """Play the outsider who holds only ``ca.crt`` and the public address: register a key, list runs,
+    start a run. Returns ``{action: "refused" | "ACCEPTED: ..."}``."""
+    home = work / "outsider-home"
+    write_flower_config(home, public, root_certificates=str(ca) if ca else None)
+    env = flower_env(home)
+    actions = {"register": ["supernode", "register", str(public_key), CONNECTION], "ls": ["ls", CONNECTION],
+               "run": ["run", str(app), CONNECTION, "--run-config", "num-server-rounds=1"]}
+    out: dict[str, str] = {}
+    for name, args in actions.items():
+        res = subprocess.run([venv_bin("flwr"), *args], env=env, capture_output=True, text=True, timeout=120,
+                             cwd=str(work))
+        text = (res.stdout + res.stderr).strip()
+        ok = res.returncode == 0 and not re.search(r"403|not served|error|fail", text, re.IGNORECASE)
+        out[name] = f"ACCEPTED: {text[-300:]}" if ok else "refused"
+        (work / f"outsider-{name}.log").write_text(f"exit {res.returncode}\n{text}\n", encoding="utf-8")
+    for name, path in TRAVERSALS.items():  # the Control API behind the gateway, by path tricks
+        status = raw_request_status(public, ca, "POST", path)
+        out[name] = "refused" if status in (400, 403, 404, 405) else f"ACCEPTED: HTTP {status} for {path}"
+    return out
+
+
+#: raw request paths an outsider tries against the gateway (written byte for byte: no client normalizes them)
+TRAVERSALS = {"traversal-dots": "/v1/fleet/../control/list-runs",
+              "traversal-encoded": "/v1/fleet/%2e%2e/control/register-node",
+              "traversal-slash": "/v1/fleet/..%2fcontrol/list-runs"}
+
+
+def raw_request_status(address: str, ca: Path | None, method: str, path: str) -> int:
+    """The HTTP status of one request whose request line is sent exactly as given (TLS when ``ca``)."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        conn: Any = raw
+        if ca is not None:
+            conn = ssl.create_default_context(cafile=str(ca)).wrap_socket(raw, server_hostname=host)
+        conn.sendall(f"{method} {path} HTTP/1.1\r\nHost: {address}\r\nContent-Length: 0\r\n"
+                     "Connection: close\r\n\r\n".encode("latin-1"))
+        head = conn.recv(64).decode("latin-1")
+    return int(head.split()[1]) if head.startswith("HTTP/") else -1
+
+
+def register_supernode(env: dict[str, str], public_key: Path) -> None:
+    res = subprocess.run([venv_bin("flwr"), "supernode", "register", str(public_key), CONNECTION],
+                         env=env, capture_output=True, text=True, timeout=120)
+    if res.returncode != 0 or "registered successfully" not in res.stdout:
+        raise RuntimeError(f"flwr supernode register {public_key.name} failed: {res.stdout[-500:]}{res.stderr[-500:]}")
+
+
+def _make_certs():
+    """``scripts/make_certs.py:make_all`` (scripts/ is not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("dpfl_make_certs", PROJECT_ROOT / "scripts" / "make_certs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_all
+
+
+@dataclass
+class DeployResult:
+    run_dir: Path
+    work_dir: Path
+    refused: list[str]  # unauthorized SuperNodes the SuperLink refused
+    leftover_pids: list[int]
+    pids: list[int]  # every PID started or seen
+    outsider: dict[str, str] = field(default_factory=dict)  # probe_as_outsider's verdicts
+
+
+def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overrides: Sequence[str] = (),
+           tls: bool = True, auth: bool = True, unauthorized: int = 0, work_dir: Path | None = None,
+           app: Path = PROJECT_ROOT, timeout: float | None = None, outsider: bool = False,
+           public_host: str = "127.0.0.1", log=print) -> DeployResult:
+    """Validate, start SuperLink + SuperNodes, ``flwr run`` the app, stop everything (see module doc)."""
+    app = app.resolve()
+    overrides = parse_overrides(run_config)
+    overrides.setdefault("num-clients", num_supernodes)
+    overrides.setdefault("min-available-clients", num_supernodes)
+    cfg = resolve_config({**pyproject_run_config(app), **overrides})
+    if cfg["num-clients"] != num_supernodes:
+        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but --supernodes = {num_supernodes}")
+    if (unauthorized or outsider) and not auth:
+        raise ConfigError("--unauthorized/--outsider need SuperNode authentication (drop --no-auth)")
+    nodes = node_configs(num_supernodes, node_overrides)
+    validate_nodes(cfg, nodes)
+    output_dir = absolutize_paths(cfg, overrides, app)
+
+    work = Path(work_dir or tempfile.mkdtemp(prefix="dpfl-deploy-")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    flwr_home = work / "flwr-home"
+    flwr_home.mkdir(exist_ok=True)
+    env = flower_env(flwr_home)
+    port = free_port()  # the SuperLink (Fleet + Control + runtime APIs): loopback only
+    address = f"127.0.0.1:{port}"
+    public_port = free_port()  # the fleet gateway, the only thing SuperNodes reach
+    public = f"{'127.0.0.1' if public_host in ('0.0.0.0', '::') else public_host}:{public_port}"
+    procs = Processes()
+    verdicts: dict[str, str] = {}
+    refused: list[str] = []
+    before = list_runs(output_dir)
+    with signals_as_interrupt():
+        try:
+            ca = key_paths = None
+            if tls or auth:
+                # the CA key is discarded after signing: nothing on the SuperLink host can mint certificates
+                paths = _make_certs()(work / "certs", ("127.0.0.1", "localhost"),
+                                      num_supernodes + unauthorized + int(outsider), ca_key_dir=None)
+                ca = paths["ca"] if tls else None
+                key_paths = [(paths[f"supernode-{i}"], paths[f"supernode-{i}.pub"])
+                             for i in range(num_supernodes + unauthorized + int(outsider))]
+            extra = ["--ssl-ca-certfile", str(paths["ca"]), "--ssl-certfile", str(paths["cert"]),
+                     "--ssl-keyfile", str(paths["key"])] if tls else ["--insecure"]
+            if auth:
+                extra.append("--enable-supernode-auth")
+            write_flower_config(flwr_home, address, root_certificates=str(ca) if ca else None)
+            superlink = procs.add(start_superlink(flwr_home, port, simulation=False, extra_args=extra))
+            gateway = procs.add(start_gateway(work, env, f"{public_host}:{public_port}", address,
+                                              paths if tls else None))
+            procs.watch()
+            wait_https_health(port, ca, superlink)
+            wait_https_health(public_port, ca, gateway)
+            log(f"[deploy] SuperLink pid {superlink.pid} on {address} (loopback: Control API), fleet gateway pid "
+                f"{gateway.pid} on {public_host}:{public_port} (Fleet API only; TLS {'on' if tls else 'off'}, "
+                f"auth {'on' if auth else 'off'}); work dir {work}")
+            if auth:
+                for i in range(num_supernodes):
+                    register_supernode(env, key_paths[i][1])
+            for i, node in enumerate(nodes):
+                key = key_paths[i][0] if auth else None
+                p = procs.add(start_supernode(work, env, public, node, f"supernode-{i}", ca=ca, key=key))
+                log(f"[deploy] SuperNode {i} pid {p.pid}: --node-config '{node_config_arg(node)}'")
+            intruders = []
+            for j in range(unauthorized):
+                key = key_paths[num_supernodes + j][0]
+                node = {"partition-id": 0, "num-partitions": num_supernodes}
+                intruders.append(procs.add(start_supernode(work, env, public, node, f"unauthorized-{j}", ca=ca,
+                                                           key=key, max_wait=10)))
+            if outsider:
+                spare = key_paths[-1][1]  # a key pair nobody registered
+                verdicts = probe_as_outsider(work, public, ca, spare, app)
+                log(f"[deploy] outsider with ca.crt against {public}: {verdicts}")
+            staged = stage_app(app, work)  # what `flwr run` packs, without walking .venv (5 s)
+            cmd = [venv_bin("flwr"), "run", str(staged), CONNECTION, "--stream",
+                   "--run-config", to_toml_assignments(overrides)]
+            log(f"[deploy] flwr run {app.name} {CONNECTION} --stream --run-config '{to_toml_assignments(overrides)}'")
+            with open(work / "flwr-run.log", "w") as out:
+                result = subprocess.run(cmd, env=env, cwd=str(app), timeout=timeout, stdout=out,
+                                        stderr=subprocess.STDOUT)
+            for j, p in enumerate(intruders):
+                try:
+                    code = p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    code = None
+                text = (work / f"unauthorized-{j}.log").read_text(errors="replace")
+                if code in (AUTH_REFUSED_EXIT, AUTH_REFUSED_EXIT % 256) or "Failed to activate SuperNode" in text:
+                    refused.append(f"unauthorized-{j}")
+            if result.returncode != 0:
+                raise RuntimeError(f"flwr run exited with code {result.returncode}; see {work / 'flwr-run.log'}")
+        finally:
+            leftovers = procs.stop_all()
+            if leftovers:
+                log(f"[deploy] WARNING: processes still alive after stop: {leftovers}")
+    new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+    if not new_runs or not (new_runs[-1] / "summary.json").exists():
+        raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see {work}")
+    return DeployResult(new_runs[-1], work, refused, leftovers, sorted(procs.seen), verdicts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--supernodes", type=int, default=3, help="number of SuperNodes (clients)")
+    parser.add_argument("--run-config", default=None, help="TOML assignments, e.g. \"strategy='robust-hdp'\"")
+    parser.add_argument("--node-config", action="append", default=[], metavar="I:KEY=VALUE ...",
+                        help="per-SuperNode overrides, e.g. '0:epsilon=0.5 batch-size=16' (repeatable)")
+    parser.add_argument("--insecure", action="store_true", help="no TLS (plain HTTP on loopback)")
+    parser.add_argument("--no-auth", action="store_true", help="no SuperNode authentication")
+    parser.add_argument("--unauthorized", type=int, default=0, help="also start K unregistered SuperNodes")
+    parser.add_argument("--outsider", action="store_true",
+                        help="also play an outsider with ca.crt: register a key, list runs, start a run (all refused)")
+    parser.add_argument("--public-host", default="127.0.0.1",
+                        help="interface of the fleet gateway SuperNodes connect to (the SuperLink stays on loopback)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="certificates, FLWR_HOME and logs")
+    parser.add_argument("--app", type=Path, default=PROJECT_ROOT)
+    parser.add_argument("--timeout", type=float, default=None, help="seconds before flwr run is stopped")
+    args = parser.parse_args(argv)
+    try:
+        res = deploy(args.supernodes, args.run_config, node_overrides=args.node_config, tls=not args.insecure,
+                     auth=not args.no_auth, unauthorized=args.unauthorized, work_dir=args.work_dir, app=args.app,
+                     timeout=args.timeout, outsider=args.outsider, public_host=args.public_host)
+    except ConfigError as exc:
+        print(f"[deploy] configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired, FileNotFoundError) as exc:
+        print(f"[deploy] run failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        print("[deploy] interrupted; every started process was stopped", file=sys.stderr)
+        return 128 + (exc.signum if isinstance(exc, Interrupted) else 2)
+    print(f"[deploy] results: {res.run_dir}")
+    if res.refused:
+        print(f"[deploy] refused by the SuperLink (unregistered keys): {', '.join(res.refused)}")
+    if res.outsider:
+        print(f"[deploy] outsider with ca.crt: {res.outsider}")
+    print((res.run_dir / "summary.json").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    sys.exit(main())

@@ -1,0 +1,369 @@
+"""Run the app with ``flwr run`` against a private local SuperLink, and stop it afterwards.
+
+``flwr run . local`` would start a *detached* SuperLink on fixed ports that outlives the
+command. This launcher instead starts ``flower-superlink --simulation`` itself on a free
+loopback port, writes a Flower config (``$FLWR_HOME/config.toml``, default ``./.flwr``)
+naming it, runs ``flwr run <app> dpfl --stream`` (on a staged copy of the app's packages and
+``pyproject.toml``, :mod:`fedapp.run.fab`), prints where the results are, and always
+stops the SuperLink and its children by PID: when the run ends or fails, on SIGINT (Ctrl-C),
+SIGTERM or SIGHUP (exit code 128 + signal), and — through a parent-death signal and a
+watchdog process — when the launcher itself is killed.
+
+    python -m fedapp.run.launch --num-supernodes 20 --run-config "strategy='robust-hdp' num-server-rounds=5"
+
+The run-config is validated here first, so bad input fails before anything starts: the keys and values in
+process (with the client counts and indices they give against ``--num-supernodes``), then a dry run that builds
+the strategy, its mechanism (the noise calibration included) and one client in a spawned child.
+
+``--engine run-simulation`` runs the same apps on Flower's ``run_simulation`` Python API in one child
+process instead (:mod:`fedapp.run.simulation_engine`): no SuperLink, SuperExec or ``flwr run``, so less
+memory and start-up; the same validation, the same results folder, the same stop-by-PID guarantees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from fedapp.config import SCHEMA, ConfigError, RunConfig, check_federation_size, resolve_config
+from fedapp.run.fab import stage_app
+from fedapp.run.processes import (
+    CONNECTION,
+    PROJECT_ROOT,
+    Interrupted,
+    Processes,
+    absolutize_paths,
+    flower_env,
+    free_port,
+    list_runs,
+    parent_death_preexec,
+    parse_overrides,
+    pyproject_run_config,
+    signals_as_interrupt,
+    simulation_backend,
+    start_superlink,
+    start_watchdog,
+    to_toml_assignments,
+    venv_bin,
+    wait_http_health,
+    write_flower_config,
+)
+
+
+def resolve_flwr_home(app: Path, flwr_home: Path | None = None) -> Path:
+    """Flower's home for this launch: ``flwr_home``, else ``$FLWR_HOME``, else ``<app>/.flwr``."""
+    chosen = flwr_home or (Path(os.environ["FLWR_HOME"]) if os.environ.get("FLWR_HOME") else app / ".flwr")
+    return Path(chosen).expanduser().resolve()
+
+
+def dry_run_in_child(cfg, num_clients: int) -> list[str]:
+    """:func:`fedapp.apps.server_app.dry_run` in a freshly spawned child process, so the dataset, model, accountant
+    and client it builds (and torch itself) are freed when it exits instead of staying resident in the
+    launcher for the whole run (~230 MB of the run's peak). Its errors (``ConfigError`` …) are raised here
+    unchanged. ``spawn``, not ``fork``: the launcher already runs threads (importing flwr starts one), and
+    forking a multi-threaded process can deadlock the child."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_dry_run_child, args=(send, cfg, num_clients), daemon=True)
+    child.start()
+    send.close()
+    try:
+        if not receive.poll(DRY_RUN_TIMEOUT_S):
+            child.kill()
+            raise RuntimeError(f"the configuration check (dry run) did not finish within {DRY_RUN_TIMEOUT_S:.0f} s")
+        ok, value = receive.recv()
+    except EOFError:
+        child.join()
+        raise RuntimeError(f"the configuration check (dry run) died with exit code {child.exitcode}") from None
+    child.join()
+    if not ok:
+        raise value
+    return value
+
+
+DRY_RUN_TIMEOUT_S = 900.0
+
+
+def _dry_run_child(send, cfg, num_clients: int) -> None:
+    from fedapp.apps.server_app import dry_run
+
+    try:
+        send.send((True, dry_run(cfg, num_clients)))
+    except BaseException as exc:  # noqa: BLE001 — every failure goes back to the launcher
+        try:
+            send.send((False, exc))
+        except Exception:  # an exception that does not pickle: its text still names the value
+            send.send((False, RuntimeError(f"{type(exc).__name__}: {exc}")))
+
+
+def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
+        flwr_home: Path | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
+        timeout: float | None = None, port: int | None = None, ray_address: str = "",
+        engine: str = "superlink") -> Path:
+    """Validate, run the app on ``engine``, stop everything; returns the new results folder.
+
+    ``engine``: ``superlink`` (a private SuperLink and ``flwr run``) or ``run-simulation`` (Flower's
+    ``run_simulation`` in one child process, :mod:`fedapp.run.simulation_engine`)."""
+    if engine not in ENGINES:
+        raise ConfigError(f"--engine {engine!r}: valid engines are {', '.join(ENGINES)}")
+    app = app.resolve()
+    if engine == "run-simulation" and app != PROJECT_ROOT.resolve():
+        raise ConfigError(f"--engine run-simulation runs this project's apps from {PROJECT_ROOT}; --app {app} needs "
+                          "--engine superlink")
+    cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
+    output_dir = absolutize_paths(cfg, overrides, app)
+    before = list_runs(output_dir)
+    if engine == "run-simulation":
+        log_hint = "the output above"
+        _run_python_engine({**merged, **overrides}, num_supernodes, num_cpus, num_gpus, timeout, ray_address)
+    else:
+        flwr_home = resolve_flwr_home(app, flwr_home)
+        port = port or free_port()
+        log_hint = f"{flwr_home}/superlink-{port}.log"
+        _run_superlink_engine(app, overrides, flwr_home, port, num_supernodes, num_cpus, num_gpus, timeout,
+                              ray_address)
+    new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+    if not new_runs or not (new_runs[-1] / "summary.json").exists():
+        raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see "
+                           f"{log_hint}")
+    summary = json.loads((new_runs[-1] / "summary.json").read_text(encoding="utf-8"))
+    if not summary.get("finished"):
+        why = f" ({summary['stopped_reason']})" if summary.get("stopped_reason") else ""
+        raise RuntimeError(f"{summary.get('rounds_trained')} of {cfg.rounds} rounds trained{why}; partial "
+                           f"results in {new_runs[-1]}, server log: {log_hint}")
+    return new_runs[-1]
+
+
+def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tuple[RunConfig, dict, dict]:
+    """Every check before a process starts: the run-config, the federation size, fault options and the dry run
+    (strategy, mechanism and one client built); returns (config, the overrides the run gets, the merged
+    run-config). ``num-clients`` is set from ``num_supernodes``: the server waits for every SuperNode before
+    round 1, so client-level DP is set up for the real n (q = r/n), not for whoever registered first."""
+    overrides = parse_overrides(run_config)
+    merged = {**pyproject_run_config(app), **overrides}
+    cfg = resolve_config(merged)  # raises ConfigError before anything starts
+    if num_supernodes >= 2:  # before num-clients is set from it below, so that the error names --num-supernodes
+        check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
+    if num_supernodes >= 2 and not cfg["num-clients"]:
+        overrides["num-clients"] = num_supernodes
+        if cfg["min-available-clients"] == SCHEMA["min-available-clients"].default:
+            overrides["min-available-clients"] = num_supernodes
+        cfg = resolve_config({**merged, **overrides})
+    from fedapp.clients.guard import check_fault_config
+
+    check_fault_config(cfg)
+    if num_supernodes < 2:
+        raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
+    for key in dry_run_in_child(cfg, num_supernodes):
+        print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg['strategy']!r}; "
+              "it has no effect", file=sys.stderr, flush=True)
+    return cfg, overrides, merged
+
+
+def plan(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT) -> dict:
+    """Every check :func:`run` makes before it starts a process (:func:`checked_config`), then the run's privacy
+    plan (:mod:`fedapp.apps.privacy_plan`); nothing is started and nothing is written."""
+    from fedapp.apps.privacy_plan import privacy_plan
+
+    cfg, _, _ = checked_config(num_supernodes, run_config, app.resolve())
+    return privacy_plan(cfg, num_supernodes)
+
+
+ENGINES = ("superlink", "run-simulation")
+
+
+def _run_python_engine(overrides: dict, num_supernodes: int, num_cpus: float, num_gpus: float,
+                       timeout: float | None, ray_address: str) -> None:
+    """Flower's ``run_simulation`` in a child process of its own session (its Ray daemons and actors are its
+    descendants), watched like the SuperLink engine's tree and stopped by PID when it ends, fails or is
+    interrupted."""
+    import tempfile
+
+    from fedapp.run.simulation_engine import write_spec
+
+    simulation_backend(num_cpus, num_gpus, ray_address)  # the same checks as the SuperLink engine's
+    fd, name = tempfile.mkstemp(prefix="dpfl-run-simulation-", suffix=".json")
+    os.close(fd)
+    spec = write_spec(Path(name), overrides, num_supernodes, num_cpus, num_gpus, ray_address)
+    procs = Processes()
+    watchdog = None
+    env = os.environ.copy()
+    env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    with signals_as_interrupt():
+        try:
+            child = procs.add(subprocess.Popen([sys.executable, "-m", "fedapp.run.simulation_engine", str(spec)],
+                                               env=env, cwd=str(PROJECT_ROOT), start_new_session=True,
+                                               preexec_fn=parent_death_preexec()))
+            watchdog = start_watchdog(child)  # stops the child's tree (Ray included) if this process is killed
+            print(f"[dpfl] run_simulation engine pid {child.pid}: {num_supernodes} clients, "
+                  f"{overrides.get('num-server-rounds')} rounds", flush=True)
+            procs.watch()
+            try:
+                code = child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"the run did not finish within {timeout:.0f}s") from None
+            if code != 0:
+                raise RuntimeError(f"the run_simulation engine exited with code {code}")
+        finally:
+            leftovers = procs.stop_all()
+            spec.unlink(missing_ok=True)
+            if watchdog is not None:
+                _stop_watchdog(watchdog)
+            if leftovers:
+                print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
+
+
+def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int, num_supernodes: int,
+                          num_cpus: float, num_gpus: float, timeout: float | None, ray_address: str) -> None:
+    """A private SuperLink on ``port``, ``flwr run --stream`` of the staged app, everything stopped by PID."""
+    write_flower_config(flwr_home, f"127.0.0.1:{port}")
+    if ray_address:  # attach the simulation runtime to an existing (multi-node) Ray cluster
+        os.environ.update(simulation_backend(num_cpus, num_gpus, ray_address)[1])
+    procs = Processes()
+    watchdog = None
+    staged: Path | None = None
+    with signals_as_interrupt():
+        try:
+            superlink = procs.add(start_superlink(flwr_home, port))
+            watchdog = start_watchdog(superlink)  # stops the SuperLink's tree if this process is killed
+            wait_http_health(port, proc=superlink)
+            cpus = int(num_cpus) if float(num_cpus).is_integer() else num_cpus
+            federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} "
+                          f"client-resources-num-gpus={num_gpus} init-args-logging-level=\"ERROR\"")
+            staged = stage_app(app, flwr_home / "staged")  # what `flwr run` packs, without walking .venv (5 s)
+            cmd = [venv_bin("flwr"), "run", str(staged), CONNECTION, "--stream",
+                   "--run-config", to_toml_assignments(overrides), "--federation-config", federation]
+            print(f"[dpfl] SuperLink pid {superlink.pid} on 127.0.0.1:{port} (FLWR_HOME {flwr_home}); running: "
+                  f"flwr run {app.name} {CONNECTION}", flush=True)
+            flwr = procs.add(subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=str(app), start_new_session=True,
+                                              preexec_fn=parent_death_preexec()))  # own group: stopped by PID
+            procs.watch()
+            code, server_died = wait_for_run(flwr, procs, timeout)
+            if server_died is not None:
+                print(f"[dpfl] the ServerApp process {server_died} died while `flwr run` was still waiting; stopping "
+                      "the run", file=sys.stderr, flush=True)
+            elif code != 0:
+                raise RuntimeError(f"flwr run exited with code {code}")
+        finally:
+            leftovers = procs.stop_all()
+            if staged is not None and staged != app:
+                shutil.rmtree(staged, ignore_errors=True)
+            if watchdog is not None:
+                _stop_watchdog(watchdog)
+            if leftovers:
+                print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
+
+
+#: command-line markers of the process that runs the ServerApp (simulation runtime, or a deployed ServerApp)
+SERVER_APP_MARKERS = ("flwr-simulation", "flwr-serverapp")
+
+
+def wait_for_run(flwr: subprocess.Popen, procs: Processes, timeout: float | None, grace: float = 5.0,
+                 poll: float = 0.5) -> tuple[int | None, int | None]:
+    """Wait for ``flwr run``; (exit code, None) when it ends, (None, pid) when the ServerApp process died
+    and ``flwr run`` did not end within ``grace`` seconds after it (Flower itself notices only ~45 s later)."""
+    import psutil
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    server: dict[int, psutil.Process] = {}
+    died_at: float | None = None
+    while True:
+        code = flwr.poll()
+        if code is not None:
+            return code, None
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"flwr run did not finish within {timeout:.0f}s")
+        for pid, p in list(procs.seen.items()):
+            if pid not in server and any(m in _cmdline(p) for m in SERVER_APP_MARKERS):
+                server[pid] = p
+        alive = [p for p in server.values() if _running(p)]
+        if server and not alive:
+            died_at = died_at or time.monotonic()
+            if time.monotonic() - died_at > grace:
+                return None, next(iter(server))
+        else:
+            died_at = None
+        time.sleep(poll)
+
+
+def _cmdline(p) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except Exception:  # noqa: BLE001 — psutil.Error: gone or inaccessible
+        return ""
+
+
+def _running(p) -> bool:
+    import psutil
+
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _stop_watchdog(proc: subprocess.Popen) -> None:
+    """The watchdog exits by itself once the tree is gone; make sure it does, by PID."""
+    try:
+        proc.wait(timeout=3)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-supernodes", type=int, default=20)
+    parser.add_argument("--run-config", default=None, help="TOML assignments, e.g. \"strategy='fedavg' seed=1\"")
+    parser.add_argument("--app", type=Path, default=PROJECT_ROOT)
+    parser.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per simulated client")
+    parser.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per simulated client (fractional ok)")
+    parser.add_argument("--ray-address", default="", help="attach to an existing Ray cluster: auto, host:port, ray://host:port")
+    parser.add_argument("--engine", default="superlink", choices=ENGINES,
+                        help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
+                             "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
+                             "SuperLink, SuperExec and `flwr run`: 1.30 vs 1.62 GB peak on the pfl-research task "
+                             "(docs/benchmarks.md)")
+    parser.add_argument("--plan", action="store_true",
+                        help="validate and build everything, print the privacy plan (mechanism, σ, q, rounds, planned "
+                             "epsilon_vs_server / epsilon_vs_release per client) and start nothing")
+    args = parser.parse_args(argv)
+    if args.plan:
+        try:
+            print(json.dumps(plan(args.num_supernodes, args.run_config, args.app), indent=1, ensure_ascii=False))
+        except ConfigError as exc:
+            print(f"[dpfl] configuration error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    try:
+        run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+                      ray_address=args.ray_address, engine=args.engine)
+    except ConfigError as exc:
+        print(f"[dpfl] configuration error: {exc}", file=sys.stderr)
+        return 2
+    except (RuntimeError, TimeoutError, FileNotFoundError) as exc:
+        print(f"[dpfl] run failed: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Interrupted) else 2
+        print(f"[dpfl] interrupted by signal {signum}; every process it started was stopped", file=sys.stderr)
+        return 128 + signum
+    text = (run_dir / "summary.json").read_text(encoding="utf-8")
+    summary = json.loads(text)
+    print(f"[dpfl] results: {run_dir}\n[dpfl] summary.json:\n{text}")
+    print(f"[dpfl] {summary.get('rounds_trained')} of {summary.get('rounds_completed')} rounds trained"
+          + (f", {len(summary['rounds_refused_by_budget'])} refused by the privacy budget"
+             if summary.get("rounds_refused_by_budget") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

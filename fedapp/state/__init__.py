@@ -1,0 +1,1 @@
+"""What a run persists: the results folder, checkpoints, client state, lifetime budgets, the per-machine cache."""

@@ -1,0 +1,187 @@
+"""A per-user, per-machine cache shared by every process of a run (server, Ray actors, SuperNodes).
+
+Start-up cost of a federation is dominated by work every process repeats: decoding a dataset and
+calibrating each client's noise with the accountant. This cache keeps both across processes and runs:
+
+* **datasets** — decoded, normalized arrays as ``.npy`` files, opened memory-mapped copy-on-write,
+  so every process of a simulation shares one copy in the page cache (memory) and none decodes
+  the source files again (time). Keyed by the source files' names, sizes and modification times.
+* **calibrations** — the noise multiplier found for a (ε, δ, q, steps, accountant) target. A
+  cached value is only a *starting point*: the caller re-checks it with the accountant before
+  using it (:func:`fedapp.clients.dpsgd` does), so a stale or tampered cache can cost utility,
+  never privacy.
+* **grad-sample modes** — the fastest Opacus mode measured for a model, batch and device
+  (:mod:`fedapp.clients.grad_sample_mode`).
+
+Location: ``$DPFL_CACHE_DIR``, else ``$XDG_CACHE_HOME/dpfl-flower``, else ``~/.cache/dpfl-flower``;
+``DPFL_CACHE_DIR=off`` disables it. Every write goes to a temporary file that is renamed into
+place, so a reader never sees a half-written entry and concurrent writers cannot corrupt one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import numpy as np
+
+DISABLED = "off"
+
+
+def cache_dir() -> Path | None:
+    """The cache folder (created on demand), or None when disabled or not writable."""
+    env = os.environ.get("DPFL_CACHE_DIR", "")
+    if env == DISABLED:
+        return None
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dpfl-flower"
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return base if os.access(base, os.W_OK) else None
+
+
+@functools.cache
+def library_versions(*packages: str) -> str:
+    """``name=version`` of each installed package (``-`` when absent): part of a cache key whenever those
+    packages produce what is cached, so an upgrade rebuilds it instead of reusing another version's output."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for name in packages:
+        try:
+            out.append(f"{name}={version(name)}")
+        except PackageNotFoundError:
+            out.append(f"{name}=-")
+    return ",".join(out)
+
+
+def fingerprint(files: Iterable[Path], *extra: object) -> str:
+    """A short hash of the files' resolved paths, sizes and mtimes plus ``extra`` (e.g. a format version)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(p).resolve() for p in files):
+        st = f.stat()
+        h.update(f"{f}|{st.st_size}|{st.st_mtime_ns}\n".encode())
+    h.update(repr(extra).encode())
+    return h.hexdigest()[:20]
+
+
+def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def cached_arrays(key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays ``build()`` returns, memory-mapped from the cache when present (built and stored once).
+
+    Arrays come back copy-on-write (writable, shared until written). Without a cache, ``build()``."""
+    base = cache_dir()
+    if base is None:
+        return build()
+    folder = base / "datasets" / key
+    done = folder / "complete.json"
+    if done.is_file():
+        try:
+            names = json.loads(done.read_text())["arrays"]
+            return {n: np.load(folder / f"{n}.npy", mmap_mode="c") for n in names}
+        except (OSError, ValueError, KeyError):
+            pass  # unreadable entry: rebuild it
+    arrays = build()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, arr in arrays.items():
+            _atomic_write(folder / f"{name}.npy", lambda tmp, a=arr: _save_npy(tmp, a))
+        _atomic_write(done, lambda tmp: Path(tmp).write_text(json.dumps({"arrays": sorted(arrays)})))
+    except OSError:
+        return arrays
+    return {n: np.load(folder / f"{n}.npy", mmap_mode="c") for n in arrays}
+
+
+def release_mapped_pages(*arrays: np.ndarray) -> None:
+    """Unmap the pages of memory-mapped cache arrays that this process has read (``madvise(MADV_DONTNEED)``).
+
+    A copy-on-write mapping keeps every page a process has touched mapped into it for as long as the array
+    lives: an actor that trained every client of a run ends up mapping the whole training pool (188 MB for
+    MNIST), in every actor. After a client's rows are copied out the pool's pages are not needed by this
+    process; dropped, they stay in the kernel's page cache (shared, reclaimable; the next client's rows come
+    back from it without a disk read) instead of the actor's resident set.
+
+    Dropping a written copy-on-write page would discard the write, so only read-only arrays are released
+    (:func:`fedapp.data.datasets.load_dataset` hands out read-only pools); writable or not memory-mapped arrays are
+    left alone."""
+    import mmap
+
+    if not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    for arr in arrays:
+        mapping = getattr(arr, "_mmap", None)
+        if not arr.flags.writeable and isinstance(mapping, mmap.mmap) and not mapping.closed:
+            mapping.madvise(mmap.MADV_DONTNEED)
+
+
+def _save_npy(path: str, arr: np.ndarray) -> None:
+    with open(path, "wb") as fh:
+        np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
+
+
+def _entry_path(base: Path, namespace: str, fields: dict[str, object]) -> Path:
+    key = hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
+    return base / namespace / f"{key}.json"
+
+
+def lookup(namespace: str, fields: dict[str, object]) -> object | None:
+    """The value stored under exactly ``fields`` in ``namespace``, or None (absent, unreadable, disabled)."""
+    base = cache_dir()
+    if base is None:
+        return None
+    try:
+        entry = json.loads(_entry_path(base, namespace, fields).read_text())
+    except (OSError, ValueError):
+        return None
+    return entry.get("value") if isinstance(entry, dict) and entry.get("fields") == fields else None
+
+
+def store(namespace: str, fields: dict[str, object], value: object) -> None:
+    """Store a JSON-serializable ``value`` under ``fields`` (atomically; silently skipped when disabled)."""
+    base = cache_dir()
+    if base is None:
+        return
+    path = _entry_path(base, namespace, fields)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"fields": fields, "value": value})
+        _atomic_write(path, lambda tmp: Path(tmp).write_text(payload))
+    except OSError:
+        pass
+
+
+def calibrated_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int, kind: str) -> float:
+    """:func:`strategies.privacy.calibration.calibrate_noise_multiplier` through the shared cache.
+
+    A cached z is used only when the accountant confirms that ``steps`` steps at (z, q) spend at most
+    ``epsilon`` (one evaluation, whose per-(z, q) result the first round reuses anyway); otherwise z is
+    calibrated afresh and stored."""
+    from strategies.privacy.accountants import accountant_versions, epsilon_of
+    from strategies.privacy.budget import exceeds_budget
+    from strategies.privacy.calibration import calibrate_noise_multiplier
+
+    fields = {"epsilon": float(epsilon), "delta": float(delta), "sample_rate": float(sample_rate),
+              "steps": int(steps), "accountant": str(kind), "libraries": accountant_versions()}
+    cached = lookup("calibrations", fields)
+    z = float(cached) if isinstance(cached, (int, float)) and not isinstance(cached, bool) and cached > 0 else None
+    if z is not None and not exceeds_budget(epsilon_of([(z, sample_rate, steps)], delta, kind), epsilon):
+        return z
+    z = calibrate_noise_multiplier(epsilon, delta, sample_rate, steps, kind=kind)
+    store("calibrations", fields, z)
+    return z
