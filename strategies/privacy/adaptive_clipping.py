@@ -1,0 +1,107 @@
+"""Adaptive clipping: the clip norm follows a target quantile of the update norms (Andrew et al., NeurIPS 2021,
+"Differentially Private Learning with Adaptive Clipping", Alg. 1 and Sec. 3).
+
+Round t: each of the clients clips its update to C_t and reports the bit b_i = 1[‖Δ_i‖ ≤ C_t]. The server forms
+the noisy fraction b̄ = (Σ (b_i − ½) + N(0, σ_b²)) / r + ½, r the *expected* number of clients (Sec. 3; centring
+the bits gives the sum sensitivity ½, the source of the 2 in Thm 1), and updates geometrically
+C_{t+1} = C_t · exp(−η_C (b̄ − γ)). Under secure aggregation each client appends b_i − ½ to its
+secure-summed vector as one extra coordinate and adds N(0, σ_b²/r) to it, as it adds N(0, (z_Δ C_t)²/r) to the
+update, so the sum carries both noises and no single bit is seen. By Thm 1 the pair (noisy update sum with
+multiplier z_Δ, noisy count with σ_b) is one Gaussian mechanism with multiplier z, z⁻² = z_Δ⁻² + (2σ_b)⁻²:
+:func:`update_noise_multiplier` gives z_Δ for a target z.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class AdaptiveClipConfig:
+    """γ = ``target_quantile`` ∈ (0, 1), η_C = ``learning_rate`` > 0, σ_b = ``count_noise_std`` > 0 (std of the
+    noise on the centred bit sum), C_0 = ``initial_clip`` > 0."""
+
+    target_quantile: float
+    learning_rate: float
+    count_noise_std: float
+    initial_clip: float
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target_quantile < 1:
+            raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile}")
+        for name in ("learning_rate", "count_noise_std", "initial_clip"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number > 0, got {value}")
+
+
+def unclipped_bits(norms: FloatArray, clip: float) -> FloatArray:
+    """b_i = 1[‖Δ_i‖ ≤ C] as floats."""
+    if not (clip > 0 and math.isfinite(clip)):
+        raise ValueError(f"clip must be a finite number > 0, got {clip}")
+    values = np.asarray(norms, dtype=np.float64)
+    if values.ndim != 1 or not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise ValueError(f"norms must be a 1-D array of finite numbers >= 0, got {norms}")
+    return (values <= clip).astype(np.float64)
+
+
+def noisy_unclipped_fraction(bits: FloatArray, expected_clients: float, count_noise: float) -> float:
+    """b̄ = (Σ (b_i − ½) + ``count_noise``) / r + ½, with r = ``expected_clients`` and ``count_noise`` the drawn
+    N(0, σ_b²) sample (0 for the non-private estimate)."""
+    if not (expected_clients > 0 and math.isfinite(expected_clients)):
+        raise ValueError(f"expected_clients must be a finite number > 0, got {expected_clients}")
+    if not math.isfinite(count_noise):
+        raise ValueError(f"count_noise must be finite, got {count_noise}")
+    b = np.asarray(bits, dtype=np.float64)
+    if b.ndim != 1 or not np.all((b == 0) | (b == 1)):
+        raise ValueError(f"bits must be a 1-D array of zeros and ones, got {bits}")
+    return float(np.sum(b - 0.5) + count_noise) / expected_clients + 0.5
+
+
+def geometric_clip_update(clip: float, fraction: float, target_quantile: float, learning_rate: float) -> float:
+    """C_{t+1} = C_t · exp(−η_C (b̄ − γ)) (Andrew et al. 2021, Alg. 1, geometric update)."""
+    if not (clip > 0 and math.isfinite(clip)):
+        raise ValueError(f"clip must be a finite number > 0, got {clip}")
+    if not math.isfinite(fraction):
+        raise ValueError(f"fraction must be finite, got {fraction}")
+    if not 0 < target_quantile < 1:
+        raise ValueError(f"target_quantile must be in (0, 1), got {target_quantile}")
+    if not (learning_rate > 0 and math.isfinite(learning_rate)):
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate}")
+    return clip * math.exp(-learning_rate * (fraction - target_quantile))
+
+
+def update_noise_multiplier(noise_multiplier: float, count_noise_std: float) -> float:
+    """z_Δ = (z⁻² − (2σ_b)⁻²)^(−½): the update-sum multiplier that, with count noise σ_b, spends what one Gaussian
+    mechanism with multiplier z spends (Andrew et al. 2021, Thm 1). Needs σ_b > z/2."""
+    if not (noise_multiplier > 0 and math.isfinite(noise_multiplier)):
+        raise ValueError(f"noise_multiplier must be a finite number > 0, got {noise_multiplier}")
+    if not (count_noise_std > 0 and math.isfinite(count_noise_std)):
+        raise ValueError(f"count_noise_std must be a finite number > 0, got {count_noise_std}")
+    if count_noise_std <= noise_multiplier / 2:
+        raise ValueError(f"count_noise_std {count_noise_std} must exceed noise_multiplier/2 = "
+                         f"{noise_multiplier / 2}: the count alone would spend the whole budget of z = "
+                         f"{noise_multiplier}")
+    return float((noise_multiplier**-2 - (2.0 * count_noise_std) ** -2) ** -0.5)
+
+
+class AdaptiveClip:
+    """The clip-norm state of Alg. 1: :meth:`step` takes a round's update norms (before clipping), draws the count
+    noise from ``rng`` and returns C_{t+1}; :attr:`clip` is the norm to use for the round."""
+
+    def __init__(self, config: AdaptiveClipConfig) -> None:
+        self.config = config
+        self.clip = config.initial_clip
+
+    def step(self, norms: FloatArray, expected_clients: float, rng: np.random.Generator) -> float:
+        cfg = self.config
+        noise = float(rng.normal(0.0, cfg.count_noise_std))
+        fraction = noisy_unclipped_fraction(unclipped_bits(norms, self.clip), expected_clients, noise)
+        self.clip = geometric_clip_update(self.clip, fraction, cfg.target_quantile, cfg.learning_rate)
+        return self.clip
