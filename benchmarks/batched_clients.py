@@ -38,7 +38,7 @@ def cohort(num_clients: int, samples: int):
     sizes = sample_batch_sizes([16, 32, 64, 128], num_clients, 1)
     clients = []
     for cid in range(num_clients):
-        train = load_client_data(cfg, cid, num_clients)[0]
+        train = load_client_data(cfg.data, cfg.general.seed, cid, num_clients)[0]
         clients.append((train, int(min(sizes[cid], len(train)))))
     return make_model(cfg, clients[0][0]), clients, cfg["dataset"]
 

@@ -89,10 +89,10 @@ def export_inputs(folder: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     from fedapp.run.processes import pyproject_run_config
 
     cfg = resolve_config({**pyproject_run_config(REPO), **overrides, "num-clients": NUM_CLIENTS})
-    pool = training_pool(cfg)
+    pool = training_pool(cfg.data, cfg.general.seed)
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     seed, frac = int(cfg["seed"]), float(cfg["local-test-fraction"])
-    parts = client_partition_indices(cfg, NUM_CLIENTS)
+    parts = client_partition_indices(cfg.data, cfg.general.seed, NUM_CLIENTS)
     train_idx = {f"client_{i}": train_test_split_local(p, frac, seed, i)[0] for i, p in enumerate(parts)}
     folder.mkdir(parents=True, exist_ok=True)
     np.save(folder / "train_x.npy", pool.x)

@@ -78,8 +78,8 @@ class Task:
             "strategy": "soteriafl-sgd", "privacy-dist": "fixed", "delta": 1e-3})
         self.clip = float(spec["clip-norm"])
         self.sgd_batch = int(spec["sgd_batch"])
-        self.clients = [load_client_data(self.cfg, i, n)[0] for i in range(n)]
-        pool = training_pool(self.cfg)
+        self.clients = [load_client_data(self.cfg.data, self.cfg.general.seed, i, n)[0] for i in range(n)]
+        pool = training_pool(self.cfg.data, self.cfg.general.seed)
         self.model = make_model(self.cfg, pool)
         self.x0 = np.concatenate([w.ravel().astype(np.float64) for w in get_weights(self.model)])
         self.shapes = [w.shape for w in get_weights(self.model)]

@@ -38,7 +38,8 @@ class StrategySpec:
 
 def _resolve(path: str) -> Callable[..., Any]:
     module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
+    factory: Callable[..., Any] = getattr(importlib.import_module(module), attr)
+    return factory
 
 
 _SPECS: list[StrategySpec] = [

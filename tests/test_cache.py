@@ -107,12 +107,12 @@ def test_partitions_are_computed_once_and_read_back_without_flwr_datasets(cache_
 
     cfg = resolve_config({"partitioner": "dirichlet", "dirichlet-alpha": 0.5, "seed": 3})
     _partitions.cache_clear()
-    first = client_partition_indices(cfg, 6)
+    first = client_partition_indices(cfg.data, cfg.general.seed, 6)
     assert sorted(np.concatenate(first).tolist()) == sorted(set(np.concatenate(first).tolist()))  # disjoint
     assert len(list((cache_root / "datasets").glob("partition-*"))) == 1
     code = ("import sys; from fedapp.data.client_data import client_partition_indices; from fedapp.config import "
             "resolve_config; cfg = resolve_config({'partitioner': 'dirichlet', 'dirichlet-alpha': 0.5, 'seed': 3}); "
-            "parts = client_partition_indices(cfg, 6); assert 'flwr_datasets' not in sys.modules; "
+            "parts = client_partition_indices(cfg.data, cfg.general.seed, 6); assert 'flwr_datasets' not in sys.modules; "
             "print(','.join(str(int(p.sum())) for p in parts))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ",".join(str(int(p.sum())) for p in first)
@@ -144,7 +144,7 @@ def test_client_data_is_a_writable_copy_of_a_read_only_pool(cache_root):
     cfg = resolve_config({"dataset": "digits", "num-clients": 4})
     train, _ = load_dataset("digits")
     assert not train.x.flags.writeable and not train.y.flags.writeable
-    local_train, _, _ = load_client_data(cfg, 1, 4)
+    local_train, _, _ = load_client_data(cfg.data, cfg.general.seed, 1, 4)
     assert local_train.x.flags.writeable and len(local_train) > 0  # the client's own copy
 
 

@@ -119,12 +119,13 @@ def test_local_train_runs_exact_steps_and_is_seeded():
 
 def test_public_set_is_held_out_of_every_client():
     cfg = resolve_config({}, {**BASE, "public-samples": 100})
-    full = training_pool(resolve_config({}, BASE))
-    assert len(public_dataset(cfg)) == 100 and len(training_pool(cfg)) == len(full) - 100
+    base = resolve_config({}, BASE)
+    full = training_pool(base.data, base.general.seed)
+    assert len(public_dataset(cfg.data, cfg.general.seed)) == 100 and len(training_pool(cfg.data, cfg.general.seed)) == len(full) - 100
     pub, rest = _public_split(len(full), 100, int(cfg["seed"]))
     assert not set(pub) & set(rest) and len(pub) + len(rest) == len(full)
-    np.testing.assert_array_equal(public_dataset(cfg).x, full.x[pub])
-    np.testing.assert_array_equal(training_pool(cfg).x, full.x[rest])
+    np.testing.assert_array_equal(public_dataset(cfg.data, cfg.general.seed).x, full.x[pub])
+    np.testing.assert_array_equal(training_pool(cfg.data, cfg.general.seed).x, full.x[rest])
 
 
 @pytest.mark.parametrize("key,value", [("compression-ratio", 0.0), ("compression-ratio", 1.5), ("client-delta", 1.0),

@@ -74,7 +74,7 @@ def test_default_batch_sizes_fit_sixty_clients_on_digits() -> None:
 
     cfg = resolve_config(overrides={"num-clients": 60})
     make_prevalidate(cfg)(60)  # the pre-round checks pass
-    sizes = client_train_sizes(cfg, 60)
+    sizes = client_train_sizes(cfg.data, cfg.general.seed, 60)
     batches = [p.batch_size for p in federation_profiles(cfg, 60)]
     assert all(b <= n for b, n in zip(batches, sizes)) and min(sizes) < 32  # the cap was needed
     assert federation_profiles(resolve_config(), 3)[0].batch_size in (8, 16, 24, 32)  # small federations: as drawn

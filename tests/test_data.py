@@ -170,5 +170,5 @@ def test_hf_dataset_in_the_run_config_partitions_like_any_other(tmp_path):
         resolve_config(overrides={"dataset": f"hf:{folder}"})
     cfg = resolve_config(overrides={"dataset": f"hf:{folder}", "model": "cnn-digits", "partitioner": "pathological",
                                     "classes-per-client": 1, "local-test-fraction": 0.0})
-    train, _, _ = load_client_data(cfg, 0, 3)
+    train, _, _ = load_client_data(cfg.data, cfg.general.seed, 0, 3)
     assert len(np.unique(train.y)) == 1 and len(train) == 20

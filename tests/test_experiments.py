@@ -228,15 +228,16 @@ def test_validation_split_is_disjoint_and_counted_in_n_i():
     )
 
     cfg = resolve_config(None, {"validation-fraction": 0.25, "local-test-fraction": 0.2, "max-samples": 400})
-    sizes = client_train_sizes(cfg, 3)
-    plain = client_train_sizes(resolve_config(None, {"local-test-fraction": 0.2, "max-samples": 400}), 3)
-    for cid, part in enumerate(client_partition_indices(cfg, 3)):
+    sizes = client_train_sizes(cfg.data, cfg.general.seed, 3)
+    plain_cfg = resolve_config(None, {"local-test-fraction": 0.2, "max-samples": 400})
+    plain = client_train_sizes(plain_cfg.data, plain_cfg.general.seed, 3)
+    for cid, part in enumerate(client_partition_indices(cfg.data, cfg.general.seed, 3)):
         train, val, test = split_client_indices(part, 0.2, 0.25, int(cfg["seed"]), cid)
         assert not set(train) & set(val) and not set(train) & set(test) and not set(val) & set(test)
         assert sorted([*train, *val, *test]) == sorted(part)
         assert len(val) == round(0.25 * (len(part) - len(test))) and sizes[cid] == len(train)
         assert plain[cid] == len(train) + len(val)  # without a validation split the clients train on it
-        tr, va, te = load_client_data(cfg, cid, 3)
+        tr, va, te = load_client_data(cfg.data, cfg.general.seed, cid, 3)
         assert (len(tr), len(va), len(te)) == (len(train), len(val), len(test))
 
 

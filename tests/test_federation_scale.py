@@ -25,7 +25,7 @@ def test_federation_profiles_split_each_partition_once(monkeypatch: pytest.Monke
     _epsilon_draws.cache_clear()
     profiles = federation_profiles(cfg, n)
     assert len(profiles) == n and calls["split"] == n  # was n * n
-    sizes = client_data.client_train_sizes(cfg, n)
+    sizes = client_data.client_train_sizes(cfg.data, cfg.general.seed, n)
     assert all(p.batch_size <= sizes[p.client_id] for p in profiles)
     assert [p.epsilon for p in profiles] == list(sample_epsilons("dist2", n, 5, float(cfg["epsilon-floor"])))
 

@@ -12,7 +12,7 @@ Server builders have signature ``(cfg, StrategyContext) -> Strategy``; client bu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from strategies.soteriafl import SAGA_TABLE_LIMIT_BYTES, GradientOracle, Soteria
 
 
 # ----------------------------------------------------------------------------- shared arguments
-def common_kwargs(cfg: Mapping[str, Any], ctx: StrategyContext) -> dict[str, Any]:
+def common_kwargs(cfg: RunConfig, ctx: StrategyContext) -> dict[str, Any]:
     """Constructor arguments of :class:`strategies.base.DPFLStrategy` from the run-config.
 
     Client sampling is secret unless ``seeded-noise`` makes the whole run reproducible (and voids
@@ -46,23 +46,23 @@ def common_kwargs(cfg: Mapping[str, Any], ctx: StrategyContext) -> dict[str, Any
     """
     return {
         "initial_weights": ctx.initial_weights,
-        "num_rounds": int(cfg["num-server-rounds"]),
-        "seed": int(cfg["seed"]),
-        "clients_per_round": int(cfg["clients-per-round"]),
-        "min_available_clients": int(cfg["min-available-clients"]),
-        "fraction_evaluate": float(cfg["fraction-evaluate"]),
-        "server_lr": float(cfg["server-lr"]),
+        "num_rounds": cfg.general.num_server_rounds,
+        "seed": cfg.general.seed,
+        "clients_per_round": cfg.general.clients_per_round,
+        "min_available_clients": cfg.general.min_available_clients,
+        "fraction_evaluate": cfg.general.fraction_evaluate,
+        "server_lr": cfg.general.server_lr,
         "evaluate_fn": ctx.evaluate_fn,
         "recorder": ctx.recorder,
         "prevalidate": _with_dataset_sizes(cfg, ctx.prevalidate),
-        "secret_sampling": not bool(cfg["seeded-noise"]),
-        "accountant": str(cfg["accountant"]),
-        "strike_limit": int(cfg["strike-limit"]),
-        "robust_norm_factor": float(cfg["robust-norm-factor"]),
+        "secret_sampling": not cfg.general.seeded_noise,
+        "accountant": cfg.training.accountant,
+        "strike_limit": cfg.deployment.strike_limit,
+        "robust_norm_factor": cfg.deployment.robust_norm_factor,
     }
 
 
-def _with_dataset_sizes(cfg: Mapping[str, Any], outer: Callable[[int], None] | None) -> Callable[[int], None]:
+def _with_dataset_sizes(cfg: RunConfig, outer: Callable[[int], None] | None) -> Callable[[int], None]:
     """The strategy's pre-round-1 check, extended to give its validator every client's dataset size."""
     holder: dict[str, Any] = {}
 
@@ -70,8 +70,8 @@ def _with_dataset_sizes(cfg: Mapping[str, Any], outer: Callable[[int], None] | N
         if outer is not None:
             outer(num_clients)
         strategy = holder.get("strategy")
-        if strategy is not None and cfg["dataset"]:
-            sizes = client_train_sizes(cfg, num_clients)  # type: ignore[arg-type]
+        if strategy is not None and cfg.data.dataset:
+            sizes = client_train_sizes(cfg.data, cfg.general.seed, num_clients)
             strategy.validator.max_examples = dict(enumerate(sizes))
 
     prevalidate.holder = holder  # type: ignore[attr-defined]
@@ -87,123 +87,123 @@ def _bind(strategy: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- foundation, Robust-HDP
-def build_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> FedAvg:
+def build_fedavg(cfg: RunConfig, ctx: StrategyContext) -> FedAvg:
     return _bind(FedAvg(**common_kwargs(cfg, ctx)))
 
 
-def build_dpsgd_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> DPSGDFedAvg:
-    return _bind(DPSGDFedAvg(clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx)))
+def build_dpsgd_fedavg(cfg: RunConfig, ctx: StrategyContext) -> DPSGDFedAvg:
+    return _bind(DPSGDFedAvg(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx)))
 
 
-def rpca_options(cfg: Mapping[str, Any]) -> dict[str, Any]:
+def rpca_options(cfg: RunConfig) -> dict[str, Any]:
     """Solver options of :func:`strategies.rpca.rpca` from the run-config."""
-    return {"tol": float(cfg["rpca-tol"]), "max_iter": int(cfg["rpca-max-iter"]), "svd": str(cfg["rpca-svd"]),
-            "backend": str(cfg["rpca-backend"]), "device": str(cfg["rpca-device"]),
-            "dtype": np.float32 if cfg["rpca-float32"] else np.float64}
+    return {"tol": cfg.robust_hdp.rpca_tol, "max_iter": cfg.robust_hdp.rpca_max_iter, "svd": cfg.robust_hdp.rpca_svd,
+            "backend": cfg.robust_hdp.rpca_backend, "device": cfg.robust_hdp.rpca_device,
+            "dtype": np.float32 if cfg.robust_hdp.rpca_float32 else np.float64}
 
 
-def build_robust_hdp(cfg: Mapping[str, Any], ctx: StrategyContext) -> RobustHDP:
-    lr, decay = float(cfg["lr"]), float(cfg["lr-decay"])  # the server's η_t (round_lr), never the client's word
-    return _bind(RobustHDP(rpca_options=rpca_options(cfg), chunk_rows=int(cfg["rpca-chunk-rows"]),
-                           num_chunks=int(cfg["rpca-chunks"]), freeze_weights=bool(cfg["robust-hdp-freeze-weights"]),
-                           clip_norm=float(cfg["clip-norm"]), momentum=float(cfg["momentum"]),
+def build_robust_hdp(cfg: RunConfig, ctx: StrategyContext) -> RobustHDP:
+    lr, decay = cfg.training.lr, cfg.training.lr_decay  # the server's η_t (round_lr), never the client's word
+    return _bind(RobustHDP(rpca_options=rpca_options(cfg), chunk_rows=cfg.robust_hdp.rpca_chunk_rows,
+                           num_chunks=cfg.robust_hdp.rpca_chunks, freeze_weights=cfg.robust_hdp.robust_hdp_freeze_weights,
+                           clip_norm=cfg.training.clip_norm, momentum=cfg.training.momentum,
                            lr_schedule=lambda rnd: lr * decay ** (rnd - 1), **common_kwargs(cfg, ctx)))
 
 
-def build_weiavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> WeiAvg:
-    return _bind(WeiAvg(clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx)))
+def build_weiavg(cfg: RunConfig, ctx: StrategyContext) -> WeiAvg:
+    return _bind(WeiAvg(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx)))
 
 
-def build_pfa(cfg: Mapping[str, Any], ctx: StrategyContext) -> PFA:
-    return _bind(PFA(components=int(cfg["pfa-components"]), clip_norm=float(cfg["clip-norm"]),
+def build_pfa(cfg: RunConfig, ctx: StrategyContext) -> PFA:
+    return _bind(PFA(components=cfg.robust_hdp.pfa_components, clip_norm=cfg.training.clip_norm,
                      **common_kwargs(cfg, ctx)))
 
 
-def build_min_eps(cfg: Mapping[str, Any], ctx: StrategyContext) -> MinEpsilon:
-    return _bind(MinEpsilon(clip_norm=float(cfg["clip-norm"]), **common_kwargs(cfg, ctx)))
+def build_min_eps(cfg: RunConfig, ctx: StrategyContext) -> MinEpsilon:
+    return _bind(MinEpsilon(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx)))
 
 
 # ----------------------------------------------------------------------------- Fed-SMP family
-def public_update_fn(cfg: Mapping[str, Any]) -> PublicUpdateFn:
+def public_update_fn(cfg: RunConfig) -> PublicUpdateFn:
     """Server-side τ_p momentum-SGD steps on D_p from θ_t (the clients' optimizer, Fed-SMP Sec. 6.2); returns Δ_p."""
-    if int(cfg["public-samples"]) <= 0:
-        raise ConfigError(f"strategy {cfg['strategy']!r} needs run-config 'public-samples' > 0 (the server's "
-                          f"public set D_p), got {cfg['public-samples']}")
-    public = public_dataset(cfg)  # type: ignore[arg-type]
-    batch = int(cfg["batch-size"]) or 10
+    if cfg.data.public_samples <= 0:
+        raise ConfigError(f"strategy {cfg.general.strategy!r} needs run-config 'public-samples' > 0 (the server's "
+                          f"public set D_p), got {cfg.data.public_samples}")
+    public = public_dataset(cfg.data, cfg.general.seed)
+    batch = cfg.training.batch_size or 10
     if batch > len(public):
         raise ConfigError(f"run-config 'public-samples' = {len(public)} is smaller than the batch size {batch}")
-    steps = int(cfg["public-steps"]) or local_steps(cfg, len(public), batch)  # type: ignore[arg-type]
-    model = make_model(cfg, public)  # type: ignore[arg-type]
-    device = resolve_device(cfg["device"])
+    steps = cfg.client_dp.public_steps or local_steps(cfg, len(public), batch)
+    model = make_model(cfg, public)
+    device = resolve_device(cfg.general.device)
 
     def update(weights: list[np.ndarray], server_round: int) -> np.ndarray:
         set_weights(model, weights)
-        local_train(model, public, LocalTraining(batch_size=batch, steps=steps, lr=round_lr(cfg, server_round),  # type: ignore[arg-type]
-                                                 momentum=float(cfg["momentum"]),
-                                                 seed=mask_seed(int(cfg["seed"]), server_round, 502)), device)
+        local_train(model, public, LocalTraining(batch_size=batch, steps=steps, lr=round_lr(cfg, server_round),
+                                                 momentum=cfg.training.momentum,
+                                                 seed=mask_seed(cfg.general.seed, server_round, 502)), device)
         return flatten(get_weights(model)) - flatten(weights)
 
     return update
 
 
-def _client_level_kwargs(cfg: Mapping[str, Any], ctx: StrategyContext, private: bool) -> dict[str, Any]:
+def _client_level_kwargs(cfg: RunConfig, ctx: StrategyContext, private: bool) -> dict[str, Any]:
     kwargs = common_kwargs(cfg, ctx)
-    kwargs["clip"] = float(cfg["clip-norm"])
+    kwargs["clip"] = cfg.training.clip_norm
     if private:
-        kwargs["mechanism_factory"] = lambda n: client_level_mechanism(cfg, int(cfg["num-clients"]) or n)
+        kwargs["mechanism_factory"] = lambda n: client_level_mechanism(cfg, cfg.general.num_clients or n)
         kwargs["secure_sum_factory"] = lambda dp, dim: secure_sum_mechanism(cfg, dp, dim)
     return kwargs
 
 
-def _fed_smp(cfg: Mapping[str, Any], ctx: StrategyContext, *, name: str, sparsifier: str,
+def _fed_smp(cfg: RunConfig, ctx: StrategyContext, *, name: str, sparsifier: str,
              private: bool) -> ClientLevelStrategy:
     strategy = ClientLevelStrategy(
-        sparsifier=sparsifier, compression_ratio=float(cfg["compression-ratio"]) if sparsifier != "none" else 1.0,
+        sparsifier=sparsifier, compression_ratio=cfg.client_dp.compression_ratio if sparsifier != "none" else 1.0,
         public_update_fn=public_update_fn(cfg) if sparsifier == "topk" else None,
         **_client_level_kwargs(cfg, ctx, private))
     strategy.name = name
     return _bind(strategy)
 
 
-def build_dp_fedavg(cfg: Mapping[str, Any], ctx: StrategyContext) -> ClientLevelStrategy:
+def build_dp_fedavg(cfg: RunConfig, ctx: StrategyContext) -> ClientLevelStrategy:
     return _fed_smp(cfg, ctx, name="dp-fedavg", sparsifier="none", private=True)
 
 
-def build_fed_smp_randk(cfg: Mapping[str, Any], ctx: StrategyContext) -> ClientLevelStrategy:
+def build_fed_smp_randk(cfg: RunConfig, ctx: StrategyContext) -> ClientLevelStrategy:
     return _fed_smp(cfg, ctx, name="fed-smp-randk", sparsifier="randk", private=True)
 
 
-def build_fed_smp_topk(cfg: Mapping[str, Any], ctx: StrategyContext) -> ClientLevelStrategy:
+def build_fed_smp_topk(cfg: RunConfig, ctx: StrategyContext) -> ClientLevelStrategy:
     return _fed_smp(cfg, ctx, name="fed-smp-topk", sparsifier="topk", private=True)
 
 
-def build_fedavg_randk(cfg: Mapping[str, Any], ctx: StrategyContext) -> ClientLevelStrategy:
+def build_fedavg_randk(cfg: RunConfig, ctx: StrategyContext) -> ClientLevelStrategy:
     return _fed_smp(cfg, ctx, name="fedavg-randk", sparsifier="randk", private=False)
 
 
-def build_fedavg_topk(cfg: Mapping[str, Any], ctx: StrategyContext) -> ClientLevelStrategy:
+def build_fedavg_topk(cfg: RunConfig, ctx: StrategyContext) -> ClientLevelStrategy:
     return _fed_smp(cfg, ctx, name="fedavg-topk", sparsifier="topk", private=False)
 
 
 # ----------------------------------------------------------------------------- SoteriaFL family
-def build_soteriafl(cfg: Mapping[str, Any], ctx: StrategyContext) -> SoteriaFLStrategy:
+def build_soteriafl(cfg: RunConfig, ctx: StrategyContext) -> SoteriaFLStrategy:
     """Every method of the family; the method is the run-config ``strategy``."""
-    method = get_method(str(cfg["strategy"]))
+    method = get_method(cfg.general.strategy)
     d = int(sum(np.asarray(w).size for w in ctx.initial_weights))
     k, _, gamma = soteriafl_params(cfg, d)
     oracle = None
-    if cfg.get("soteriafl-utility", True):
-        pool = training_pool(cfg)  # type: ignore[arg-type]
-        oracle = GradientOracle(make_model(cfg, pool), pool.x, pool.y,  # type: ignore[arg-type]
-                                device=resolve_device(cfg["device"]))
+    if cfg.soteriafl.soteriafl_utility:
+        pool = training_pool(cfg.data, cfg.general.seed)
+        oracle = GradientOracle(make_model(cfg, pool), pool.x, pool.y,
+                                device=resolve_device(cfg.general.device))
     outer = ctx.prevalidate
 
     def prevalidate(num_clients: int) -> None:
         if outer is not None:
             outer(num_clients)
-        b = int(cfg.get("soteriafl-batch-size", 0))
-        for cid, m in enumerate(client_train_sizes(cfg, num_clients)):  # type: ignore[arg-type]
+        b = cfg.soteriafl.soteriafl_batch_size
+        for cid, m in enumerate(client_train_sizes(cfg.data, cfg.general.seed, num_clients)):
             if b > m:
                 raise ConfigError(f"client {cid}: run-config 'soteriafl-batch-size' = {b} > its dataset size m = {m}")
             if method.estimator == "saga" and 4 * m * d > SAGA_TABLE_LIMIT_BYTES:
@@ -211,37 +211,37 @@ def build_soteriafl(cfg: Mapping[str, Any], ctx: StrategyContext) -> SoteriaFLSt
                                   f"{SAGA_TABLE_LIMIT_BYTES // 2**20} MiB; use soteriafl-svrg or fewer samples")
 
     kwargs = common_kwargs(cfg, dataclasses.replace(ctx, prevalidate=prevalidate))
-    return _bind(SoteriaFLStrategy(method=method, eta=float(cfg["soteriafl-eta"]), k=k, gamma=gamma,
-                                   clip=float(cfg["clip-norm"]), metrics_oracle=oracle, **kwargs))
+    return _bind(SoteriaFLStrategy(method=method, eta=cfg.soteriafl.soteriafl_eta, k=k, gamma=gamma,
+                                   clip=cfg.training.clip_norm, metrics_oracle=oracle, **kwargs))
 
 
 # ----------------------------------------------------------------------------- DP2-FedSAM family
-def build_dp2_variant(name: str, cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
+def build_dp2_variant(name: str, cfg: RunConfig, ctx: StrategyContext) -> DP2FedSAMStrategy:
     variant = get_variant(name)
     kwargs = _client_level_kwargs(cfg, ctx, private=True)
-    kwargs["initial_weights"] = shared_weights(cfg, ctx.initial_weights, variant.personalized)  # type: ignore[arg-type]
+    kwargs["initial_weights"] = shared_weights(cfg, ctx.initial_weights, variant.personalized)
     if variant.personalized:
         kwargs["evaluate_fn"] = None  # no global head: accuracy is the personalized client_accuracy
-    return _bind(DP2FedSAMStrategy(name=name, eval_every=int(cfg["dp2-eval-every"]), **kwargs))
+    return _bind(DP2FedSAMStrategy(name=name, eval_every=cfg.dp2_fedsam.dp2_eval_every, **kwargs))
 
 
-def build_dp2_fedsam(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
+def build_dp2_fedsam(cfg: RunConfig, ctx: StrategyContext) -> DP2FedSAMStrategy:
     return build_dp2_variant("dp2-fedsam", cfg, ctx)
 
 
-def build_centaur(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
+def build_centaur(cfg: RunConfig, ctx: StrategyContext) -> DP2FedSAMStrategy:
     return build_dp2_variant("centaur", cfg, ctx)
 
 
-def build_dp_fedsam(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
+def build_dp_fedsam(cfg: RunConfig, ctx: StrategyContext) -> DP2FedSAMStrategy:
     return build_dp2_variant("dp-fedsam", cfg, ctx)
 
 
-def build_dp_fedsam_ft(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
+def build_dp_fedsam_ft(cfg: RunConfig, ctx: StrategyContext) -> DP2FedSAMStrategy:
     return build_dp2_variant("dp-fedsam-ft", cfg, ctx)
 
 
-def build_dp_fedavg_ft(cfg: Mapping[str, Any], ctx: StrategyContext) -> DP2FedSAMStrategy:
+def build_dp_fedavg_ft(cfg: RunConfig, ctx: StrategyContext) -> DP2FedSAMStrategy:
     return build_dp2_variant("dp-fedavg-ft", cfg, ctx)
 
 
@@ -279,4 +279,4 @@ def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = N
 def make_dp2_fedsam_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Client of every DP2-FedSAM-family strategy; the variant comes from run-config ``strategy``."""
     cfg: RunConfig = resolve_config(context.run_config, overrides)
-    return DP2FedSAMClient(setup_client(context, overrides), context, get_variant(cfg["strategy"])).to_client()
+    return DP2FedSAMClient(setup_client(context, overrides), context, get_variant(cfg.general.strategy)).to_client()

@@ -23,10 +23,10 @@ def privacy_plan(cfg: RunConfig, num_clients: int, payload_dim: int | None = Non
     """The plan of ``cfg`` for a federation of ``num_clients`` (see the module docstring). ``payload_dim``: the length
     of a client's privatized vector, from the run's built strategy when there is one (the distributed discrete
     Gaussian is sized for it); without it, :func:`secure_payload_dim` builds a strategy to ask."""
-    spec = get_spec(cfg["strategy"])
+    spec = get_spec(cfg.general.strategy)
     plan: dict[str, Any] = {"strategy": spec.name, "threat_model": spec.privacy, "rounds": int(cfg.rounds),
                             "dp_rounds": int(cfg.dp_rounds), "clients": int(num_clients),
-                            "seeded_noise": bool(cfg["seeded-noise"])}
+                            "seeded_noise": cfg.general.seeded_noise}
     if spec.privacy.startswith("client-level"):
         plan.update(_client_level(cfg, num_clients, payload_dim))
     elif spec.privacy.startswith("record-level"):
@@ -49,11 +49,11 @@ def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | N
         from fedapp.clients.training import get_weights
         from fedapp.data.datasets import load_dataset
 
-        _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+        _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
         initial_weights = get_weights(make_model(cfg, test))
-    strategy = get_spec(cfg["strategy"]).strategy_factory()(cfg, StrategyContext(initial_weights=list(initial_weights)))
+    strategy = get_spec(cfg.general.strategy).strategy_factory()(cfg, StrategyContext(initial_weights=list(initial_weights)))
     if not isinstance(strategy, ClientLevelDPStrategy):
-        raise ConfigError(f"strategy {cfg['strategy']!r} sends no client-level DP payload to a secure sum")
+        raise ConfigError(f"strategy {cfg.general.strategy!r} sends no client-level DP payload to a secure sum")
     return strategy.payload_dim()
 
 
@@ -62,7 +62,7 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
     from strategies.privacy.accountants import epsilon_of
 
     dp = client_level_mechanism(cfg, n)
-    secagg = bool(cfg["secure-aggregation"])
+    secagg = cfg.client_dp.secure_aggregation
     mechanism: dict[str, Any] = {
         "name": "Gaussian on the sum of clipped client updates (each sampled client adds its share)",
         "secure_aggregation": "Flower SecAgg+" if secagg else "off: the server sees every update",
@@ -71,7 +71,7 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
         "budget_holds_against": dp.adversary,
     }
     ddg = secure_sum_mechanism(cfg, dp, payload_dim or secure_payload_dim(cfg)) if secagg and \
-        cfg["secagg-mechanism"] == "ddg" else None
+        cfg.client_dp.secagg_mechanism == "ddg" else None
     if ddg is not None:
         mechanism.update(
             name="distributed discrete Gaussian on the sum of clipped client updates (Kairouz, Liu, Steinke 2021): "
@@ -104,7 +104,7 @@ def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:
     from fedapp.privacy.profiles import dpsgd_sample_rate, federation_profiles, steps_per_epoch
 
     profiles = federation_profiles(cfg, n)
-    sizes = client_train_sizes(cfg, n)
+    sizes = client_train_sizes(cfg.data, cfg.general.seed, n)
     clients = []
     for p, n_i in zip(profiles, sizes):
         row: dict[str, Any] = {"client_id": p.client_id, "num_examples": int(n_i), "delta": p.delta,
@@ -116,6 +116,6 @@ def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:
         clients.append(row)
     return {"mechanism": {"name": "local DP-SGD / noisy local estimator on each client (noise added before "
                                   "anything leaves it); each client calibrates its own noise to its ε_i over "
-                                  "dp-rounds before round 1", "clip": float(cfg["clip-norm"]),
-                          "accountant": str(cfg["accountant"])},
+                                  "dp-rounds before round 1", "clip": cfg.training.clip_norm,
+                          "accountant": cfg.training.accountant},
             "per_client": clients}

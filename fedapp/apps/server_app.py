@@ -32,10 +32,10 @@ from strategies.client_level import ClientLevelDPStrategy
 
 def make_evaluate_fn(cfg: RunConfig):
     """Centralized evaluation of the global model on the dataset's held-out test split."""
-    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     model = make_model(cfg, test)
-    device = resolve_device(cfg["device"])
-    batch = int(cfg["eval-batch-size"])
+    device = resolve_device(cfg.general.device)
+    batch = cfg.general.eval_batch_size
 
     def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, dict[str, Any]]:
         set_weights(model, weights)
@@ -51,18 +51,18 @@ def make_prevalidate(cfg: RunConfig):
     """Checks every simulated client's profile against its data before round 1."""
 
     def prevalidate(num_clients: int) -> None:
-        if cfg["num-clients"] and cfg["num-clients"] != num_clients:
-            raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but {num_clients} clients connected")
-        sizes = client_train_sizes(cfg, num_clients)
+        if cfg.general.num_clients and cfg.general.num_clients != num_clients:
+            raise ConfigError(f"run-config 'num-clients' = {cfg.general.num_clients} but {num_clients} clients connected")
+        sizes = client_train_sizes(cfg.data, cfg.general.seed, num_clients)
         profiles = federation_profiles(cfg, num_clients)
         for profile, n_i in zip(profiles, sizes):
             if profile.batch_size > n_i:
                 raise ConfigError(f"client {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                                   f"N_i = {n_i}")
-        if get_spec(cfg["strategy"]).privacy.startswith("record-level"):
+        if get_spec(cfg.general.strategy).privacy.startswith("record-level"):
             check_record_delta(cfg, profiles, sizes)
-        elif get_spec(cfg["strategy"]).privacy.startswith("client-level"):
-            client_level_mechanism(cfg, int(cfg["num-clients"]) or num_clients)  # δ, σ calibration: fail early
+        elif get_spec(cfg.general.strategy).privacy.startswith("client-level"):
+            client_level_mechanism(cfg, cfg.general.num_clients or num_clients)  # δ, σ calibration: fail early
 
     return prevalidate
 
@@ -72,13 +72,13 @@ def _ledger_accountant(cfg: RunConfig, threat_model: str) -> str:
     from strategies.privacy.accountants import record_accountant
 
     if threat_model.startswith("record-level"):
-        return record_accountant(str(cfg["accountant"]), str(cfg["record-neighbours"]))
-    return str(cfg["accountant"])
+        return record_accountant(cfg.training.accountant, cfg.training.record_neighbours)
+    return cfg.training.accountant
 
 
 def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
     """What ``config.json`` says about the guarantee this run can claim."""
-    seeded = bool(cfg["seeded-noise"])
+    seeded = cfg.general.seeded_noise
     out: dict[str, Any] = {
         "threat_model": threat_model,
         "ledger": "server-side: the server composes every client's ε from mechanism parameters with the "
@@ -91,27 +91,27 @@ def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
     if threat_model.startswith("client-level"):
         out["secure_aggregation"] = (
             "SecAgg+ (Flower): the server sees only the sum of each round's updates; the budget and the headline "
-            "'epsilon' are the aggregate's" if cfg["secure-aggregation"] else
+            "'epsilon' are the aggregate's" if cfg.client_dp.secure_aggregation else
             "off: the server sees every update; σ is calibrated so one update meets the budget, and the headline "
             "'epsilon' is one update's ('epsilon_aggregate' is for observers of the sums and the final model)")
         out["budget_holds_against"] = (
             "the server that draws the sample (client-dp-adversary = server): no amplification by sampling; every "
             "round is charged at q = 1, which bounds each client's epsilon_vs_server; epsilon_vs_release reports the "
-            "amplified view" if cfg["client-dp-adversary"] == "server" else
+            "amplified view" if cfg.client_dp.client_dp_adversary == "server" else
             "observers of the released models only (client-dp-adversary = release): amplified by secret Poisson "
             "sampling at q = r/n; against the server itself see epsilon_vs_server, which this run does not bound")
     return out
 
 
 def build_components(cfg: RunConfig) -> ServerAppComponents:
-    spec = get_spec(cfg["strategy"])
-    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    spec = get_spec(cfg.general.strategy)
+    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     initial = get_weights(make_model(cfg, test))
     unused = unused_keys(cfg, spec.family)
     for key in unused:
         log(WARNING, "run-config %r = %r is not read by strategy %r (family %s); it has no effect", key, cfg[key],
             spec.name, spec.family)
-    recorder = ResultsWriter(cfg["output-dir"], dict(cfg), meta={
+    recorder = ResultsWriter(cfg.general.output_dir, dict(cfg), meta={
         "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
                      "description": spec.description},
         "privacy": privacy_meta(cfg, spec.privacy),
@@ -122,30 +122,30 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
                           prevalidate=make_prevalidate(cfg))
     strategy = spec.strategy_factory()(cfg, ctx)
-    if cfg["num-clients"]:  # config.json is written when the first round opens the run folder
+    if cfg.general.num_clients:  # config.json is written when the first round opens the run folder
         payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
-        recorder.meta["privacy_plan"] = privacy_plan(cfg, int(cfg["num-clients"]), payload_dim)
+        recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
     check_fault_config(cfg)
     remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults
     return ServerAppComponents(strategy=strategy, config=ServerConfig(
-        num_rounds=remaining, round_timeout=float(cfg["round-timeout"]) or None))
+        num_rounds=remaining, round_timeout=cfg.deployment.round_timeout or None))
 
 
 def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
     """Build everything a run builds — strategy, mechanism, resume state, one client — without starting a
     process or writing a file, so every configuration error surfaces before anything starts. Returns the
     keys the strategy does not read."""
-    if cfg["min-available-clients"] > num_clients:
-        raise ConfigError(f"run-config 'min-available-clients' = {cfg['min-available-clients']} but only {num_clients} "
+    if cfg.general.min_available_clients > num_clients:
+        raise ConfigError(f"run-config 'min-available-clients' = {cfg.general.min_available_clients} but only {num_clients} "
                           "clients will connect: the server would wait for them forever")
-    if cfg["num-clients"] and cfg["num-clients"] != num_clients:
-        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but {num_clients} clients will connect")
-    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    if cfg.general.num_clients and cfg.general.num_clients != num_clients:
+        raise ConfigError(f"run-config 'num-clients' = {cfg.general.num_clients} but {num_clients} clients will connect")
+    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     model = make_model(cfg, test)
     try:
         model.eval()(torch.from_numpy(test.x[:2].copy()))  # a copy: the pool is read-only
     except Exception as exc:  # noqa: BLE001 — any shape/dtype mismatch of model and data
-        raise ConfigError(f"run-config 'model' = {cfg['model']!r} does not fit dataset {cfg['dataset']!r} "
+        raise ConfigError(f"run-config 'model' = {cfg.general.model!r} does not fit dataset {cfg.data.dataset!r} "
                           f"(inputs {tuple(test.x.shape[1:])}): {type(exc).__name__}: {exc}") from None
     components = build_components(cfg)
     strategy = components.strategy
@@ -153,11 +153,11 @@ def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
         strategy.prevalidate(num_clients)
     setup = getattr(strategy, "setup_privacy", None)
     if callable(setup):
-        setup(int(cfg["num-clients"]) or num_clients)
+        setup(cfg.general.num_clients or num_clients)
     node = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-partitions": num_clients},
                    state=RecordDict(), run_config={})
-    get_spec(cfg["strategy"]).client_factory()(node, dict(cfg))  # the client side builds too (model, data, head)
-    return unused_keys(cfg, get_spec(cfg["strategy"]).family)
+    get_spec(cfg.general.strategy).client_factory()(node, dict(cfg))  # the client side builds too (model, data, head)
+    return unused_keys(cfg, get_spec(cfg.general.strategy).family)
 
 
 def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = None) -> None:

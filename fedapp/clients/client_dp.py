@@ -68,7 +68,7 @@ def discrete_share(ddg: DistributedDiscreteGaussian, clipped: np.ndarray, config
 
 def local_steps(cfg: RunConfig, num_examples: int, batch_size: int) -> int:
     """τ: ``local-steps`` if set, else ``local-epochs`` · ⌈N/b⌉."""
-    return int(cfg["local-steps"]) or int(cfg["local-epochs"]) * steps_per_epoch(num_examples, batch_size)
+    return cfg.client_dp.local_steps or cfg.training.local_epochs * steps_per_epoch(num_examples, batch_size)
 
 
 class ClientLevelDPClient(NumPyClient):
@@ -109,14 +109,14 @@ class ClientLevelDPClient(NumPyClient):
     def local_train(self, model: nn.Module, *, lr: float, seed: int, config: dict[str, Any]) -> TrainResult:
         """*hook*: τ local steps in place on ``model``."""
         spec = LocalTraining(batch_size=self.s.profile.batch_size, steps=self.local_steps(), lr=lr,
-                             momentum=float(self.s.cfg["momentum"]), seed=seed)
+                             momentum=float(self.s.cfg.training.momentum), seed=seed)
         return local_train(model, self.s.train, spec, self.s.device)
 
     def privatize(self, update: np.ndarray, shapes: list[tuple[int, ...]], config: dict[str, Any],
                   dp: ClientLevelDP | None, rng: np.random.Generator) -> tuple[list[np.ndarray], dict[str, Any]]:
         """*hook*: Δ (flat) → wire arrays + metrics. Dense per-layer arrays, or the k masked values."""
         sparsifier, indices = mask_from_config(config, update.size)
-        clip = float(self.s.cfg["clip-norm"])
+        clip = float(self.s.cfg.training.clip_norm)
         r_t = round_clients(config, dp, self.floors) if dp is not None else None
         ddg = secure_sum_mechanism(self.s.cfg, dp, update.size if indices is None else len(indices)) \
             if dp is not None else None
@@ -181,7 +181,7 @@ class ClientLevelDPClient(NumPyClient):
             metrics.pop("update_norm", None)
             record_release(self.context)
         # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
-        return arrays, 1 if dp is not None and self.s.cfg["secure-aggregation"] else len(self.s.train), metrics
+        return arrays, 1 if dp is not None and self.s.cfg.client_dp.secure_aggregation else len(self.s.train), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         return evaluate_on_local_test(self.s, parameters)

@@ -45,7 +45,7 @@ def evaluate_local_splits(setup: ClientSetup, model: torch.nn.Module) -> tuple[f
     """(loss, n, metrics) of ``model`` on the local test split; ``val_loss``/``val_accuracy`` on the local
     validation split when there is one (what ``fedapp.experiments.report`` tunes on; the test split is what it reports)."""
     metrics: dict[str, Any] = {"client_id": setup.profile.client_id}
-    batch = int(setup.cfg["eval-batch-size"])
+    batch = int(setup.cfg.general.eval_batch_size)
     if setup.validation is not None and len(setup.validation) > 0:
         val_loss, val_acc = evaluate_model(model, setup.validation, batch_size=batch, device=setup.device)
         metrics.update({"val_loss": float(val_loss), "val_accuracy": float(val_acc)})
@@ -57,22 +57,22 @@ def evaluate_local_splits(setup: ClientSetup, model: torch.nn.Module) -> tuple[f
 
 def make_model(cfg: RunConfig, data: ArrayDataset) -> torch.nn.Module:
     """The run's model, initialized from ``seed`` (identical on server and every client)."""
-    name = cfg["model"] if cfg["model"] != "auto" else DEFAULT_MODEL[cfg["dataset"]]
-    torch.manual_seed(int(cfg["seed"]))
+    name = cfg.general.model if cfg.general.model != "auto" else DEFAULT_MODEL[cfg.data.dataset]
+    torch.manual_seed(cfg.general.seed)
     return build_model(name, data.input_shape, data.num_classes,
-                       nonconvex_lambda=float(cfg.get("nonconvex-lambda", 0.0)))
+                       nonconvex_lambda=cfg.soteriafl.nonconvex_lambda)
 
 
 def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> ClientSetup:
     cfg = resolve_config(context.run_config, overrides)
     profile = client_profile(cfg, context.node_config)
-    train, validation, test = load_client_data(cfg, profile.client_id, profile.num_clients)
-    return ClientSetup(cfg, profile, train, test, resolve_device(cfg["device"]), validation)
+    train, validation, test = load_client_data(cfg.data, cfg.general.seed, profile.client_id, profile.num_clients)
+    return ClientSetup(cfg, profile, train, test, resolve_device(cfg.general.device), validation)
 
 
 def round_seed(cfg: RunConfig, client_id: int, server_round: int, stream: int = 401) -> int:
     """Independent, reproducible seed per (run seed, client, round)."""
-    return int(np.random.SeedSequence([int(cfg["seed"]), stream, client_id, server_round]).generate_state(1)[0])
+    return int(np.random.SeedSequence([cfg.general.seed, stream, client_id, server_round]).generate_state(1)[0])
 
 
 def noise_seed(cfg: RunConfig, client_id: int, server_round: int) -> int:
@@ -82,14 +82,14 @@ def noise_seed(cfg: RunConfig, client_id: int, server_round: int) -> int:
     could be regenerated and subtracted. ``seeded-noise = true`` makes it reproducible from the
     run seed, for tests and benchmarks only.
     """
-    if cfg.get("seeded-noise", False):
+    if cfg.general.seeded_noise:
         return round_seed(cfg, client_id, server_round, stream=402)
     return secrets.randbits(63)
 
 
 def round_lr(cfg: RunConfig, server_round: int, key: str = "lr") -> float:
     """η_r = η · decay^(r−1) (per-round decay, e.g. Fed-SMP Sec. 6.2, DP2-FedSAM Sec. 5.1)."""
-    return float(cfg[key]) * float(cfg["lr-decay"]) ** (server_round - 1)
+    return float(cfg[key]) * cfg.training.lr_decay ** (server_round - 1)
 
 
 def read_record(context: Context, name: str) -> dict[str, Any]:

@@ -59,16 +59,16 @@ HEAD_KEY = "dp2-head"
 
 def run_model(cfg: RunConfig) -> torch.nn.Module:
     """The run's (seeded) model, built from the dataset's shapes."""
-    _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
+    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     return make_model(cfg, test)
 
 
 def shared_weights(cfg: RunConfig, weights: list[np.ndarray], personalized: bool) -> list[np.ndarray]:
     """The arrays of ``weights`` the server holds: φ only (personalized variants) or all."""
     try:
-        mask = shared_mask(run_model(cfg), cfg["dp2-head"], personalized)
+        mask = shared_mask(run_model(cfg), cfg.dp2_fedsam.dp2_head, personalized)
     except ValueError as exc:
-        raise ConfigError(f"run-config 'dp2-head' = {cfg['dp2-head']!r}: {exc}") from None
+        raise ConfigError(f"run-config 'dp2-head' = {cfg.dp2_fedsam.dp2_head!r}: {exc}") from None
     if len(mask) != len(weights):
         raise ValueError(f"model has {len(mask)} arrays, got {len(weights)} initial weights")
     return [w for w, m in zip(weights, mask) if m]
@@ -84,9 +84,9 @@ class DP2FedSAMClient(NumPyClient):
         model = setup.new_model()
         self.names = list(model.state_dict().keys())
         try:
-            self.mask = shared_mask(model, setup.cfg["dp2-head"], variant.personalized)
+            self.mask = shared_mask(model, setup.cfg.dp2_fedsam.dp2_head, variant.personalized)
         except ValueError as exc:
-            raise ConfigError(f"run-config 'dp2-head' = {setup.cfg['dp2-head']!r}: {exc}") from None
+            raise ConfigError(f"run-config 'dp2-head' = {setup.cfg.dp2_fedsam.dp2_head!r}: {exc}") from None
         self.initial = get_weights(model)
         self.shared_names = [n for n, m in zip(self.names, self.mask) if m]
         self.head_names = [n for n, m in zip(self.names, self.mask) if not m]
@@ -139,16 +139,16 @@ class DP2FedSAMClient(NumPyClient):
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
         lr, lr_h = round_lr(cfg, rnd), round_lr(cfg, rnd, "dp2-lr-head")
-        seed, mom = round_seed(cfg, p.client_id, rnd), float(cfg["momentum"])
-        sam = SAM(float(cfg["sam-rho"]), bool(cfg["sam-adaptive"]), float(cfg["sam-eta"])) if self.variant.sam else None
+        seed, mom = round_seed(cfg, p.client_id, rnd), cfg.training.momentum
+        sam = SAM(cfg.dp2_fedsam.sam_rho, cfg.dp2_fedsam.sam_adaptive, cfg.dp2_fedsam.sam_eta) if self.variant.sam else None
 
         def spec(names: list[str], epochs: int, rate: float, seed: int, sam: SAM | None = None) -> LocalTraining:
             return LocalTraining(batch_size=p.batch_size, steps=epochs_to_steps(n_train, p.batch_size, epochs),
                                  lr=rate, momentum=mom, seed=seed, trainable=tuple(names), sam=sam)
 
         if self.variant.personalized:  # Alg. 2 lines 5–16: head h with φ fixed, then φ with h fixed
-            local_train(model, self.s.train, spec(self.head_names, int(cfg["dp2-tau-h"]), lr_h, seed), self.s.device)
-            res = local_train(model, self.s.train, spec(self.shared_names, int(cfg["dp2-tau-phi"]), lr, seed + 1, sam),
+            local_train(model, self.s.train, spec(self.head_names, cfg.dp2_fedsam.dp2_tau_h, lr_h, seed), self.s.device)
+            res = local_train(model, self.s.train, spec(self.shared_names, cfg.dp2_fedsam.dp2_tau_phi, lr, seed + 1, sam),
                               self.s.device)
         else:  # DP-FedSAM / DP-FedAvg local training on the full model
             res = local_train(model, self.s.train, spec(self.shared_names, p.local_epochs, lr, seed, sam),
@@ -176,10 +176,10 @@ class DP2FedSAMClient(NumPyClient):
             self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here
         metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rounds, "lr": lr,  # no train loss: not private
                         "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
-        if cfg["dp2-report-norms"]:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
+        if cfg.dp2_fedsam.dp2_report_norms:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
             metrics["local_update_norm"] = norm
         # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
-        return arrays, 1 if cfg["secure-aggregation"] else n_train, metrics
+        return arrays, 1 if cfg.client_dp.secure_aggregation else n_train, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         cfg, cid = self.s.cfg, self.s.profile.client_id
@@ -187,9 +187,9 @@ class DP2FedSAMClient(NumPyClient):
             return 0.0, 0, {"client_id": cid}
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
-        if self.variant.finetune and int(cfg["ft-epochs"]) > 0 and len(self.s.train) > 0:
+        if self.variant.finetune and cfg.dp2_fedsam.ft_epochs > 0 and len(self.s.train) > 0:
             rnd, b = int(config.get("server-round", 1)), self.s.profile.batch_size
             local_train(model, self.s.train, LocalTraining(
-                batch_size=b, steps=epochs_to_steps(len(self.s.train), b, int(cfg["ft-epochs"])), lr=round_lr(cfg, rnd),
-                momentum=float(cfg["momentum"]), seed=round_seed(cfg, cid, rnd, stream=612)), self.s.device)
+                batch_size=b, steps=epochs_to_steps(len(self.s.train), b, cfg.dp2_fedsam.ft_epochs), lr=round_lr(cfg, rnd),
+                momentum=cfg.training.momentum, seed=round_seed(cfg, cid, rnd, stream=612)), self.s.device)
         return evaluate_local_splits(self.s, model)

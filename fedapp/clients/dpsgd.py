@@ -43,6 +43,7 @@ from fedapp.clients.training import (
     local_train,
     set_weights,
 )
+from fedapp.config import RunConfig
 from fedapp.models.zoo import DEFAULT_MODEL
 from fedapp.privacy.profiles import dpsgd_sample_rate, steps_per_epoch
 from fedapp.state.cache import calibrated_noise_multiplier
@@ -94,7 +95,7 @@ class DPSGDClient(NumPyClient):
 
     def accountant(self) -> str:
         """The accountant of this client's ε: run-config ``accountant`` under ``record-neighbours``."""
-        return record_accountant(self.s.cfg["accountant"], self.s.cfg["record-neighbours"])
+        return record_accountant(self.s.cfg.training.accountant, self.s.cfg.training.record_neighbours)
 
     def calibrate(self) -> float:
         """z_i such that ``dp-rounds`` rounds of this client's DP-SGD spend ε_i (shared-cache aware)."""
@@ -104,8 +105,8 @@ class DPSGDClient(NumPyClient):
 
     def grad_sample_mode(self) -> str:
         cfg = self.s.cfg
-        name = cfg["model"] if cfg["model"] != "auto" else DEFAULT_MODEL[cfg["dataset"]]
-        return resolve_grad_sample_mode(cfg["grad-sample-mode"], name, self.s.new_model, self.s.train,
+        name = cfg.general.model if cfg.general.model != "auto" else DEFAULT_MODEL[cfg.data.dataset]
+        return resolve_grad_sample_mode(cfg.training.grad_sample_mode, name, self.s.new_model, self.s.train,
                                         self.s.profile.batch_size, self.s.device)
 
     # ---- Flower API ------------------------------------------------------------------
@@ -139,13 +140,13 @@ class DPSGDClient(NumPyClient):
             eps_next = epsilon_of(hist + [(z, q, steps)], p.delta, kind)
             metrics.update({"noise_multiplier": z, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
                             "reported_epsilon": p.reported_epsilon, "steps": sum(h[2] for h in hist),
-                            "record_neighbours": str(cfg["record-neighbours"])})
+                            "record_neighbours": cfg.training.record_neighbours})
             reason = budget_refusal(server_round, eps_next, p.epsilon, f"spent {eps_now:.4f} in {rounds_done} rounds")
             if reason is not None:
                 metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
                 return [], 0, metrics
-            spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=float(cfg["momentum"]),
-                                 seed=seed, dp=PerSampleDP(z, float(cfg["clip-norm"]), self.grad_sample_mode()))
+            spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=cfg.training.momentum,
+                                 seed=seed, dp=PerSampleDP(z, cfg.training.clip_norm, self.grad_sample_mode()))
             result = local_train(model, self.s.train, spec, self.s.device)
             if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:
                 raise RuntimeError(f"DP-SGD ran q={result.extra['sample_rate']}, {result.steps} steps; "
@@ -156,7 +157,7 @@ class DPSGDClient(NumPyClient):
                             "steps": sum(h[2] for h in hist)})
         else:
             spec = LocalTraining(batch_size=p.batch_size, steps=self.steps_per_round(), lr=lr,
-                                 momentum=float(cfg["momentum"]), seed=seed)
+                                 momentum=cfg.training.momentum, seed=seed)
             result = local_train(model, self.s.train, spec, self.s.device)
             metrics["steps"] = result.steps
         update = [new - old for new, old in zip(get_weights(model), parameters)]
@@ -177,11 +178,11 @@ class DPSGDClient(NumPyClient):
 
 
 def record_delta_refusal(delta: float, num_records: int, node_config: Mapping[str, Any],
-                         cfg: Mapping[str, Any]) -> str | None:
+                         cfg: RunConfig) -> str | None:
     """Why a record-level client with δ_i = ``delta`` over N_i = ``num_records`` records may not train: δ_i above
     1/(10·N_i) without run-config ``allow-large-delta`` (None when it may). Checked by the client itself, so a
     deployed SuperNode's node-config δ is covered as well as a simulation's run-config δ."""
-    if cfg.get("allow-large-delta", False) or num_records < 1 or delta <= max_delta(num_records):
+    if cfg.training.allow_large_delta or num_records < 1 or delta <= max_delta(num_records):
         return None
     source = "node-config 'delta'" if "delta" in node_config else "run-config 'delta'"
     return (f"{source} = {delta:g} is above 1/(10 N_i) = {max_delta(num_records):.3g} for this client's N_i = "

@@ -74,15 +74,15 @@ class InjectedFault(RuntimeError):
     """A failure injected by ``fault-fraction`` (the message names ``client_id=<n>``)."""
 
 
-def check_fault_config(cfg: Mapping[str, Any]) -> None:
+def check_fault_config(cfg: RunConfig) -> None:
     """Cross-field checks of the fault/timeout keys (``ConfigError`` naming the values)."""
-    if cfg["fault-fraction"] > 0 and cfg["fault-mode"] == "timeout":
-        if cfg["round-timeout"] <= 0:
+    if cfg.deployment.fault_fraction > 0 and cfg.deployment.fault_mode == "timeout":
+        if cfg.deployment.round_timeout <= 0:
             raise ConfigError("run-config 'fault-mode' = 'timeout' needs 'round-timeout' > 0 (got "
-                              f"{cfg['round-timeout']!r}); otherwise the server waits for the late clients")
-        if cfg["fault-delay"] <= cfg["round-timeout"]:
-            raise ConfigError(f"run-config 'fault-delay' = {cfg['fault-delay']!r} must exceed 'round-timeout' = "
-                              f"{cfg['round-timeout']!r} for an injected timeout to be one")
+                              f"{cfg.deployment.round_timeout!r}); otherwise the server waits for the late clients")
+        if cfg.deployment.fault_delay <= cfg.deployment.round_timeout:
+            raise ConfigError(f"run-config 'fault-delay' = {cfg.deployment.fault_delay!r} must exceed 'round-timeout' = "
+                              f"{cfg.deployment.round_timeout!r} for an injected timeout to be one")
 
 
 def failing_clients(seed: int, server_round: int, num_clients: int, fraction: float) -> set[int]:
@@ -146,12 +146,12 @@ class GuardedClient(Client):
             reason = str(self.ctx.state[TAINT_KEY].get("reason", "privacy state lost earlier in this run"))
             return _refusal({"client_id": self.client_id, "status": "refused", "reason": reason,
                              **({"epsilon_spent": ledger} if ledger is not None else {})})
-        fraction = float(self.cfg["fault-fraction"])
-        if fraction > 0 and self.client_id in failing_clients(self.cfg["seed"], rnd, self.num_clients, fraction):
-            if self.cfg["fault-mode"] == "raise":
+        fraction = self.cfg.deployment.fault_fraction
+        if fraction > 0 and self.client_id in failing_clients(self.cfg.general.seed, rnd, self.num_clients, fraction):
+            if self.cfg.deployment.fault_mode == "raise":
                 raise InjectedFault(f"injected fault: client_id={self.client_id} round={rnd} (fault-fraction="
                                     f"{fraction})")
-            time.sleep(float(self.cfg["fault-delay"]))
+            time.sleep(self.cfg.deployment.fault_delay)
         if replay is not None:
             return replay  # the very reply released for this request before a crash: no new privacy loss
         res = self.inner.fit(ins)
@@ -176,7 +176,7 @@ class GuardedClient(Client):
         budget = self.lifetime_epsilon if self.lifetime_epsilon is not None else metrics.get("epsilon_budget")
         if not isinstance(budget, (int, float)):
             return None
-        delta_budget, source = lifetime_delta_budget(self.lifetime_delta, metrics, bool(self.cfg["allow-large-delta"]))
+        delta_budget, source = lifetime_delta_budget(self.lifetime_delta, metrics, self.cfg.training.allow_large_delta)
         reason = self.lifetime.refusal(lineage, float(eps), float(budget), float(delta), delta_budget, source)
         if reason is None:
             self.lifetime.record(lineage, float(eps), float(delta))
@@ -195,7 +195,7 @@ class GuardedClient(Client):
 
 def default_state_dir(cfg: RunConfig) -> str:
     """Where clients journal their state when neither ``client-state-dir`` nor ``state-dir`` is set."""
-    return str(Path(cfg["output-dir"]) / DEFAULT_STATE_SUBDIR)
+    return str(Path(cfg.general.output_dir) / DEFAULT_STATE_SUBDIR)
 
 
 def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
@@ -206,11 +206,11 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
         n = int(node["num-partitions"])
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"node-config needs integer 'partition-id' and 'num-partitions', got {dict(node)}") from None
-    if "dataset" in node and str(node["dataset"]) != cfg["dataset"]:
-        raise ConfigError(f"node-config dataset {node['dataset']!r} differs from run-config dataset {cfg['dataset']!r}")
-    state_dir = str(node.get("state-dir", "")) or cfg["client-state-dir"]
+    if "dataset" in node and str(node["dataset"]) != cfg.data.dataset:
+        raise ConfigError(f"node-config dataset {node['dataset']!r} differs from run-config dataset {cfg.data.dataset!r}")
+    state_dir = str(node.get("state-dir", "")) or cfg.deployment.client_state_dir
     lifetime = None
-    if "state-dir" in node or cfg["lifetime-budget"]:  # on by default for deployed SuperNodes
+    if "state-dir" in node or cfg.deployment.lifetime_budget:  # on by default for deployed SuperNodes
         lifetime = LifetimeBudget.for_client(state_dir or default_state_dir(cfg), cid)
     cap = float(node["lifetime-epsilon"]) if "lifetime-epsilon" in node else None
     delta_cap = None

@@ -19,7 +19,6 @@ metrics.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -36,7 +35,7 @@ from fedapp.clients.common import (
 )
 from fedapp.clients.dpsgd import record_delta_refusal
 from fedapp.clients.training import get_weights, set_weights
-from fedapp.config import ConfigError
+from fedapp.config import ConfigError, RunConfig
 from strategies.compression import rand_k_omega
 from strategies.privacy.accountants import epsilon_of, record_accountant
 from strategies.privacy.budget import budget_refusal
@@ -60,14 +59,14 @@ PRIVACY_KEY = "soteriafl-privacy"
 ARRAYS_KEY = "soteriafl-arrays"
 
 
-def soteriafl_params(cfg: Mapping[str, Any], d: int) -> tuple[int, float, float]:
+def soteriafl_params(cfg: RunConfig, d: int) -> tuple[int, float, float]:
     """(k, ω, γ) from the run-config for a model of dimension d: k = ``soteriafl-k`` (0 → d/20),
     γ = ``soteriafl-gamma`` (0 → Theorem 3's value for ω = d/k − 1)."""
-    k = int(cfg.get("soteriafl-k", 0)) or default_k(d)
+    k = cfg.soteriafl.soteriafl_k or default_k(d)
     if k > d:
         raise ConfigError(f"run-config 'soteriafl-k' = {k} exceeds the model dimension d = {d}")
     omega = rand_k_omega(d, k)
-    gamma = float(cfg.get("soteriafl-gamma", 0.0)) or shift_stepsize(omega)
+    gamma = cfg.soteriafl.soteriafl_gamma or shift_stepsize(omega)
     return k, omega, gamma
 
 
@@ -91,7 +90,7 @@ class SoteriaFLClient(NumPyClient):
     def __init__(self, setup: ClientSetup, context: Context) -> None:
         self.s = setup
         self.context = context
-        self.method = get_method(setup.cfg["strategy"])
+        self.method = get_method(setup.cfg.general.strategy)
 
     # ---- parameters of this client -------------------------------------------------------
     @property
@@ -104,34 +103,34 @@ class SoteriaFLClient(NumPyClient):
         return d, k, omega, gamma
 
     def batch_size(self, d: int, omega: float) -> int:
-        b = int(self.s.cfg["soteriafl-batch-size"])
+        b = int(self.s.cfg.soteriafl.soteriafl_batch_size)
         if b:
             return b
         p = self.s.profile
         return default_batch_size(self.method.estimator, self.m, epsilon=p.epsilon, delta=p.delta,
-                                  clip=float(self.s.cfg["clip-norm"]), d=d, omega=omega, n=p.num_clients)
+                                  clip=float(self.s.cfg.training.clip_norm), d=d, omega=omega, n=p.num_clients)
 
     def accountant(self) -> str:
         """The accountant of this client's ε: run-config ``accountant`` under ``record-neighbours``."""
-        return record_accountant(self.s.cfg["accountant"], self.s.cfg["record-neighbours"])
+        return record_accountant(self.s.cfg.training.accountant, self.s.cfg.training.record_neighbours)
 
     def privacy(self, b: int) -> dict[str, Any]:
         """The privacy ledger; σ_p is calibrated on first use for ``dp-rounds`` rounds."""
         rec = read_record(self.context, PRIVACY_KEY)
         if "sigma_p" not in rec:
             cfg, p = self.s.cfg, self.s.profile
-            sigma, split = calibrate_sigma(self.method.estimator, p.epsilon, p.delta, float(cfg["clip-norm"]), b,
+            sigma, split = calibrate_sigma(self.method.estimator, p.epsilon, p.delta, cfg.training.clip_norm, b,
                                            self.m, cfg.dp_rounds, self.accountant())
             rec = {"sigma_p": sigma, "split": split, "batch_size": b, "rounds": 0,
                    "sigma_theorem2": theorem2_sigma(self.method.estimator, p.epsilon, p.delta,
-                                                    float(cfg["clip-norm"]), self.m, cfg.dp_rounds)}
+                                                    cfg.training.clip_norm, self.m, cfg.dp_rounds)}
             write_record(self.context, PRIVACY_KEY, rec)
         return rec
 
     def epsilon_after(self, rec: dict[str, Any], rounds: int) -> float:
         if rounds <= 0:
             return 0.0
-        hist = noise_history(self.method.estimator, float(rec["sigma_p"]), float(self.s.cfg["clip-norm"]),
+        hist = noise_history(self.method.estimator, float(rec["sigma_p"]), float(self.s.cfg.training.clip_norm),
                              int(rec["batch_size"]), self.m, rounds, float(rec["split"]))
         return epsilon_of(hist, self.s.profile.delta, self.accountant())
 
@@ -161,10 +160,10 @@ class SoteriaFLClient(NumPyClient):
         metrics.update({"batch_size": b, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
                         "reported_epsilon": p.reported_epsilon, "steps": done, "sigma_p": float(rec["sigma_p"]),
                         "sigma_theorem2": float(rec["sigma_theorem2"]), "noise_split": float(rec["split"]),
-                        "record_neighbours": str(cfg["record-neighbours"]),
+                        "record_neighbours": cfg.training.record_neighbours,
                         # z of the (subsampled) minibatch term; SVRG/SAGA also have z₂ of the full-data term
                         "noise_multiplier": noise_history(self.method.estimator, float(rec["sigma_p"]),
-                                                          float(cfg["clip-norm"]), b, self.m, 1,
+                                                          cfg.training.clip_norm, b, self.m, 1,
                                                           float(rec["split"]))[0][0]})
         eps_now, eps_next = self.epsilon_after(rec, done), self.epsilon_after(rec, done + 1)
         reason = budget_refusal(server_round, eps_next, p.epsilon, f"spent {eps_now:.4f} in {done} rounds")
@@ -176,9 +175,9 @@ class SoteriaFLClient(NumPyClient):
         oracle = GradientOracle(model, self.s.train.x, self.s.train.y, self.s.device)
         state = load_state(self.context)
         rseed = int(config["round-seed"])
-        p_snap = float(cfg["soteriafl-snapshot-prob"]) or b / self.m
+        p_snap = cfg.soteriafl.soteriafl_snapshot_prob or b / self.m
         seed = mask_seed(rseed, p.client_id)
-        res = client_step(self.method, oracle, x, state, clip=float(cfg["clip-norm"]), batch_size=b,
+        res = client_step(self.method, oracle, x, state, clip=cfg.training.clip_norm, batch_size=b,
                           sigma_p=float(rec["sigma_p"]), k=k, gamma=gamma,
                           rng=np.random.default_rng(noise_seed(cfg, p.client_id, server_round)),  # secret
                           seed=seed, refresh_snapshot=snapshot_coin(rseed, p.client_id, p_snap))

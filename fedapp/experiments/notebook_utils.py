@@ -40,7 +40,7 @@ class _NodeProxy(ClientProxy):
 
     def _client(self) -> Client:
         cfg = resolve_config(self.context.run_config, self.overrides)
-        inner = get_spec(cfg["strategy"]).client_factory()(self.context, self.overrides)
+        inner = get_spec(cfg.general.strategy).client_factory()(self.context, self.overrides)
         return guard_client(inner, self.context, cfg)
 
     def fit(self, ins, timeout, group_id):

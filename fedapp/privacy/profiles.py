@@ -115,7 +115,7 @@ def _train_size(cfg: RunConfig, num_clients: int, client_id: int) -> int | None:
     from fedapp.data.client_data import client_train_sizes
 
     try:
-        return int(client_train_sizes(cfg, num_clients)[client_id])
+        return int(client_train_sizes(cfg.data, cfg.general.seed, num_clients)[client_id])
     except (ConfigError, OSError):
         return None
 
@@ -137,18 +137,18 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
         raise ConfigError(f"node-config 'num-partitions' = {n}: a federation needs at least 2 clients")
     if not 0 <= cid < n:
         raise ConfigError(f"node-config 'partition-id' = {cid} is outside 0..{n - 1}")
-    seed = int(cfg["seed"])
-    if cfg["privacy-dist"] == "fixed":
-        epsilon = float(cfg["epsilon"])
+    seed = cfg.general.seed
+    if cfg.training.privacy_dist == "fixed":
+        epsilon = cfg.training.epsilon
     else:
-        epsilon = float(sample_epsilons(cfg["privacy-dist"], n, seed, float(cfg["epsilon-floor"]))[cid])
-    if cfg["batch-size"] > 0:
-        batch = int(cfg["batch-size"])
+        epsilon = float(sample_epsilons(cfg.training.privacy_dist, n, seed, cfg.training.epsilon_floor)[cid])
+    if cfg.training.batch_size > 0:
+        batch = cfg.training.batch_size
     else:
-        batch = int(sample_batch_sizes(parse_int_list("batch-size-choices", cfg["batch-size-choices"]), n, seed)[cid])
+        batch = int(sample_batch_sizes(parse_int_list("batch-size-choices", cfg.training.batch_size_choices), n, seed)[cid])
         batch = min(batch, _train_size(cfg, n, cid) or batch)  # a drawn b_i never exceeds N_i
-    delta = float(cfg["delta"])
-    epochs = int(cfg["local-epochs"])
+    delta = cfg.training.delta
+    epochs = cfg.training.local_epochs
     if "epsilon" in node_config:
         epsilon = _node_value(node_config, "epsilon", float)
     if "delta" in node_config:
@@ -158,8 +158,8 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
     if "local-epochs" in node_config:
         epochs = _node_value(node_config, "local-epochs", int)
     reported = epsilon
-    if cfg["falsify-client"] == cid:
-        reported = float(cfg["falsify-epsilon"])
+    if cfg.training.falsify_client == cid:
+        reported = cfg.training.falsify_epsilon
     if "reported-epsilon" in node_config:
         reported = _node_value(node_config, "reported-epsilon", float)
     if not (epsilon > 0 and np.isfinite(epsilon)):
@@ -173,7 +173,7 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
     return ClientProfile(cid, n, epsilon, delta, batch, epochs, reported)
 
 
-def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLevelDP:
+def client_level_mechanism(cfg: RunConfig, num_clients: int) -> ClientLevelDP:
     """The run's client-level mechanism (DP-FedAvg, Fed-SMP, DP2-FedSAM) from its run-config keys.
 
     r = ``clients-per-round`` (0 → all n), T = ``dp-rounds`` (0 → ``num-server-rounds``), δ =
@@ -187,24 +187,24 @@ def client_level_mechanism(cfg: Mapping[str, Any], num_clients: int) -> ClientLe
     n = int(num_clients)
     if n < 2:
         raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
-    if int(cfg["clients-per-round"]) > n:
-        raise ConfigError(f"run-config 'clients-per-round' = {cfg['clients-per-round']} exceeds the {n} clients of this "
+    if cfg.general.clients_per_round > n:
+        raise ConfigError(f"run-config 'clients-per-round' = {cfg.general.clients_per_round} exceeds the {n} clients of this "
                           f"federation: set it to at most {n} (0 = every client every round)")
-    r = int(cfg["clients-per-round"]) or n
-    rounds = int(cfg.get("dp-rounds", 0)) or int(cfg["num-server-rounds"])
-    given = float(cfg.get("client-delta", 0.0))
-    if given > max_delta(n) and not cfg.get("allow-large-delta", False):
+    r = cfg.general.clients_per_round or n
+    rounds = cfg.training.dp_rounds or cfg.general.num_server_rounds
+    given = cfg.client_dp.client_delta
+    if given > max_delta(n) and not cfg.training.allow_large_delta:
         raise ConfigError(f"run-config 'client-delta' = {given:g} is above 1/(10 n) = {max_delta(n):.3g} for n = {n} "
                           "clients; set 'allow-large-delta' = true to run with it anyway")
     try:
         delta = given or default_client_delta(n)
-        return _client_level(float(cfg["noise-multiplier"]), float(cfg["target-epsilon"]), float(cfg["clip-norm"]),
-                             r, n, rounds, delta, str(cfg.get("accountant", "rdp")),
-                             bool(cfg.get("secure-aggregation", True)), str(cfg.get("client-dp-adversary", "server")))
+        return _client_level(cfg.client_dp.noise_multiplier, cfg.client_dp.target_epsilon, cfg.training.clip_norm,
+                             r, n, rounds, delta, cfg.training.accountant,
+                             cfg.client_dp.secure_aggregation, cfg.client_dp.client_dp_adversary)
     except ValueError as exc:
-        raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={cfg['target-epsilon']}, "
-                          f"noise-multiplier={cfg['noise-multiplier']}, client-delta={cfg.get('client-delta')}, "
-                          f"clients-per-round={cfg['clients-per-round']} of {n}: {exc}") from None
+        raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={cfg.client_dp.target_epsilon}, "
+                          f"noise-multiplier={cfg.client_dp.noise_multiplier}, client-delta={cfg.client_dp.client_delta}, "
+                          f"clients-per-round={cfg.general.clients_per_round} of {n}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -217,14 +217,14 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
                                     adversary=adversary)
 
 
-def secure_sum_mechanism(cfg: Mapping[str, Any], dp: ClientLevelDP, dim: int) -> DistributedDiscreteGaussian | None:
+def secure_sum_mechanism(cfg: RunConfig, dp: ClientLevelDP, dim: int) -> DistributedDiscreteGaussian | None:
     """The distributed discrete Gaussian the run's secure sums carry (``secagg-mechanism = 'ddg'`` under SecAgg+), or
     None (continuous Gaussian shares, or no secure aggregation). Server and clients build it from the same plan:
     the sum's multiplier is raised from σ until its Gaussian equivalent reaches σ (for a sum of all n clients),
     at ``secagg-bits`` bits for payloads of ``dim`` values; too few bits raise ``ConfigError`` naming the key."""
-    if not (dp.secure_aggregation and cfg.get("secure-aggregation", True) and cfg.get("secagg-mechanism") == "ddg"):
+    if not (dp.secure_aggregation and cfg.client_dp.secure_aggregation and cfg.client_dp.secagg_mechanism == "ddg"):
         return None
-    bits = int(cfg["secagg-bits"])
+    bits = cfg.client_dp.secagg_bits
     try:
         return _ddg(dp.noise_multiplier, dp.clip, dp.num_clients, int(dim), bits)
     except ValueError as exc:
@@ -237,10 +237,10 @@ def _ddg(sigma: float, clip: float, cohort: int, dim: int, bits: int) -> Distrib
     return DistributedDiscreteGaussian.calibrated(sigma, clip=clip, max_cohort=cohort, dim=dim, bits=bits)
 
 
-def check_record_delta(cfg: Mapping[str, Any], profiles: list[ClientProfile], sizes: list[int]) -> None:
+def check_record_delta(cfg: RunConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
     """Record-level DP before round 1: every client's δ_i must be at most 1/(10·N_i) unless ``allow-large-delta``,
     and the noise calibration of DP-SGD clients must reach their ε_i (:func:`check_dpsgd_calibration`)."""
-    if not cfg.get("allow-large-delta", False):
+    if not cfg.training.allow_large_delta:
         for profile, n_i in zip(profiles, sizes):
             if n_i > 0 and profile.delta > max_delta(n_i):
                 raise ConfigError(f"client {profile.client_id}: delta = {profile.delta:g} is above 1/(10 N_i) = "
@@ -253,7 +253,7 @@ def check_record_delta(cfg: Mapping[str, Any], profiles: list[ClientProfile], si
 _DPSGD_CLIENTS = ("fedapp.apps.factories:make_dpsgd_client", "fedapp.apps.factories:make_min_eps_client")
 
 
-def check_dpsgd_calibration(cfg: Mapping[str, Any], profiles: list[ClientProfile], sizes: list[int]) -> None:
+def check_dpsgd_calibration(cfg: RunConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
     """Refuse an ε_i that no noise multiplier achieves, before any client starts.
 
     A DP-SGD client calibrates z_i on its first round (``DPSGDClient.calibrate``); a target below what the
@@ -265,12 +265,12 @@ def check_dpsgd_calibration(cfg: Mapping[str, Any], profiles: list[ClientProfile
     n = 1,000)."""
     from fedapp.registry import get_spec
 
-    if get_spec(str(cfg["strategy"])).client not in _DPSGD_CLIENTS or not profiles:
+    if get_spec(cfg.general.strategy).client not in _DPSGD_CLIENTS or not profiles:
         return
     from fedapp.state.cache import calibrated_noise_multiplier
     from strategies.privacy.accountants import record_accountant
 
-    rounds = int(cfg.get("dp-rounds", 0)) or int(cfg["num-server-rounds"])
+    rounds = cfg.training.dp_rounds or cfg.general.num_server_rounds
     hardest = min(range(len(profiles)), key=lambda i: (profiles[i].epsilon, profiles[i].delta))
     p, n_i = profiles[hardest], int(sizes[hardest])
     if n_i <= 0:
@@ -279,15 +279,15 @@ def check_dpsgd_calibration(cfg: Mapping[str, Any], profiles: list[ClientProfile
     q, steps = dpsgd_sample_rate(n_i, b), rounds * p.local_epochs * steps_per_epoch(n_i, b)
     try:
         calibrated_noise_multiplier(p.epsilon, p.delta, q, steps,
-                                    record_accountant(str(cfg["accountant"]), str(cfg["record-neighbours"])))
+                                    record_accountant(cfg.training.accountant, cfg.training.record_neighbours))
     except (ValueError, ArithmeticError) as exc:
-        if cfg["privacy-dist"] == "fixed":
+        if cfg.training.privacy_dist == "fixed":
             source, fix = f"run-config 'epsilon' = {p.epsilon:g}", "a larger 'epsilon'"
         else:
             source = (f"client {p.client_id}'s ε_i = {p.epsilon:g} (drawn from run-config 'privacy-dist' = "
-                      f"{cfg['privacy-dist']!r}, at least 'epsilon-floor' = {cfg['epsilon-floor']:g})")
+                      f"{cfg.training.privacy_dist!r}, at least 'epsilon-floor' = {cfg.training.epsilon_floor:g})")
             fix = "a privacy-dist with larger ε_i or a larger 'epsilon-floor'"
         raise ConfigError(f"{source} cannot be reached: no noise multiplier achieves ε = {p.epsilon:g} at δ = "
                           f"{p.delta:g} (client {p.client_id}: N_i = {n_i} records, batch {b}, {steps} DP-SGD steps over "
-                          f"{rounds} rounds, {cfg['accountant']} accountant; the run's noise calibration: {exc}); "
+                          f"{rounds} rounds, {cfg.training.accountant} accountant; the run's noise calibration: {exc}); "
                           f"choose {fix} (or a larger 'delta')") from None

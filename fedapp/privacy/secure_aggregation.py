@@ -84,7 +84,7 @@ def residues_from_mean(mean: np.ndarray, bits: int, survivors: int) -> np.ndarra
 
 def uses_secure_aggregation(cfg: RunConfig, strategy: Any) -> bool:
     """SecAgg+ runs for client-level DP strategies unless ``secure-aggregation = false``."""
-    return bool(cfg["secure-aggregation"]) and callable(getattr(strategy, "secagg_clipping_range", None)) \
+    return cfg.client_dp.secure_aggregation and callable(getattr(strategy, "secagg_clipping_range", None)) \
         and getattr(strategy, "private", False)
 
 
@@ -282,9 +282,9 @@ def _residue_payload(arrays: list[np.ndarray], bits: int, ctxt: Context) -> Any:
 def run_with_secure_aggregation(grid: Grid, context: Context, strategy: Any, config: ServerConfig,
                                 cfg: RunConfig) -> None:
     """Flower's default workflow with SecAgg+ as the fit step (evaluation unchanged)."""
-    shares = float(cfg["secagg-num-shares"])
+    shares = cfg.client_dp.secagg_num_shares
     workflow = DefaultWorkflow(fit_workflow=DPSecAggPlusWorkflow(
         strategy, num_shares=int(shares) if shares > 1 else shares,
-        reconstruction_threshold=float(cfg["secagg-threshold"]), max_weight=MAX_WEIGHT,
-        timeout=float(cfg["round-timeout"]) or None))
+        reconstruction_threshold=cfg.client_dp.secagg_threshold, max_weight=MAX_WEIGHT,
+        timeout=cfg.deployment.round_timeout or None))
     workflow(grid, LegacyContext(context=context, config=config, strategy=strategy))

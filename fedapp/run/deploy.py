@@ -106,11 +106,11 @@ def validate_nodes(cfg: RunConfig, configs: Sequence[Mapping[str, Any]]) -> None
     from fedapp.data.client_data import client_train_sizes
     from fedapp.privacy.profiles import client_profile
 
-    sizes = client_train_sizes(cfg, len(configs))
+    sizes = client_train_sizes(cfg.data, cfg.general.seed, len(configs))
     for node in configs:
-        if "dataset" in node and node["dataset"] != cfg["dataset"]:
+        if "dataset" in node and node["dataset"] != cfg.data.dataset:
             raise ConfigError(f"SuperNode {node['partition-id']}: node-config dataset {node['dataset']!r} differs "
-                              f"from run-config dataset {cfg['dataset']!r}")
+                              f"from run-config dataset {cfg.data.dataset!r}")
         profile = client_profile(cfg, node)
         if profile.batch_size > sizes[profile.client_id]:
             raise ConfigError(f"SuperNode {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
@@ -245,8 +245,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
     overrides.setdefault("num-clients", num_supernodes)
     overrides.setdefault("min-available-clients", num_supernodes)
     cfg = resolve_config({**pyproject_run_config(app), **overrides})
-    if cfg["num-clients"] != num_supernodes:
-        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} but --supernodes = {num_supernodes}")
+    if cfg.general.num_clients != num_supernodes:
+        raise ConfigError(f"run-config 'num-clients' = {cfg.general.num_clients} but --supernodes = {num_supernodes}")
     if (unauthorized or outsider) and not auth:
         raise ConfigError("--unauthorized/--outsider need SuperNode authentication (drop --no-auth)")
     nodes = node_configs(num_supernodes, node_overrides)

@@ -152,9 +152,9 @@ def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tu
     cfg = resolve_config(merged)  # raises ConfigError before anything starts
     if num_supernodes >= 2:  # before num-clients is set from it below, so that the error names --num-supernodes
         check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
-    if num_supernodes >= 2 and not cfg["num-clients"]:
+    if num_supernodes >= 2 and not cfg.general.num_clients:
         overrides["num-clients"] = num_supernodes
-        if cfg["min-available-clients"] == SCHEMA["min-available-clients"].default:
+        if cfg.general.min_available_clients == SCHEMA["min-available-clients"].default:
             overrides["min-available-clients"] = num_supernodes
         cfg = resolve_config({**merged, **overrides})
     from fedapp.clients.guard import check_fault_config
@@ -163,7 +163,7 @@ def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tu
     if num_supernodes < 2:
         raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
     for key in dry_run_in_child(cfg, num_supernodes):
-        print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg['strategy']!r}; "
+        print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg.general.strategy!r}; "
               "it has no effect", file=sys.stderr, flush=True)
     return cfg, overrides, merged
 

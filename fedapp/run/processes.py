@@ -160,12 +160,12 @@ def to_toml_assignments(values: dict[str, Any]) -> str:
 def absolutize_paths(cfg: Any, overrides: dict[str, Any], app: Path) -> Path:
     """Make ``output-dir`` and ``data-dir`` absolute (relative to ``app``) in ``overrides``: the ServerApp and
     ClientApps run in other working directories. Returns the absolute output folder."""
-    output_dir = Path(cfg["output-dir"])
+    output_dir = Path(cfg.general.output_dir)
     if not output_dir.is_absolute():
         output_dir = (app / output_dir).resolve()
     overrides["output-dir"] = str(output_dir)
-    if cfg["data-dir"] and not Path(cfg["data-dir"]).is_absolute():
-        overrides["data-dir"] = str((app / cfg["data-dir"]).resolve())
+    if cfg.data.data_dir and not Path(cfg.data.data_dir).is_absolute():
+        overrides["data-dir"] = str((app / cfg.data.data_dir).resolve())
     return output_dir
 
 

@@ -177,7 +177,7 @@ class CheckpointingRecorder:
         self.cfg = cfg
         self.strategy = strategy
         self.resumed = resumed
-        self.every = int(cfg["checkpoint-every"])
+        self.every = cfg.deployment.checkpoint_every
         self.lineage = str(resumed["lineage"]) if resumed else ""
         self.uncommitted: list[dict[str, Any]] = []  # records of rounds after the last checkpoint
         if strategy is not None and self.every > 0:
@@ -249,15 +249,15 @@ def attach(strategy: Any, cfg: RunConfig, recorder: Any) -> int:
     from strategies.base import DPFLStrategy
 
     resumed = None
-    if cfg["resume-from"]:
-        resumed = load_checkpoint(cfg["resume-from"])
+    if cfg.deployment.resume_from:
+        resumed = load_checkpoint(cfg.deployment.resume_from)
         check_resumable(cfg, resumed)
         remove_stale_temp(resumed["path"])  # left by a write the crash interrupted
     if not isinstance(strategy, DPFLStrategy):
         if resumed is not None:
-            raise ConfigError(f"strategy {cfg['strategy']!r} does not support resume-from (not a DPFLStrategy)")
+            raise ConfigError(f"strategy {cfg.general.strategy!r} does not support resume-from (not a DPFLStrategy)")
         return cfg.rounds
-    strategy.min_fit_clients = int(cfg["min-fit-clients"])
+    strategy.min_fit_clients = cfg.deployment.min_fit_clients
     if resumed is not None:
         try:
             strategy.load_state_dict(resumed["state"])

@@ -1,0 +1,333 @@
+"""The resolved run-config: :class:`RunConfig`, built once per process by :func:`resolve_config`.
+
+Flower passes ``[tool.flwr.app.config]`` (overridable with ``flwr run --run-config``) as a flat mapping.
+:func:`resolve_config` merges it over the defaults, coerces types and validates every value, and the checks
+that span keys, *before* any training starts or any results folder is created.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedapp.config.keys import DATASETS, check_value, parse_int_list
+from fedapp.config.schema import SCHEMA
+from fedapp.config.sections import (
+    SECTION_CLASSES,
+    ClientDPConfig,
+    DataConfig,
+    DeploymentConfig,
+    DP2FedSAMConfig,
+    GeneralConfig,
+    RobustHDPConfig,
+    SoteriaFLConfig,
+    TrainingConfig,
+)
+from strategies.errors import ConfigError
+
+
+@dataclass(frozen=True, eq=False)
+class RunConfig(Mapping[str, Any]):
+    """A validated run-config: one frozen dataclass per concern (``cfg.data.partitioner``).
+
+    It is also a read-only mapping by run-config name (``cfg["partitioner"]``, ``dict(cfg)``), the form
+    results folders and checkpoints store."""
+
+    general: GeneralConfig = field(default_factory=GeneralConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    client_dp: ClientDPConfig = field(default_factory=ClientDPConfig)
+    dp2_fedsam: DP2FedSAMConfig = field(default_factory=DP2FedSAMConfig)
+    robust_hdp: RobustHDPConfig = field(default_factory=RobustHDPConfig)
+    soteriafl: SoteriaFLConfig = field(default_factory=SoteriaFLConfig)
+    deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Any]) -> RunConfig:
+        """The config holding ``values`` (checked values by run-config name; missing keys keep their default)."""
+        unknown = set(values) - SCHEMA.keys()
+        if unknown:
+            raise ConfigError(f"unknown run-config key {sorted(unknown)[0]!r}; see docs/config.md")
+        grouped: dict[str, dict[str, Any]] = {attr: {} for attr in SECTION_CLASSES}
+        for name, value in values.items():
+            grouped[SCHEMA[name].attr][name.replace("-", "_")] = value
+        built: dict[str, Any] = {attr: SECTION_CLASSES[attr](**kw) for attr, kw in grouped.items()}
+        return cls(**built)
+
+    def __getitem__(self, name: str) -> Any:
+        key = SCHEMA.get(name)
+        if key is None:
+            raise KeyError(name)
+        return getattr(getattr(self, key.attr), name.replace("-", "_"))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(SCHEMA)
+
+    def __len__(self) -> int:
+        return len(SCHEMA)
+
+    def __repr__(self) -> str:
+        changed = {k: v for k, v in self.items() if v != SCHEMA[k].default}
+        return f"RunConfig({changed!r})"
+
+    def with_values(self, **values: Any) -> RunConfig:
+        """A copy with ``values`` (by attribute name of their section field, e.g. ``num_server_rounds=5``),
+        unchecked: for tests and callers that already hold checked values."""
+        by_name = {name.replace("_", "-"): value for name, value in values.items()}
+        return RunConfig.from_values({**dict(self), **by_name})
+
+    @property
+    def rounds(self) -> int:
+        return self.general.num_server_rounds
+
+    @property
+    def dp_rounds(self) -> int:
+        return self.training.dp_rounds or self.general.num_server_rounds
+
+
+def _freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, str, str], ...]:
+    return tuple(sorted((str(k), type(v).__name__, repr(v)) for k, v in (mapping or {}).items()))
+
+
+def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """Merge ``run_config`` and ``overrides`` over the defaults and validate all values.
+
+    The result is computed once per process for each distinct input (a ClientApp resolves the same Flower
+    run-config for every message), so the checks that touch the filesystem or probe CUDA run once."""
+    return _resolve(_freeze(run_config), _freeze(overrides), dict(run_config or {}), dict(overrides or {}))
+
+
+def _resolve(run_key: tuple[tuple[str, str, str], ...], over_key: tuple[tuple[str, str, str], ...],
+             run_config: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
+    cached = _CACHE.get((run_key, over_key))
+    if cached is not None:
+        return cached
+    merged: dict[str, Any] = {name: key.default for name, key in SCHEMA.items()}
+    for source in (run_config, overrides):
+        for name, value in source.items():
+            if name not in SCHEMA:
+                raise ConfigError(f"unknown run-config key {name!r}; see docs/config.md")
+            merged[name] = value
+    cfg = RunConfig.from_values({name: check_value(SCHEMA[name], value) for name, value in merged.items()})
+    validate_cross_fields(cfg)
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[(run_key, over_key)] = cfg
+    return cfg
+
+
+_CACHE: dict[tuple[Any, Any], RunConfig] = {}
+_CACHE_SIZE = 64
+
+
+def clear_cache() -> None:
+    """Forget resolved configs (tests that change the filesystem or CUDA state under one config)."""
+    _CACHE.clear()
+
+
+def validate_cross_fields(cfg: RunConfig) -> None:
+    """Checks that involve several keys or the filesystem (no training, no writes)."""
+    from fedapp.registry import get_spec
+
+    get_spec(cfg["strategy"])  # raises ConfigError listing valid names
+    parse_int_list("batch-size-choices", cfg["batch-size-choices"])
+    out = cfg["output-dir"]
+    if out and os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"run-config 'output-dir' = {out!r} exists and is not a folder")
+    if cfg["device"] == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("run-config 'device' = 'cuda' but no CUDA device is available here (use 'auto' or 'cpu')")
+    if cfg["model"] != "auto":
+        from fedapp.models.catalog import MODEL_NAMES
+
+        if cfg["model"] not in MODEL_NAMES:
+            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)}")
+    model = cfg["model"]
+    if model == "auto" and cfg["dataset"] in DATASETS:
+        from fedapp.models.catalog import DEFAULT_MODEL
+
+        model = DEFAULT_MODEL[cfg["dataset"]]
+    if model != "auto" and cfg["dataset"] in DATASETS:  # before any data: hf: shapes are checked once loaded (build_model)
+        from fedapp.models.catalog import INPUT_SHAPES, model_input_problem
+
+        shape = INPUT_SHAPES[cfg["dataset"]]
+        problem = model_input_problem(model, shape)
+        if problem is not None:
+            raise ConfigError(f"run-config 'model' = {model!r} does not fit dataset {cfg['dataset']!r}, whose inputs have "
+                              f"shape {shape}: {problem}; pick a model that takes them (model = 'auto' picks "
+                              "the dataset's default)")
+    if cfg["dataset"].startswith("hf:"):
+        if cfg["model"] == "auto":
+            raise ConfigError(f"dataset {cfg['dataset']!r} has no default model: set run-config 'model'")
+        if cfg["data-dir"] and not os.path.isdir(cfg["data-dir"]):
+            raise ConfigError(f"run-config 'data-dir' = {cfg['data-dir']!r} is not a folder (dataset {cfg['dataset']!r})")
+    elif cfg["dataset"] != "digits":
+        data_dir = cfg["data-dir"]
+        if not data_dir:
+            raise ConfigError(f"dataset {cfg['dataset']!r} needs run-config 'data-dir' (a readable folder), got ''")
+        if not os.path.isdir(data_dir) or not os.access(data_dir, os.R_OK):
+            raise ConfigError(f"run-config 'data-dir' = {data_dir!r} is not a readable folder (dataset {cfg['dataset']!r})")
+    if model != "auto" and cfg["grad-sample-mode"] != "auto":
+        from fedapp.models.catalog import check_grad_sample_mode
+
+        try:
+            check_grad_sample_mode(model, cfg["grad-sample-mode"])
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'grad-sample-mode' = {cfg['grad-sample-mode']!r}: {exc}") from None
+    if 0 < cfg["num-clients"] < 2:
+        raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} is too small: a federation needs at least 2 clients")
+    if cfg["num-clients"]:
+        check_federation_size(cfg, cfg["num-clients"], f"run-config 'num-clients' = {cfg['num-clients']}")
+    if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
+        raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
+    check_secure_sum(cfg)
+    ignored = ignored_keys(cfg)
+    if ignored:
+        raise ConfigError("; ".join(f"run-config {name!r} = {cfg[name]!r} would have no effect: {why}"
+                                    for name, why in ignored.items()))
+
+
+def check_secure_sum(cfg: Mapping[str, Any]) -> None:
+    """The distributed discrete Gaussian is charged as an RDP bound without amplification by sampling: refuse the
+    settings that would claim more (a PRV composition of that bound, or the release adversary's amplified ε)."""
+    from fedapp.registry import get_spec
+
+    if not (get_spec(cfg["strategy"]).privacy.startswith("client-level") and cfg["secure-aggregation"]
+            and cfg["secagg-mechanism"] == "ddg"):
+        return
+    if cfg["accountant"] != "rdp":
+        raise ConfigError(f"run-config 'accountant' = {cfg['accountant']!r} with secagg-mechanism = 'ddg': the "
+                          "distributed discrete Gaussian's privacy is a Rényi DP bound (Kairouz et al., Prop. 14), "
+                          "composed by the rdp accountant only; set accountant = 'rdp' or secagg-mechanism = 'gaussian'")
+    if cfg["client-dp-adversary"] != "server":
+        raise ConfigError(f"run-config 'client-dp-adversary' = {cfg['client-dp-adversary']!r} with secagg-mechanism = "
+                          "'ddg': amplification by sampling is analysed here for the continuous Gaussian only; set "
+                          "client-dp-adversary = 'server' or secagg-mechanism = 'gaussian'")
+
+
+def check_federation_size(cfg: Mapping[str, Any], num_clients: int, source: str = "") -> None:
+    """Keys that count or name clients must fit a federation of ``num_clients``; ``source`` says where that number
+    comes from in the message ('num-clients', the launcher's --num-supernodes; '' = the clients of the run)."""
+    n = int(num_clients)
+    where = f" ({source})" if source else ""
+    r = int(cfg["clients-per-round"])
+    if r > n:
+        raise ConfigError(f"run-config 'clients-per-round' = {r} exceeds the {n} clients of this federation{where}: "
+                          f"every round would sample all {n} (q = 1) instead; set it to at most {n} (0 = every client "
+                          "every round)")
+    falsify = int(cfg["falsify-client"])
+    if falsify >= n:
+        raise ConfigError(f"run-config 'falsify-client' = {falsify} is not a client of this federation{where}: "
+                          f"partition ids are 0..{n - 1} (-1 = no client falsifies its ε)")
+
+
+#: run-config sections each strategy family reads (``Key.section``); keys of other sections are ignored by it
+FAMILY_SECTIONS: dict[str, frozenset[str]] = {
+    "foundation": frozenset({"general", "data", "privacy", "deployment"}),
+    "robust-hdp": frozenset({"general", "data", "privacy", "robust-hdp", "deployment"}),
+    "soteriafl": frozenset({"general", "data", "privacy", "soteriafl", "deployment"}),
+    "fed-smp": frozenset({"general", "data", "privacy", "fed-smp", "deployment"}),
+    "dp2-fedsam": frozenset({"general", "data", "privacy", "fed-smp", "dp2-fedsam", "deployment"}),
+}
+#: record-level keys a client-level family never reads, and Fed-SMP keys DP2-FedSAM never reads
+_CLIENT_LEVEL_IGNORES = frozenset({"privacy-dist", "epsilon-floor", "delta", "falsify-client", "falsify-epsilon",
+                                   "grad-sample-mode", "batch-size-choices", "record-neighbours"})
+_FAMILY_IGNORES: dict[str, frozenset[str]] = {
+    "fed-smp": _CLIENT_LEVEL_IGNORES | {"epsilon"},
+    "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"epsilon", "compression-ratio", "local-steps", "public-samples",
+                                           "public-steps"},
+    "soteriafl": frozenset({"grad-sample-mode", "local-epochs", "lr", "momentum", "lr-decay", "batch-size",
+                            "batch-size-choices"}),
+}
+
+
+def unused_keys(cfg: Mapping[str, Any], family: str) -> list[str]:
+    """Keys set to a non-default value that the strategy family ``family`` does not read."""
+    sections = FAMILY_SECTIONS.get(family)
+    if sections is None:
+        return []
+    ignored = _FAMILY_IGNORES.get(family, frozenset())
+    return [name for name, key in SCHEMA.items()
+            if name in cfg and cfg[name] != key.default and (key.section not in sections or name in ignored)]
+
+
+@dataclass(frozen=True)
+class _ReadWhen:
+    """Key ``name`` is read only when ``read(cfg)``; otherwise ``why(cfg)`` says why not and how to make it count."""
+
+    name: str
+    read: Callable[[Mapping[str, Any]], bool]
+    why: Callable[[Mapping[str, Any]], str]
+    record_level: bool = False  # the rule is about record-level DP strategies (their per-client ε_i profiles)
+
+
+#: keys that other values of the same run-config switch off (independent of the strategy family's sections)
+_READ_WHEN: tuple[_ReadWhen, ...] = (
+    _ReadWhen("epsilon", lambda c: c["privacy-dist"] == "fixed",
+              lambda c: f"privacy-dist = {c['privacy-dist']!r} draws each client's ε_i from a distribution and ignores "
+                        "'epsilon'; set privacy-dist = 'fixed' to give every client this ε (or leave 'epsilon' out)",
+              record_level=True),
+    _ReadWhen("epsilon-floor", lambda c: c["privacy-dist"] != "fixed",
+              lambda c: "privacy-dist = 'fixed' draws no ε_i, so there is nothing to floor; the floor applies to "
+                        "privacy-dist = dist1..dist9", record_level=True),
+    _ReadWhen("falsify-epsilon", lambda c: c["falsify-client"] >= 0,
+              lambda c: "falsify-client = -1: no client reports a falsified ε; set falsify-client to a partition id",
+              record_level=True),
+    _ReadWhen("batch-size-choices", lambda c: c["batch-size"] == 0,
+              lambda c: f"batch-size = {c['batch-size']} fixes every client's batch size; set batch-size = 0 to draw "
+                        "each b_i from batch-size-choices"),
+    _ReadWhen("shards-per-client", lambda c: c["partitioner"] == "shards",
+              lambda c: f"partitioner = {c['partitioner']!r} does not cut shards; it applies to partitioner = 'shards'"),
+    _ReadWhen("classes-per-client", lambda c: c["partitioner"] == "pathological",
+              lambda c: f"partitioner = {c['partitioner']!r} does not read it; it applies to partitioner = "
+                        "'pathological'"),
+    _ReadWhen("dirichlet-alpha", lambda c: c["partitioner"] == "dirichlet",
+              lambda c: f"partitioner = {c['partitioner']!r} does not read it; it applies to partitioner = 'dirichlet'"),
+    _ReadWhen("fault-mode", lambda c: c["fault-fraction"] > 0,
+              lambda c: "fault-fraction = 0 injects no fault; set fault-fraction > 0"),
+    _ReadWhen("fault-delay", lambda c: c["fault-fraction"] > 0 and c["fault-mode"] == "timeout",
+              lambda c: "only an injected timeout sleeps (fault-fraction > 0 and fault-mode = 'timeout'); here "
+                        f"fault-fraction = {c['fault-fraction']!r}, fault-mode = {c['fault-mode']!r}"),
+    _ReadWhen("target-epsilon", lambda c: c["noise-multiplier"] == 0,
+              lambda c: f"noise-multiplier = {c['noise-multiplier']!r} sets σ directly; set noise-multiplier = 0 to "
+                        "calibrate σ to target-epsilon"),
+    _ReadWhen("secagg-num-shares", lambda c: bool(c["secure-aggregation"]),
+              lambda c: "secure-aggregation = false runs no SecAgg+; set secure-aggregation = true"),
+    _ReadWhen("secagg-threshold", lambda c: bool(c["secure-aggregation"]),
+              lambda c: "secure-aggregation = false runs no SecAgg+; set secure-aggregation = true"),
+    _ReadWhen("secagg-mechanism", lambda c: bool(c["secure-aggregation"]),
+              lambda c: "secure-aggregation = false runs no SecAgg+: each client adds continuous Gaussian noise; set "
+                        "secure-aggregation = true"),
+    _ReadWhen("secagg-bits", lambda c: bool(c["secure-aggregation"]) and c["secagg-mechanism"] == "ddg",
+              lambda c: "only the distributed discrete Gaussian has a bit width (secure-aggregation = true and "
+                        f"secagg-mechanism = 'ddg'); here secure-aggregation = {str(c['secure-aggregation']).lower()}, "
+                        f"secagg-mechanism = {c['secagg-mechanism']!r}"),
+    _ReadWhen("sam-eta", lambda c: bool(c["sam-adaptive"]),
+              lambda c: "sam-adaptive = false runs plain SAM, which has no η; set sam-adaptive = true (ASAM)"),
+    _ReadWhen("rpca-chunks", lambda c: c["rpca-chunk-rows"] > 0,
+              lambda c: "rpca-chunk-rows = 0 runs Robust PCA on one block; set rpca-chunk-rows > 0 to cut blocks"),
+    _ReadWhen("rpca-device", lambda c: c["rpca-backend"] == "torch",
+              lambda c: f"rpca-backend = {c['rpca-backend']!r} runs on the CPU; set rpca-backend = 'torch'"),
+)
+
+
+def ignored_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """Keys set to a non-default value that this run-config itself switches off (``epsilon`` under a drawn
+    ``privacy-dist``, a partitioner's option under another partitioner …), each with why and how to make it count.
+
+    :func:`resolve_config` refuses them: nothing reports a key that the run silently ignores. Keys a whole strategy
+    family does not read are :func:`unused_keys` (a warning: one shared run-config may serve several families)."""
+    from fedapp.registry import get_spec
+
+    spec = get_spec(cfg["strategy"])
+    family_unused = set(unused_keys(cfg, spec.family))
+    record_level = spec.privacy.startswith("record-level")
+    return {rule.name: rule.why(cfg) for rule in _READ_WHEN
+            if rule.name in cfg and cfg[rule.name] != SCHEMA[rule.name].default and rule.name not in family_unused
+            and (record_level or not rule.record_level) and not rule.read(cfg)}
+
+
