@@ -63,6 +63,16 @@ def device(request: pytest.FixtureRequest):
     return resolve_device(name)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_resolved_configs():
+    """resolve_config memoizes per process; each test starts without the previous tests' results (their
+    filesystem checks ran against folders that test may have changed)."""
+    from fedapp.config import clear_cache
+
+    clear_cache()
+    yield
+
+
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     if not (SHARED_DATA / "MNIST" / "raw").is_dir():

@@ -210,3 +210,41 @@ def test_secagg_share_counts_flower_cannot_run_are_refused() -> None:
             resolve_config(None, {"secagg-num-shares": bad})
     for good in (0.5, 1.0, 3.0, 21.0):
         assert resolve_config(None, {"secagg-num-shares": good})["secagg-num-shares"] == good
+
+
+def test_run_config_sections_are_typed_frozen_and_read_as_a_mapping():
+    """One frozen dataclass per concern; the same values by key name; every key in exactly one section."""
+    import dataclasses
+
+    from fedapp.config import RunConfig
+    from fedapp.config.sections import SECTION_CLASSES
+
+    cfg = resolve_config(None, {"partitioner": "dirichlet", "dirichlet-alpha": 0.3, "num-server-rounds": 7})
+    assert cfg.data.partitioner == "dirichlet" and cfg["dirichlet-alpha"] == cfg.data.dirichlet_alpha == 0.3
+    assert cfg.general.num_server_rounds == cfg.rounds == 7 and isinstance(cfg.general.num_server_rounds, int)
+    assert dict(cfg) == {**{k: key.default for k, key in SCHEMA.items()}, "partitioner": "dirichlet",
+                         "dirichlet-alpha": 0.3, "num-server-rounds": 7}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data.partitioner = "iid"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg["partitioner"] = "iid"  # type: ignore[index]
+    fields = [f.name for cls in SECTION_CLASSES.values() for f in dataclasses.fields(cls)]
+    assert len(fields) == len(set(fields)) == len(SCHEMA)
+    assert RunConfig.from_values(dict(cfg)) == cfg
+    with pytest.raises(ConfigError, match="no-such-key"):
+        RunConfig.from_values({"no-such-key": 1})
+
+
+def test_resolve_config_validates_once_per_input(tmp_path, monkeypatch):
+    """A ClientApp resolves the same run-config for every message: the checks run once per distinct input."""
+    from fedapp.config import run_config
+
+    calls = []
+    monkeypatch.setattr(run_config, "validate_cross_fields", lambda cfg: calls.append(cfg))
+    first = resolve_config({"num-server-rounds": 4}, {"output-dir": str(tmp_path)})
+    assert resolve_config({"num-server-rounds": 4}, {"output-dir": str(tmp_path)}) is first and len(calls) == 1
+    assert resolve_config({"num-server-rounds": 5}, {"output-dir": str(tmp_path)}) is not first and len(calls) == 2
+    with pytest.raises(ConfigError, match="num-server-rounds"):  # a bad value is refused every time, never cached
+        resolve_config({"num-server-rounds": 0})
+    with pytest.raises(ConfigError, match="num-server-rounds"):
+        resolve_config({"num-server-rounds": 0})
