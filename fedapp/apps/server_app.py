@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
 import torch
 from flwr.common import Context, RecordDict, log
-from flwr.server import ServerAppComponents, ServerConfig
+from flwr.server import ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
@@ -26,7 +27,7 @@ from fedapp.registry import get_spec
 from fedapp.state.cache import release_mapped_pages
 from fedapp.state.checkpoint import attach as attach_checkpointing
 from fedapp.state.results import ResultsWriter
-from strategies.base import StrategyContext
+from strategies.base import DPFLStrategy, StrategyContext
 from strategies.client_level import ClientLevelDPStrategy
 
 
@@ -103,7 +104,15 @@ def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
     return out
 
 
-def build_components(cfg: RunConfig) -> ServerAppComponents:
+@dataclass(frozen=True)
+class ServerParts:
+    """What the ServerApp runs: the built strategy and Flower's round settings (rounds left, round timeout)."""
+
+    strategy: DPFLStrategy
+    config: ServerConfig
+
+
+def build_components(cfg: RunConfig) -> ServerParts:
     spec = get_spec(cfg.general.strategy)
     _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     initial = get_weights(make_model(cfg, test))
@@ -127,7 +136,7 @@ def build_components(cfg: RunConfig) -> ServerAppComponents:
         recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
     check_fault_config(cfg)
     remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults
-    return ServerAppComponents(strategy=strategy, config=ServerConfig(
+    return ServerParts(strategy=strategy, config=ServerConfig(
         num_rounds=remaining, round_timeout=cfg.deployment.round_timeout or None))
 
 
@@ -149,8 +158,9 @@ def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
                           f"(inputs {tuple(test.x.shape[1:])}): {type(exc).__name__}: {exc}") from None
     components = build_components(cfg)
     strategy = components.strategy
-    if getattr(strategy, "prevalidate", None) is not None:
-        strategy.prevalidate(num_clients)
+    prevalidate = getattr(strategy, "prevalidate", None)
+    if callable(prevalidate):
+        prevalidate(num_clients)
     setup = getattr(strategy, "setup_privacy", None)
     if callable(setup):
         setup(cfg.general.num_clients or num_clients)

@@ -22,6 +22,8 @@ anyway); one loss (cross-entropy); every client starts from the same weights (a 
 
 from __future__ import annotations
 
+import functools
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -72,7 +74,7 @@ def _per_sample_grads(model: nn.Module):
 
 def clipped_sums(per_sample: dict[str, torch.Tensor], mask: torch.Tensor, clip: torch.Tensor) -> dict[str, torch.Tensor]:
     """Σ_b mask_kb · min(1, C_k / (‖g_kb‖ + 1e-6)) · g_kb per client (Opacus' flat clipping, its 1e-6 included)."""
-    sq = sum(g.flatten(2).pow(2).sum(-1) for g in per_sample.values())
+    sq = functools.reduce(operator.add, (g.flatten(2).pow(2).sum(-1) for g in per_sample.values()))
     factor = (clip[:, None] / (sq.sqrt() + 1e-6)).clamp(max=1.0) * mask
     return {n: torch.einsum("kb,kb...->k...", factor, g) for n, g in per_sample.items()}
 

@@ -96,7 +96,8 @@ class DP2FedSAMClient(NumPyClient):
     def head(self) -> list[np.ndarray]:
         """h_i: from ``Context.state`` once trained, else the seeded initial head (Alg. 2 input h_i⁰)."""
         if HEAD_KEY in self.context.state:
-            return self.context.state[HEAD_KEY].to_numpy_ndarrays()
+            record = self.context.state.array_records[HEAD_KEY]
+            return record.to_numpy_ndarrays()
         return [w for w, m in zip(self.initial, self.mask) if not m]
 
     def save_head(self, head: list[np.ndarray]) -> None:

@@ -143,8 +143,8 @@ class GuardedClient(Client):
             replay = journal.replay(self.ctx.state, lineage, rnd, digest)
         ledger = ledger_epsilon(config, self.client_id)
         if replay is None and TAINT_KEY in self.ctx.state:
-            reason = str(self.ctx.state[TAINT_KEY].get("reason", "privacy state lost earlier in this run"))
-            return _refusal({"client_id": self.client_id, "status": "refused", "reason": reason,
+            taint = str(self.ctx.state[TAINT_KEY].get("reason", "privacy state lost earlier in this run"))
+            return _refusal({"client_id": self.client_id, "status": "refused", "reason": taint,
                              **({"epsilon_spent": ledger} if ledger is not None else {})})
         fraction = self.cfg.deployment.fault_fraction
         if fraction > 0 and self.client_id in failing_clients(self.cfg.general.seed, rnd, self.num_clients, fraction):

@@ -73,7 +73,7 @@ def soteriafl_params(cfg: RunConfig, d: int) -> tuple[int, float, float]:
 def load_state(context: Context) -> ClientState:
     st = ClientState()
     if ARRAYS_KEY in context.state:
-        rec = context.state[ARRAYS_KEY]
+        rec = context.state.array_records[ARRAYS_KEY]
         for key in rec.keys():
             setattr(st, key, np.array(rec[key].numpy()))
     st.rounds = int(read_record(context, PRIVACY_KEY).get("rounds", 0))

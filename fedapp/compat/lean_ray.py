@@ -42,6 +42,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ PATCHED_RAY = "2.55"
 SWITCH = "DPFL_LEAN_RAY"
 
 
-def _patchable() -> type | None:
+def _patchable() -> Any:
     """``ray._private.node.Node`` if Ray is :data:`PATCHED_RAY` and has the parameters and methods this module
     sets, else None."""
     try:

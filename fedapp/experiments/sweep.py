@@ -187,7 +187,7 @@ class Index:
         if changed:  # a cell's id names only its grid assignments: resuming would mix two experiments
             raise ConfigError(f"{self.path}: the sweep's {' and '.join(changed)} changed since its cells ran; "
                               "use another --out (or remove the folder) to run the changed sweep")
-        self.doc = {"sweep": sweep.name, "file": str(sweep.path), "meta": sweep.meta, "num_supernodes":
+        self.doc: dict[str, Any] = {"sweep": sweep.name, "file": str(sweep.path), "meta": sweep.meta, "num_supernodes":
                     sweep.num_supernodes, "config": sweep.config, "grid": sweep.grid, "tune": sweep.tune,
                     "claims": sweep.claims, "cells": dict(old.get("cells", {}))}
         if sweep.variants:

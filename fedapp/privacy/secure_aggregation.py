@@ -40,7 +40,7 @@ and the clients' metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -136,8 +136,8 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
         unmask_refusal`). A refused round is recorded and its sum is never reconstructed; a reconstructed sum is
         always charged.
         """
-        cfg = context.state.config_records[MAIN_CONFIGS_RECORD]
-        current_round = int(cfg[WorkflowKey.CURRENT_ROUND])
+        workflow: Mapping[str, Any] = context.state.config_records[MAIN_CONFIGS_RECORD]
+        current_round = int(workflow[WorkflowKey.CURRENT_ROUND])
         reason = self.strategy.unmask_refusal(current_round, state.legacy_results)
         if reason is not None:
             self.strategy.record_unreconstructed(current_round, state.legacy_results, state.failures, reason)
@@ -216,7 +216,8 @@ def secagg_mod(msg: Message, ctxt: Context, call_next: Callable[[Message, Contex
     if out.has_error() or RECORD_KEY_CONFIGS not in out.content.config_records:
         return out
     sent = _record_bytes(out.content.config_records[RECORD_KEY_CONFIGS])
-    so_far = int(ctxt.state.config_records[BYTES_KEY]["bytes"]) if BYTES_KEY in ctxt.state.config_records else 0
+    counted: Mapping[str, Any] = ctxt.state.config_records.get(BYTES_KEY, {})
+    so_far = int(counted.get("bytes", 0))
     if FIT_METRICS in out.content.config_records:  # the collect stage: the fit reply travels with the masked vector
         out.content.config_records[FIT_METRICS]["secagg_uplink_bytes"] = so_far + sent
         so_far, sent = 0, 0
@@ -242,7 +243,7 @@ def _contribution_or_dropout(call_next: Callable[[Message, Context], Message]) -
         if out.has_error():
             raise NoContribution(f"client error: {out.error}")
         fitres = recorddict_to_fitres(out.content, keep_input=True)
-        metrics = dict(fitres.metrics)
+        metrics: dict[str, Any] = dict(fitres.metrics)
         if metrics.get("status", "ok") != "ok" or not fitres.parameters.tensors:
             raise NoContribution(f"client_id={metrics.get('client_id')} does not contribute: "
                                  f"{metrics.get('status')}: {metrics.get('reason')}")
@@ -263,8 +264,8 @@ def _residue_payload(arrays: list[np.ndarray], bits: int, ctxt: Context) -> Any:
     """A discrete Gaussian share (residues modulo 2^b) as the values Flower's quantizer maps back onto the residues
     exactly (weight 1), after checking that the server set up exactly the field 2^b (:func:`ddg_transport`)."""
     expected = ddg_transport(bits)
-    state = ctxt.state.config_records.get(RECORD_KEY_STATE, {})
-    got = {k: state.get(flower_key) for k, flower_key in (("clipping_range", "clipping_range"),
+    state: Mapping[str, Any] = ctxt.state.config_records.get(RECORD_KEY_STATE, {})
+    got: dict[str, Any] = {k: state.get(flower_key) for k, flower_key in (("clipping_range", "clipping_range"),
                                                           ("quantization_range", "target_range"),
                                                           ("modulus_range", "mod_range"), ("max_weight", "max_weight"))}
     if any(not isinstance(got[k], (int, float)) or float(got[k]) != float(v) for k, v in expected.items()):

@@ -268,7 +268,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
     before = list_runs(output_dir)
     with signals_as_interrupt():
         try:
-            ca = key_paths = None
+            ca = None
+            key_paths: list[tuple[Any, Any]] = []
             if tls or auth:
                 # the CA key is discarded after signing: nothing on the SuperLink host can mint certificates
                 paths = _make_certs()(work / "certs", ("127.0.0.1", "localhost"),

@@ -71,7 +71,7 @@ def fingerprint(files: Iterable[Path], *extra: object) -> str:
     return h.hexdigest()[:20]
 
 
-def _atomic_write(path: Path, write: Callable[[str], None]) -> None:
+def _atomic_write(path: Path, write: Callable[[str], object]) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
@@ -101,7 +101,7 @@ def cached_arrays(key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, arr in arrays.items():
-            _atomic_write(folder / f"{name}.npy", lambda tmp, a=arr: _save_npy(tmp, a))
+            _atomic_write(folder / f"{name}.npy", functools.partial(_save_npy, arr=arr))
         _atomic_write(done, lambda tmp: Path(tmp).write_text(json.dumps({"arrays": sorted(arrays)})))
     except OSError:
         return arrays

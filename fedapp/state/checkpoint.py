@@ -110,7 +110,8 @@ def save_checkpoint(path: str | os.PathLike, payload: Mapping[str, Any]) -> Path
     tmp = temp_path(path)
     remove_stale_temp(path)
     with open(tmp, "wb") as fh:
-        np.savez(fh, __json__=blob, **arrays)
+        members: dict[str, Any] = {"__json__": blob, **arrays}
+        np.savez(fh, **members)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
