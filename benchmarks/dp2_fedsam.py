@@ -105,7 +105,7 @@ def run_one(strategy: str, overrides: dict, num_clients: int) -> dict:
 
         def finish(self) -> None: ...
 
-    strat.recorder = Recorder()
+    strat.record_with(Recorder())
     server = Server(client_manager=manager, strategy=strat)
     server.set_max_workers(1)
     start = time.perf_counter()
