@@ -84,11 +84,11 @@ class LocalProxy(ClientProxy):
 def run_one(strategy: str, overrides: dict, num_clients: int) -> dict:
     cfg = resolve_config(None, {**overrides, "strategy": strategy})
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
-    ctx = StrategyContext(initial_weights=get_weights(make_model(cfg, test)), evaluate_fn=make_evaluate_fn(cfg))
-    strat = build_dp2_variant(strategy, cfg, ctx)
     # In-process stand-in for SecAgg+ (the same sum, equal within quantization: tests/test_secure_aggregation.py):
     # the paper's aggregate budget applies to the utility measured here; the guarantee needs the real protocol.
-    strat.secure_aggregation = bool(cfg["secure-aggregation"])
+    ctx = StrategyContext(initial_weights=get_weights(make_model(cfg, test)), evaluate_fn=make_evaluate_fn(cfg),
+                          secure_aggregation=cfg.client_dp.secure_aggregation)
+    strat = build_dp2_variant(strategy, cfg, ctx)
     manager = SimpleClientManager()
     for cid in range(num_clients):
         context = Context(run_id=0, node_id=cid, node_config={"partition-id": cid, "num-partitions": num_clients},
@@ -105,7 +105,7 @@ def run_one(strategy: str, overrides: dict, num_clients: int) -> dict:
 
         def finish(self) -> None: ...
 
-    strat.recorder = Recorder()
+    strat.record_with(Recorder())
     server = Server(client_manager=manager, strategy=strat)
     server.set_max_workers(1)
     start = time.perf_counter()

@@ -105,13 +105,13 @@ def run_in_process(overrides: dict[str, Any], num_clients: int, log_every: int =
     spec = get_spec(cfg["strategy"])
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     recorder = MemoryRecorder()
-    ctx = StrategyContext(initial_weights=get_weights(make_model(cfg, test)),
-                          evaluate_fn=subset_evaluate_fn(cfg, eval_samples), recorder=recorder)
-    strategy = spec.strategy_factory()(cfg, ctx)
     # In-process stand-in for SecAgg+: this loop computes the same sum the secure aggregation would (equal within
     # quantization, tests/test_secure_aggregation.py), so the paper's aggregate budget applies to the utility
     # measured here; the guarantee itself needs the real protocol (`flwr run`, fedapp.privacy.secure_aggregation).
-    strategy.secure_aggregation = bool(cfg["secure-aggregation"])
+    ctx = StrategyContext(initial_weights=get_weights(make_model(cfg, test)),
+                          evaluate_fn=subset_evaluate_fn(cfg, eval_samples), recorder=recorder,
+                          secure_aggregation=cfg.client_dp.secure_aggregation)
+    strategy = spec.strategy_factory()(cfg, ctx)
     manager = SimpleClientManager()
     proxies = {}
     for i in range(num_clients):

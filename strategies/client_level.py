@@ -45,12 +45,11 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitIns, FitRes, Parameters, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.server.client_manager import ClientManager
+from flwr.common import FitRes, Parameters, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
 from strategies.aggregate import unflatten
-from strategies.base import WAIT_FOR_CLIENTS_S, ClientUpdate, DPFLStrategy, RejectedUpdate
+from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, Reply
 from strategies.errors import ConfigError
 from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
@@ -81,13 +80,13 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     privacy = threat_models.CLIENT_LEVEL_LOCAL_NOISE
     send_ledger = False  # ε is a property of the mechanism and the round, not of a client's state
-    #: True when the updates arrive through secure aggregation (every reply then carries the survivors' mean)
-    secure_aggregation = False
-
     def __init__(self, *, mechanism_factory: MechanismFactory | None = None, clip: float | None = None,
-                 secure_sum_factory: SecureSumFactory | None = None, **kwargs: Any) -> None:
+                 secure_sum_factory: SecureSumFactory | None = None, secure_aggregation: bool = False,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("sampling", "poisson")
         super().__init__(**kwargs)
+        #: True when the server runs the fit step through SecAgg+ (every reply then carries the survivors' mean)
+        self.secure_aggregation = secure_aggregation
         self.mechanism_factory = mechanism_factory
         self.secure_sum_factory = secure_sum_factory
         self.clip = clip
@@ -128,17 +127,14 @@ class ClientLevelDPStrategy(DPFLStrategy):
         """*hook*: a privatized vector of :meth:`payload_dim` entries as the arrays a client sends."""
         return unflatten(values, self.shapes)
 
-    def configure_fit(self, server_round: int, parameters: Parameters,
-                      client_manager: ClientManager) -> list[tuple[ClientProxy, FitIns]]:
+    def prepare_round(self, num_available: int) -> None:
         if self.private and self.dp is None:
-            client_manager.wait_for(self.min_available_clients, timeout=WAIT_FOR_CLIENTS_S)
-            self.setup_privacy(client_manager.num_available())
+            self.setup_privacy(num_available)
             if self.dp is not None and self.dp.secure_aggregation != self.secure_aggregation:
                 raise ConfigError(
                     f"run-config 'secure-aggregation' = {str(self.dp.secure_aggregation).lower()} but this server "
                     f"{'runs' if self.secure_aggregation else 'does not run'} SecAgg+: the budget would be claimed for "
                     "a guarantee the run does not give (in-process loops cannot run SecAgg+; set it to false there)")
-        return super().configure_fit(server_round, parameters, client_manager)
 
     # ---- sampling and budget -------------------------------------------------------------
     def round_charge(self, survivors: int, sampled: int) -> tuple[float, float]:
@@ -155,7 +151,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
         z_sum, z_ind = self.round_charge(survivors, sampled)
         return (z_sum, z_ind) if self.dp is not None and self.dp.secure_aggregation else (z_ind, z_sum)
 
-    def sample_clients(self, server_round: int, client_manager: ClientManager) -> list[ClientProxy]:
+    def sample_clients(self, server_round: int, nodes: list[int]) -> list[int]:
         if self.dp is not None:
             planned = self.ledger.population + [(self.dp.budget_noise_multiplier, self.dp.accounted_sample_rate, 1)]
             if server_round > self.dp.rounds or exceeds_budget(self.epsilon_after(planned), self.dp.epsilon()):
@@ -166,10 +162,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
                 self.sampled[server_round] = 0
                 self.round_log.add_metrics({"budget_exhausted": True})
                 return []
-        nodes = super().sample_clients(server_round, client_manager)
-        self.sampled[server_round] = len(nodes)
-        self.round_log.add_metrics({"clients_sampled": len(nodes)})  # also when too few to run the round
-        return nodes
+        chosen = super().sample_clients(server_round, nodes)
+        self.sampled[server_round] = len(chosen)
+        self.round_log.add_metrics({"clients_sampled": len(chosen)})  # also when too few to run the round
+        return chosen
 
     def epsilon_after(self, history: History) -> float:
         assert self.dp is not None
@@ -291,10 +287,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
         for _, res in results:
             res.parameters = mean
 
-    def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]) -> np.ndarray:
+    def decode_update(self, server_round: int, reply: Reply, metrics: Mapping[str, Scalar]) -> np.ndarray:
         if self._unreleased is not None:
             raise RejectedUpdate(f"not reconstructed: {self._unreleased}")
-        return super().decode_update(server_round, res, metrics)
+        return super().decode_update(server_round, reply, metrics)
 
     def population_charge(self, server_round: int, accepted: list[ClientUpdate],
                           records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -376,8 +372,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
                       else ", against observers of the release (amplified by secret sampling)"))
         return out
 
-    def client_record(self, proxy: ClientProxy, res: FitRes, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
-        rec = super().client_record(proxy, res, metrics)
+    def client_record(self, reply: Reply, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
+        rec = super().client_record(reply, metrics)
         secagg_bytes = metrics.get("secagg_uplink_bytes")
         if self.secure_aggregation and isinstance(secagg_bytes, int) and not isinstance(secagg_bytes, bool):
             rec["uplink_bytes"] = secagg_bytes  # what the client sent: masked vector plus the protocol's keys

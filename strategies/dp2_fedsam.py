@@ -37,9 +37,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.common import EvaluateIns, Parameters
-from flwr.server.client_manager import ClientManager
-from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
 from strategies.base import ClientUpdate
@@ -172,10 +169,6 @@ class DP2FedSAMStrategy(ClientLevelDPStrategy):
                          clipped_fraction=float(np.mean([n > (self.dp.clip if self.dp else math.inf) for n in norms])))
         return np.ones(len(updates)), extra  # uniform 1/r (Alg. 1 line 13, Alg. 2 line 25)
 
-    def configure_evaluate(self, server_round: int, parameters: Parameters,
-                           client_manager: ClientManager) -> list[tuple[ClientProxy, EvaluateIns]]:
-        actual = self.actual_round(server_round)  # run-wide round (continues after a resume)
-        if actual % self.eval_every and actual != self.num_rounds:
-            self.flush_round()
-            return []
-        return super().configure_evaluate(server_round, parameters, client_manager)
+    def evaluates(self, server_round: int) -> bool:
+        """Every ``eval_every`` rounds (run-wide count) and after the last."""
+        return (server_round % self.eval_every == 0 or server_round == self.num_rounds) and super().evaluates(server_round)

@@ -30,9 +30,9 @@ from logging import WARNING
 from typing import Any
 
 import numpy as np
-from flwr.common import FitRes, Scalar, log, parameters_to_ndarrays
+from flwr.common import Scalar, log
 
-from strategies.base import ClientUpdate
+from strategies.base import ClientUpdate, Reply
 from strategies.client_level import ClientLevelDPStrategy
 from strategies.compression import (
     check_indices,
@@ -133,8 +133,10 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
     name = "dp-fedavg"
 
     def __init__(self, *, sparsifier: str = "none", compression_ratio: float = 1.0,
-                 public_update_fn: PublicUpdateFn | None = None, **kwargs: Any) -> None:
+                 public_update_fn: PublicUpdateFn | None = None, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if name is not None:
+            self.name = name  # the registry name this configuration runs as (fed-smp-randk, fedavg-topk, ...)
         if sparsifier not in SPARSIFIERS:
             raise ValueError(f"sparsifier must be one of {SPARSIFIERS}, got {sparsifier!r}")
         if sparsifier == "topk" and public_update_fn is None:
@@ -189,14 +191,14 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
     def payload_arrays(self, values: np.ndarray) -> list[np.ndarray]:
         return super().payload_arrays(values) if self.sparsifier == "none" else encode_sparse(values)
 
-    def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]) -> np.ndarray:
+    def decode_update(self, server_round: int, reply: Reply, metrics: Mapping[str, Scalar]) -> np.ndarray:
         if self.sparsifier == "none":
-            return super().decode_update(server_round, res, metrics)
+            return super().decode_update(server_round, reply, metrics)
         try:
             mask = self.round_mask(server_round)
             if mask is None:  # only without sparsification, handled above
                 raise RuntimeError(f"round {server_round}: sparsifier {self.sparsifier!r} has no mask")
-            return decode_sparse(parameters_to_ndarrays(res.parameters), mask, self.num_params)
+            return decode_sparse(reply.arrays(), mask, self.num_params)
         except ValueError as exc:
             raise RejectedUpdate(str(exc)) from None
 

@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.common import FitRes, Parameters, Scalar, parameters_to_ndarrays
+from flwr.common import Scalar
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
+from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, Reply
 from strategies.compression import rand_k_compress, rand_k_decompress
 from strategies.errors import ConfigError
 from strategies.privacy import threat_models
@@ -483,8 +483,8 @@ class SoteriaFLStrategy(DPFLStrategy):
     def fit_config(self, server_round: int) -> dict[str, Scalar]:
         return {"soteriafl-method": self.method.name, "round-seed": fit_seed(self.seed, server_round)}
 
-    def decode_update(self, server_round: int, res: FitRes, metrics: Mapping[str, Scalar]) -> np.ndarray:
-        arrays = parameters_to_ndarrays(res.parameters)
+    def decode_update(self, server_round: int, reply: Reply, metrics: Mapping[str, Scalar]) -> np.ndarray:
+        arrays = reply.arrays()
         if len(arrays) != 1:
             raise RejectedUpdate(f"expected 1 array of {self.k} values, got {len(arrays)} arrays")
         values = arrays[0]
@@ -549,15 +549,8 @@ class SoteriaFLStrategy(DPFLStrategy):
             self.server.update_shift(self._pending_mean)
             self._pending_mean = None
 
-    def evaluate(self, server_round: int, parameters: Parameters) -> tuple[float, dict[str, Scalar]] | None:
-        out = super().evaluate(server_round, parameters)
-        if self.metrics_oracle is not None:
-            extra = self.utility_metrics(parameters_to_ndarrays(parameters))
-            if server_round == 0:
-                self.initial_metrics.update(extra)
-            else:
-                self.round_log.add_metrics(extra)
-        return out
+    def model_metrics(self, weights: list[np.ndarray]) -> dict[str, Any]:
+        return {} if self.metrics_oracle is None else self.utility_metrics(weights)
 
     def utility_metrics(self, weights: list[np.ndarray]) -> dict[str, float]:
         """‖∇f(x_t)‖² and f(x_t) on the full training data; running mean of ‖∇f‖² (Theorem 3's quantity)."""

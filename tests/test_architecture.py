@@ -67,12 +67,12 @@ class UniformAvg(DPFLStrategy):
 
 TOY_FACTORY = '''
 """File 2 (a builder in fedapp/apps/factories.py): run-config keys -> constructor arguments."""
-from fedapp.apps.factories import _bind, common_kwargs
+from fedapp.apps.factories import common_kwargs
 from toy_family import UniformAvg
 
 
 def build_toy(cfg, ctx):
-    return _bind(UniformAvg(**common_kwargs(cfg, ctx)))
+    return UniformAvg(**common_kwargs(cfg, ctx))
 '''
 
 

@@ -29,6 +29,9 @@ class ShiftStrategy(DPFLStrategy):
         self.shift = np.zeros(4)
         self.rng = np.random.default_rng(5)
 
+    def random_generators(self) -> dict[str, np.random.Generator]:
+        return {"rng": self.rng}
+
     def checkpoint_state(self) -> dict[str, Any]:
         return {"shift": self.shift.copy(), "nested": {"ids": [1, 2], "arr": [np.arange(3)]}}
 
@@ -147,15 +150,15 @@ def test_ledger_entry_is_per_node_once_the_node_is_known() -> None:
     from strategies.base import LEDGER_CONFIG_KEY
 
     a = _strategy()
-    assert LEDGER_CONFIG_KEY not in a.node_fit_config({"server-round": 1}, _Node(11))  # empty ledger: no key
+    assert LEDGER_CONFIG_KEY not in a.node_fit_config({"server-round": 1}, 11)  # empty ledger: no key
     for node, cid, steps in ((11, 0, 10), (17, 3, 20), (19, 4, 30)):
         a.identity.bind(node, cid)
         a.ledger.charge(cid, [(1.0, 0.1, steps)], 1e-5)
     eps = {str(k): v for k, v in a.ledger.epsilons().items()}
-    assert json.loads(a.node_fit_config({}, _Node(17))[LEDGER_CONFIG_KEY]) == {"3": eps["3"]}
-    assert json.loads(a.node_fit_config({}, _Node(99))[LEDGER_CONFIG_KEY]) == eps
+    assert json.loads(a.node_fit_config({}, 17)[LEDGER_CONFIG_KEY]) == {"3": eps["3"]}
+    assert json.loads(a.node_fit_config({}, 99)[LEDGER_CONFIG_KEY]) == eps
     a.identity.bind(23, 7)  # known node, client without a ledger entry yet
-    assert LEDGER_CONFIG_KEY not in a.node_fit_config({LEDGER_CONFIG_KEY: "{}"}, _Node(23))
+    assert LEDGER_CONFIG_KEY not in a.node_fit_config({LEDGER_CONFIG_KEY: "{}"}, 23)
 
 
 def test_configure_fit_sends_each_known_node_only_its_own_ledger_entry() -> None:

@@ -48,19 +48,20 @@ def test_checkpoint_is_written_before_rounds_jsonl_and_before_clients_are_told(t
     strategy = DPFLStrategy(initial_weights=[np.zeros((2, 2), np.float32)], num_rounds=5)
     writer = _Writer(tmp_path / "run")
     rec = CheckpointingRecorder(writer, cfg, strategy)
-    assert strategy.run_fit_config[COMMITTED_ROUND_KEY] == 0
+    strategy.record_with(rec, rec.fit_config)
+    assert strategy.round_fit_config(1)[COMMITTED_ROUND_KEY] == 0
     events: list[tuple] = []
     real_save = rec.save
 
     def save():
-        events.append(("save", len(writer.rounds), strategy.run_fit_config[COMMITTED_ROUND_KEY]))
+        events.append(("save", len(writer.rounds), strategy.round_fit_config(rnd)[COMMITTED_ROUND_KEY]))
         return real_save()
 
     monkeypatch.setattr(rec, "save", save)
     for rnd in range(1, 6):
         strategy.round_log.last_round = rnd
         rec.write_round({"round": rnd, "metrics": {}, "clients": []})
-        events.append(("after", rnd, len(writer.rounds), strategy.run_fit_config[COMMITTED_ROUND_KEY]))
+        events.append(("after", rnd, len(writer.rounds), strategy.round_fit_config(rnd + 1)[COMMITTED_ROUND_KEY]))
     assert events == [("after", 1, 0, 0), ("save", 0, 0), ("after", 2, 2, 2), ("after", 3, 2, 2),
                       ("save", 2, 2), ("after", 4, 4, 4), ("save", 4, 4), ("after", 5, 5, 5)]
     ckpt = load_checkpoint(writer.run_dir)

@@ -51,8 +51,7 @@ def strategy(sparsifier="randk", private=True, ratio=0.2, clip=1.0, sigma=1.0, r
     kw.setdefault("sampling", "fixed")  # exact r per round: these tests check the server's arithmetic
     s = ClientLevelStrategy(initial_weights=weights, num_rounds=5, seed=0, clients_per_round=r,
                             sparsifier=sparsifier, compression_ratio=ratio, clip=clip,
-                            mechanism_factory=factory, **kw)
-    s.secure_aggregation = secagg
+                            mechanism_factory=factory, secure_aggregation=secagg, **kw)
     return s
 
 

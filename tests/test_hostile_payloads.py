@@ -52,9 +52,10 @@ CASES = {
 }
 
 
-def make_strategy(tmp_path=None) -> DPFLStrategy:
+def make_strategy(tmp_path=None, **kwargs) -> DPFLStrategy:
     recorder = ResultsWriter(tmp_path, {"strategy": "base", "dataset": "none", "seed": 0}) if tmp_path else None
-    s = DPFLStrategy(initial_weights=[np.zeros(sh, np.float32) for sh in SHAPES], num_rounds=5, recorder=recorder)
+    s = DPFLStrategy(initial_weights=[np.zeros(sh, np.float32) for sh in SHAPES], num_rounds=5, recorder=recorder,
+                     **kwargs)
     s.max_update_norm = 10.0  # declared clip bound of a client-level mode
     s.round_log.start(1)
     return s
@@ -122,8 +123,7 @@ def test_failures_are_recorded_with_their_client_id() -> None:
 
 
 def test_min_fit_clients_aborts_with_clear_message() -> None:
-    s = make_strategy()
-    s.min_fit_clients = 2
+    s = make_strategy(min_fit_clients=2)
     with pytest.raises(RuntimeError, match=r"only 1 acceptable client update.*1 rejected.*min-fit-clients = 2"):
         bad = CASES["nan"][0]()
         bad.metrics["client_id"] = 1

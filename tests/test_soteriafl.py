@@ -16,7 +16,7 @@ from fedapp.clients.common import setup_client
 from fedapp.clients.soteriafl import ARRAYS_KEY, SoteriaFLClient
 from fedapp.config import ConfigError
 from fedapp.models.zoo import build_model
-from strategies.base import RejectedUpdate, StrategyContext
+from strategies.base import RejectedUpdate, StrategyContext, fit_reply
 from strategies.compression import rand_k_compress, rand_k_decompress, rand_k_indices, rand_k_omega
 from strategies.privacy.accountants import DPAccountingPLD, DPAccountingRDP, epsilon_of
 from strategies.soteriafl import (
@@ -264,7 +264,11 @@ def _strategy(ov: dict, weights):
 
 
 def _fitres(values, metrics):
-    return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(values), 10, metrics)
+    return fit_reply(_Node(), FitRes(Status(Code.OK, ""), ndarrays_to_parameters(values), 10, metrics))
+
+
+class _Node:
+    node_id = 0
 
 
 def test_strategy_rejects_bad_payloads_and_config():

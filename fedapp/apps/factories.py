@@ -12,7 +12,6 @@ Server builders have signature ``(cfg, StrategyContext) -> Strategy``; client bu
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -54,7 +53,8 @@ def common_kwargs(cfg: RunConfig, ctx: StrategyContext) -> dict[str, Any]:
         "server_lr": cfg.general.server_lr,
         "evaluate_fn": ctx.evaluate_fn,
         "recorder": ctx.recorder,
-        "prevalidate": _with_dataset_sizes(cfg, ctx.prevalidate),
+        "prevalidate": ctx.prevalidate,
+        "dataset_sizes": (lambda n: client_train_sizes(cfg.data, cfg.general.seed, n)) if cfg.data.dataset else None,
         "secret_sampling": not cfg.general.seeded_noise,
         "accountant": cfg.training.accountant,
         "strike_limit": cfg.deployment.strike_limit,
@@ -62,37 +62,13 @@ def common_kwargs(cfg: RunConfig, ctx: StrategyContext) -> dict[str, Any]:
     }
 
 
-def _with_dataset_sizes(cfg: RunConfig, outer: Callable[[int], None] | None) -> Callable[[int], None]:
-    """The strategy's pre-round-1 check, extended to give its validator every client's dataset size."""
-    holder: dict[str, Any] = {}
-
-    def prevalidate(num_clients: int) -> None:
-        if outer is not None:
-            outer(num_clients)
-        strategy = holder.get("strategy")
-        if strategy is not None and cfg.data.dataset:
-            sizes = client_train_sizes(cfg.data, cfg.general.seed, num_clients)
-            strategy.validator.max_examples = dict(enumerate(sizes))
-
-    prevalidate.holder = holder  # type: ignore[attr-defined]
-    return prevalidate
-
-
-def _bind(strategy: Any) -> Any:
-    """Let the prevalidate hook of :func:`common_kwargs` reach the strategy it was built for."""
-    holder = getattr(strategy.prevalidate, "holder", None)
-    if holder is not None:
-        holder["strategy"] = strategy
-    return strategy
-
-
 # ----------------------------------------------------------------------------- foundation, Robust-HDP
 def build_fedavg(cfg: RunConfig, ctx: StrategyContext) -> FedAvg:
-    return _bind(FedAvg(**common_kwargs(cfg, ctx)))
+    return FedAvg(**common_kwargs(cfg, ctx))
 
 
 def build_dpsgd_fedavg(cfg: RunConfig, ctx: StrategyContext) -> DPSGDFedAvg:
-    return _bind(DPSGDFedAvg(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx)))
+    return DPSGDFedAvg(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx))
 
 
 def rpca_options(cfg: RunConfig) -> dict[str, Any]:
@@ -104,23 +80,23 @@ def rpca_options(cfg: RunConfig) -> dict[str, Any]:
 
 def build_robust_hdp(cfg: RunConfig, ctx: StrategyContext) -> RobustHDP:
     lr, decay = cfg.training.lr, cfg.training.lr_decay  # the server's η_t (round_lr), never the client's word
-    return _bind(RobustHDP(rpca_options=rpca_options(cfg), chunk_rows=cfg.robust_hdp.rpca_chunk_rows,
+    return RobustHDP(rpca_options=rpca_options(cfg), chunk_rows=cfg.robust_hdp.rpca_chunk_rows,
                            num_chunks=cfg.robust_hdp.rpca_chunks, freeze_weights=cfg.robust_hdp.robust_hdp_freeze_weights,
                            clip_norm=cfg.training.clip_norm, momentum=cfg.training.momentum,
-                           lr_schedule=lambda rnd: lr * decay ** (rnd - 1), **common_kwargs(cfg, ctx)))
+                           lr_schedule=lambda rnd: lr * decay ** (rnd - 1), **common_kwargs(cfg, ctx))
 
 
 def build_weiavg(cfg: RunConfig, ctx: StrategyContext) -> WeiAvg:
-    return _bind(WeiAvg(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx)))
+    return WeiAvg(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx))
 
 
 def build_pfa(cfg: RunConfig, ctx: StrategyContext) -> PFA:
-    return _bind(PFA(components=cfg.robust_hdp.pfa_components, clip_norm=cfg.training.clip_norm,
-                     **common_kwargs(cfg, ctx)))
+    return PFA(components=cfg.robust_hdp.pfa_components, clip_norm=cfg.training.clip_norm,
+                     **common_kwargs(cfg, ctx))
 
 
 def build_min_eps(cfg: RunConfig, ctx: StrategyContext) -> MinEpsilon:
-    return _bind(MinEpsilon(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx)))
+    return MinEpsilon(clip_norm=cfg.training.clip_norm, **common_kwargs(cfg, ctx))
 
 
 # ----------------------------------------------------------------------------- Fed-SMP family
@@ -153,6 +129,7 @@ def _client_level_kwargs(cfg: RunConfig, ctx: StrategyContext, private: bool) ->
     if private:
         kwargs["mechanism_factory"] = lambda n: client_level_mechanism(cfg, cfg.general.num_clients or n)
         kwargs["secure_sum_factory"] = lambda dp, dim: secure_sum_mechanism(cfg, dp, dim)
+        kwargs["secure_aggregation"] = ctx.secure_aggregation
     return kwargs
 
 
@@ -161,9 +138,8 @@ def _fed_smp(cfg: RunConfig, ctx: StrategyContext, *, name: str, sparsifier: str
     strategy = ClientLevelStrategy(
         sparsifier=sparsifier, compression_ratio=cfg.client_dp.compression_ratio if sparsifier != "none" else 1.0,
         public_update_fn=public_update_fn(cfg) if sparsifier == "topk" else None,
-        **_client_level_kwargs(cfg, ctx, private))
-    strategy.name = name
-    return _bind(strategy)
+        name=name, **_client_level_kwargs(cfg, ctx, private))
+    return strategy
 
 
 def build_dp_fedavg(cfg: RunConfig, ctx: StrategyContext) -> ClientLevelStrategy:
@@ -211,8 +187,8 @@ def build_soteriafl(cfg: RunConfig, ctx: StrategyContext) -> SoteriaFLStrategy:
                                   f"{SAGA_TABLE_LIMIT_BYTES // 2**20} MiB; use soteriafl-svrg or fewer samples")
 
     kwargs = common_kwargs(cfg, dataclasses.replace(ctx, prevalidate=prevalidate))
-    return _bind(SoteriaFLStrategy(method=method, eta=cfg.soteriafl.soteriafl_eta, k=k, gamma=gamma,
-                                   clip=cfg.training.clip_norm, metrics_oracle=oracle, **kwargs))
+    return SoteriaFLStrategy(method=method, eta=cfg.soteriafl.soteriafl_eta, k=k, gamma=gamma,
+                                   clip=cfg.training.clip_norm, metrics_oracle=oracle, **kwargs)
 
 
 # ----------------------------------------------------------------------------- DP2-FedSAM family
@@ -222,7 +198,7 @@ def build_dp2_variant(name: str, cfg: RunConfig, ctx: StrategyContext) -> DP2Fed
     kwargs["initial_weights"] = shared_weights(cfg, ctx.initial_weights, variant.personalized)
     if variant.personalized:
         kwargs["evaluate_fn"] = None  # no global head: accuracy is the personalized client_accuracy
-    return _bind(DP2FedSAMStrategy(name=name, eval_every=cfg.dp2_fedsam.dp2_eval_every, **kwargs))
+    return DP2FedSAMStrategy(name=name, eval_every=cfg.dp2_fedsam.dp2_eval_every, **kwargs)
 
 
 def build_dp2_fedsam(cfg: RunConfig, ctx: StrategyContext) -> DP2FedSAMStrategy:

@@ -22,7 +22,7 @@ from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
 from fedapp.data.client_data import client_train_sizes
 from fedapp.data.datasets import load_dataset
 from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles
-from fedapp.privacy.secure_aggregation import run_with_secure_aggregation, uses_secure_aggregation
+from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
 from fedapp.state.cache import release_mapped_pages
 from fedapp.state.checkpoint import attach as attach_checkpointing
@@ -112,7 +112,7 @@ class ServerParts:
     config: ServerConfig
 
 
-def build_components(cfg: RunConfig) -> ServerParts:
+def build_components(cfg: RunConfig, *, transport: bool = True) -> ServerParts:
     spec = get_spec(cfg.general.strategy)
     _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     initial = get_weights(make_model(cfg, test))
@@ -129,7 +129,8 @@ def build_components(cfg: RunConfig) -> ServerParts:
         "num_parameters": int(sum(w.size for w in initial)),
     })
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
-                          prevalidate=make_prevalidate(cfg))
+                          prevalidate=make_prevalidate(cfg),
+                          secure_aggregation=transport and cfg.client_dp.secure_aggregation)
     strategy = spec.strategy_factory()(cfg, ctx)
     if cfg.general.num_clients:  # config.json is written when the first round opens the run folder
         payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
@@ -176,8 +177,7 @@ def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = 
     cfg = resolve_config(context.run_config, overrides)
     components = build_components(cfg)
     strategy = components.strategy
-    if uses_secure_aggregation(cfg, strategy):
-        strategy.secure_aggregation = True
+    if getattr(strategy, "secure_aggregation", False):
         log(INFO, "secure aggregation (SecAgg+) on: the server sees only the sum of each round's updates")
         run_with_secure_aggregation(grid, context, strategy, components.config, cfg)
     else:

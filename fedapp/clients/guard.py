@@ -64,14 +64,17 @@ from fedapp.state.client_state import (
     lost_accountant_reason,
 )
 from fedapp.state.lifetime_budget import LifetimeBudget
+from strategies.errors import ClientFailure
 from strategies.privacy.mechanisms import max_delta
 
 TAINT_KEY = "dpfl-privacy-state-lost"
 DEFAULT_STATE_SUBDIR = ".client-state"  # under output-dir, when no state dir is configured
 
 
-class InjectedFault(RuntimeError):
-    """A failure injected by ``fault-fraction`` (the message names ``client_id=<n>``)."""
+class InjectedFault(ClientFailure):
+    """A failure injected by ``fault-fraction`` (typed ``client_id``; the message names ``client_id=<n>``)."""
+
+    kind = "injected fault"
 
 
 def check_fault_config(cfg: RunConfig) -> None:
@@ -149,8 +152,7 @@ class GuardedClient(Client):
         fraction = self.cfg.deployment.fault_fraction
         if fraction > 0 and self.client_id in failing_clients(self.cfg.general.seed, rnd, self.num_clients, fraction):
             if self.cfg.deployment.fault_mode == "raise":
-                raise InjectedFault(f"injected fault: client_id={self.client_id} round={rnd} (fault-fraction="
-                                    f"{fraction})")
+                raise InjectedFault(self.client_id, f"round={rnd} (fault-fraction={fraction})")
             time.sleep(self.cfg.deployment.fault_delay)
         if replay is not None:
             return replay  # the very reply released for this request before a crash: no new privacy loss

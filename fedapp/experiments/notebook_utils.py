@@ -71,7 +71,7 @@ def run_federation(overrides: dict[str, Any], num_clients: int = 4) -> Path:
         # no transport, so no SecAgg+: client-level DP then plans its budget for what the server sees (one update)
         overrides.setdefault("secure-aggregation", False)
     cfg = resolve_config(None, overrides)
-    components = build_components(cfg)
+    components = build_components(cfg, transport=False)  # in-process: no SecAgg+
     strategy = components.strategy
     manager = SimpleClientManager()
     for node in range(num_clients):

@@ -82,12 +82,6 @@ def residues_from_mean(mean: np.ndarray, bits: int, survivors: int) -> np.ndarra
     return np.mod(s, modulus)
 
 
-def uses_secure_aggregation(cfg: RunConfig, strategy: Any) -> bool:
-    """SecAgg+ runs for client-level DP strategies unless ``secure-aggregation = false``."""
-    return cfg.client_dp.secure_aggregation and callable(getattr(strategy, "secagg_clipping_range", None)) \
-        and getattr(strategy, "private", False)
-
-
 class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
     """Flower's SecAgg+ workflow with the quantizer's clipping range taken from the round's mechanism."""
 

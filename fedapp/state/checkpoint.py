@@ -169,7 +169,8 @@ class CheckpointingRecorder:
     never holds a round the checkpoint lacks, and a client never commits past the checkpoint.
 
     On resume it first replays the checkpoint's round records into the new results folder, so
-    ``rounds.jsonl`` of the resumed run is the complete ledger.
+    ``rounds.jsonl`` of the resumed run is the complete ledger. :meth:`fit_config` is what the strategy
+    sends every client with each round (the lineage and the committed round).
     """
 
     def __init__(self, inner: Any, cfg: RunConfig, strategy: Any = None,
@@ -181,8 +182,11 @@ class CheckpointingRecorder:
         self.every = cfg.deployment.checkpoint_every
         self.lineage = str(resumed["lineage"]) if resumed else ""
         self.uncommitted: list[dict[str, Any]] = []  # records of rounds after the last checkpoint
+        #: the round clients may commit up to (None: no checkpoints, clients are not told)
+        self.committed: int | None = None
         if strategy is not None and self.every > 0:
-            strategy.run_fit_config[COMMITTED_ROUND_KEY] = int(resumed["state"]["round"]) if resumed else 0
+            self.committed = int(resumed["state"]["round"]) if resumed else 0
+        self.announce_lineage = False  # the lineage goes into the fit config once the results folder is open
 
     @property
     def run_dir(self) -> Path | None:
@@ -202,8 +206,7 @@ class CheckpointingRecorder:
         remove_stale_temp(Path(self.inner.run_dir) / CHECKPOINT_FILE)
         if not self.lineage:
             self.lineage = Path(self.inner.run_dir).name
-        if self.strategy is not None:
-            self.strategy.run_fit_config["run-lineage"] = self.lineage  # client_state.LINEAGE_CONFIG_KEY
+        self.announce_lineage = self.strategy is not None
         for record in (self.resumed or {}).get("rounds", []):
             self.inner.write_round(record)
 
@@ -221,7 +224,14 @@ class CheckpointingRecorder:
         for pending in self.uncommitted:  # (2) the results files follow the checkpoint
             self.inner.write_round(pending)
         self.uncommitted.clear()
-        self.strategy.run_fit_config[COMMITTED_ROUND_KEY] = rnd  # (3) sent with the next round's fit config
+        self.committed = rnd  # (3) sent with the next round's fit config
+
+    def fit_config(self) -> dict[str, Any]:
+        """Run-wide fit-config keys: ``committed-round`` (checkpointed runs) and ``run-lineage``."""
+        out: dict[str, Any] = {} if self.committed is None else {COMMITTED_ROUND_KEY: self.committed}
+        if self.announce_lineage:
+            out["run-lineage"] = self.lineage  # client_state.LINEAGE_CONFIG_KEY
+        return out
 
     def save(self) -> Path:
         assert self.run_dir is not None and self.strategy is not None
@@ -258,7 +268,7 @@ def attach(strategy: Any, cfg: RunConfig, recorder: Any) -> int:
         if resumed is not None:
             raise ConfigError(f"strategy {cfg.general.strategy!r} does not support resume-from (not a DPFLStrategy)")
         return cfg.rounds
-    strategy.min_fit_clients = cfg.deployment.min_fit_clients
+    strategy.require_fit_clients(cfg.deployment.min_fit_clients)
     if resumed is not None:
         try:
             strategy.load_state_dict(resumed["state"])
@@ -266,5 +276,6 @@ def attach(strategy: Any, cfg: RunConfig, recorder: Any) -> int:
             raise ConfigError(f"run-config 'resume-from' = {resumed['path']!r}: cannot restore the strategy: "
                               f"{exc}") from None
     if recorder is not None:
-        strategy.recorder = CheckpointingRecorder(recorder, cfg, strategy, resumed)
+        checkpointer = CheckpointingRecorder(recorder, cfg, strategy, resumed)
+        strategy.record_with(checkpointer, checkpointer.fit_config)
     return cfg.rounds - strategy.round_offset

@@ -9,8 +9,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypeGuard
 
 import numpy as np
 
@@ -106,3 +106,48 @@ class RoundLog:
             if record["round"] >= num_rounds:
                 self.recorder.finish()
         return record
+
+
+def headline(record: Mapping[str, Any], num_rounds: int) -> tuple[Any, ...]:
+    """The one log line of a written round record: (format, *arguments)."""
+    eps = [c["epsilon_spent"] for c in record["clients"] if c.get("epsilon_spent") is not None]
+    m = record["metrics"]
+    return ("[round %d/%d] accuracy=%s loss=%s client_accuracy=%s max_epsilon=%s clients ok=%s (%.1fs)",
+            record["round"], num_rounds, _fmt(m.get("accuracy")), _fmt(m.get("loss")), _fmt(m.get("client_accuracy")),
+            _fmt(max(eps) if eps else None), m.get("clients_ok"), record["wall_seconds"])
+
+
+def client_evaluation(results: Sequence[tuple[Any, Any, Mapping[str, Any]]]) -> tuple[float | None, dict[str, Any]]:
+    """Federated evaluation from the clients' (loss, num_examples, metrics): the mean loss of clients with a
+    local test split, and the mean (and spread) of their local accuracies."""
+    accs, losses, val_accs, val_losses = [], [], [], []
+    for loss, num_examples, m in results:
+        if _is_fraction(acc := m.get("accuracy")):
+            accs.append(float(acc))
+        if num_examples > 0 and _is_finite(loss):  # a client without a local test split has no loss
+            losses.append(float(loss))
+        if _is_fraction(val_acc := m.get("val_accuracy")):  # the local validation split (tuning)
+            val_accs.append(float(val_acc))
+        if _is_finite(val_loss := m.get("val_loss")):
+            val_losses.append(float(val_loss))
+    metrics: dict[str, Any] = {}
+    if accs:
+        metrics["client_accuracy"] = float(np.mean(accs))
+        metrics["client_accuracy_std"] = float(np.std(accs))
+    if val_accs:
+        metrics["client_val_accuracy"] = float(np.mean(val_accs))
+    if val_losses:
+        metrics["client_val_loss"] = float(np.mean(val_losses))
+    return (float(np.mean(losses)) if losses else None), metrics
+
+
+def _fmt(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def _is_finite(x: object) -> TypeGuard[float]:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x))
+
+
+def _is_fraction(x: object) -> TypeGuard[float]:
+    return _is_finite(x) and 0 <= float(x) <= 1
