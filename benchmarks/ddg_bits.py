@@ -41,7 +41,7 @@ def _mechanism_facts(cfg: dict[str, Any], clients: int, dims: dict[str, int]) ->
     if key not in dims:
         dims[key] = secure_payload_dim(run)
     dim = dims[key]
-    ddg = secure_sum_mechanism(run, dp, dim)
+    ddg = secure_sum_mechanism(run.client_dp, dp, dim)
     if ddg is None:
         field_bits = int(math.log2(modulus_for(clients, QUANTIZATION_RANGE)))
         return {"sigma": dp.noise_multiplier, "charged": dp.noise_multiplier, "bits": field_bits, "coords": dim}

@@ -118,10 +118,10 @@ def test_client_state_dir_restores_the_accountant(tmp_path) -> None:
 
 def test_fault_config_cross_checks() -> None:
     with pytest.raises(ConfigError, match="'round-timeout' > 0"):
-        check_fault_config(resolve_config(overrides={"fault-fraction": 0.2, "fault-mode": "timeout"}))
+        check_fault_config(resolve_config(overrides={"fault-fraction": 0.2, "fault-mode": "timeout"}).deployment)
     with pytest.raises(ConfigError, match="'fault-delay' = 3.0 must exceed 'round-timeout' = 5.0"):
         check_fault_config(resolve_config(overrides={"fault-fraction": 0.2, "fault-mode": "timeout",
-                                                     "round-timeout": 5.0, "fault-delay": 3.0}))
+                                                     "round-timeout": 5.0, "fault-delay": 3.0}).deployment)
     with pytest.raises(ConfigError, match="'fault-fraction' = 1.0"):
         resolve_config(overrides={"fault-fraction": 1.0})
 

@@ -115,7 +115,7 @@ def public_update_fn(cfg: RunConfig) -> PublicUpdateFn:
 
     def update(weights: list[np.ndarray], server_round: int) -> np.ndarray:
         set_weights(model, weights)
-        local_train(model, public, LocalTraining(batch_size=batch, steps=steps, lr=round_lr(cfg, server_round),
+        local_train(model, public, LocalTraining(batch_size=batch, steps=steps, lr=round_lr(cfg.training.lr, cfg.training.lr_decay, server_round),
                                                  momentum=cfg.training.momentum,
                                                  seed=mask_seed(cfg.general.seed, server_round, 502)), device)
         return flatten(get_weights(model)) - flatten(weights)
@@ -128,7 +128,7 @@ def _client_level_kwargs(cfg: RunConfig, ctx: StrategyContext, private: bool) ->
     kwargs["clip"] = cfg.training.clip_norm
     if private:
         kwargs["mechanism_factory"] = lambda n: client_level_mechanism(cfg, cfg.general.num_clients or n)
-        kwargs["secure_sum_factory"] = lambda dp, dim: secure_sum_mechanism(cfg, dp, dim)
+        kwargs["secure_sum_factory"] = lambda dp, dim: secure_sum_mechanism(cfg.client_dp, dp, dim)
         kwargs["secure_aggregation"] = ctx.secure_aggregation
     return kwargs
 
@@ -167,7 +167,7 @@ def build_soteriafl(cfg: RunConfig, ctx: StrategyContext) -> SoteriaFLStrategy:
     """Every method of the family; the method is the run-config ``strategy``."""
     method = get_method(cfg.general.strategy)
     d = int(sum(np.asarray(w).size for w in ctx.initial_weights))
-    k, _, gamma = soteriafl_params(cfg, d)
+    k, _, gamma = soteriafl_params(cfg.soteriafl, d)
     oracle = None
     if cfg.soteriafl.soteriafl_utility:
         pool = training_pool(cfg.data, cfg.general.seed)

@@ -70,7 +70,7 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
         "sample_rate": dp.sample_rate, "delta": dp.delta, "accountant": dp.accountant,
         "budget_holds_against": dp.adversary,
     }
-    ddg = secure_sum_mechanism(cfg, dp, payload_dim or secure_payload_dim(cfg)) if secagg and \
+    ddg = secure_sum_mechanism(cfg.client_dp, dp, payload_dim or secure_payload_dim(cfg)) if secagg and \
         cfg.client_dp.secagg_mechanism == "ddg" else None
     if ddg is not None:
         mechanism.update(

@@ -135,7 +135,7 @@ def build_components(cfg: RunConfig, *, transport: bool = True) -> ServerParts:
     if cfg.general.num_clients:  # config.json is written when the first round opens the run folder
         payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
         recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
-    check_fault_config(cfg)
+    check_fault_config(cfg.deployment)
     remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults
     return ServerParts(strategy=strategy, config=ServerConfig(
         num_rounds=remaining, round_timeout=cfg.deployment.round_timeout or None))

@@ -118,7 +118,7 @@ class ClientLevelDPClient(NumPyClient):
         sparsifier, indices = mask_from_config(config, update.size)
         clip = float(self.s.cfg.training.clip_norm)
         r_t = round_clients(config, dp, self.floors) if dp is not None else None
-        ddg = secure_sum_mechanism(self.s.cfg, dp, update.size if indices is None else len(indices)) \
+        ddg = secure_sum_mechanism(self.s.cfg.client_dp, dp, update.size if indices is None else len(indices)) \
             if dp is not None else None
         if ddg is not None:  # clip here; the discrete Gaussian share replaces the continuous noise
             assert r_t is not None
@@ -161,7 +161,7 @@ class ClientLevelDPClient(NumPyClient):
                            "reason": f"batch-size {p.batch_size} > local dataset size {len(self.s.train)}"}
         model = self.s.new_model()
         set_weights(model, parameters)
-        lr = round_lr(cfg, server_round)
+        lr = round_lr(cfg.training.lr, cfg.training.lr_decay, server_round)
         result = self.local_train(model, lr=lr, seed=round_seed(cfg, p.client_id, server_round, stream=411),
                                   config=config)
         update = flatten(get_weights(model)) - flatten(parameters)

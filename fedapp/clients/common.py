@@ -87,9 +87,9 @@ def noise_seed(cfg: RunConfig, client_id: int, server_round: int) -> int:
     return secrets.randbits(63)
 
 
-def round_lr(cfg: RunConfig, server_round: int, key: str = "lr") -> float:
+def round_lr(lr: float, decay: float, server_round: int) -> float:
     """η_r = η · decay^(r−1) (per-round decay, e.g. Fed-SMP Sec. 6.2, DP2-FedSAM Sec. 5.1)."""
-    return float(cfg[key]) * cfg.training.lr_decay ** (server_round - 1)
+    return lr * decay ** (server_round - 1)
 
 
 def read_record(context: Context, name: str) -> dict[str, Any]:

@@ -139,7 +139,8 @@ class DP2FedSAMClient(NumPyClient):
         start = time.perf_counter()
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
-        lr, lr_h = round_lr(cfg, rnd), round_lr(cfg, rnd, "dp2-lr-head")
+        lr = round_lr(cfg.training.lr, cfg.training.lr_decay, rnd)
+        lr_h = round_lr(cfg.dp2_fedsam.dp2_lr_head, cfg.training.lr_decay, rnd)
         seed, mom = round_seed(cfg, p.client_id, rnd), cfg.training.momentum
         sam = SAM(cfg.dp2_fedsam.sam_rho, cfg.dp2_fedsam.sam_adaptive, cfg.dp2_fedsam.sam_eta) if self.variant.sam else None
 
@@ -161,7 +162,7 @@ class DP2FedSAMClient(NumPyClient):
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
         rng = np.random.default_rng(noise_seed(cfg, p.client_id, rnd))
         r_t = round_clients(config, dp, floors)
-        ddg = secure_sum_mechanism(cfg, dp, delta.size)
+        ddg = secure_sum_mechanism(cfg.client_dp, dp, delta.size)
         try:
             if ddg is None:  # Alg. 2 lines 18–19: clip, add N(0, C²σ²/r_t)
                 noisy, norm = dp.privatize(delta, rng, r_t)
@@ -191,6 +192,6 @@ class DP2FedSAMClient(NumPyClient):
         if self.variant.finetune and cfg.dp2_fedsam.ft_epochs > 0 and len(self.s.train) > 0:
             rnd, b = int(config.get("server-round", 1)), self.s.profile.batch_size
             local_train(model, self.s.train, LocalTraining(
-                batch_size=b, steps=epochs_to_steps(len(self.s.train), b, cfg.dp2_fedsam.ft_epochs), lr=round_lr(cfg, rnd),
+                batch_size=b, steps=epochs_to_steps(len(self.s.train), b, cfg.dp2_fedsam.ft_epochs), lr=round_lr(cfg.training.lr, cfg.training.lr_decay, rnd),
                 momentum=cfg.training.momentum, seed=round_seed(cfg, cid, rnd, stream=612)), self.s.device)
         return evaluate_local_splits(self.s, model)

@@ -125,7 +125,7 @@ class DPSGDClient(NumPyClient):
                            "reason": f"batch-size {p.batch_size} > local dataset size {self.num_train}"}
         model = self.s.new_model()
         set_weights(model, parameters)
-        lr = round_lr(cfg, server_round)
+        lr = round_lr(cfg.training.lr, cfg.training.lr_decay, server_round)
         seed = round_seed(cfg, p.client_id, server_round)  # plain SGD shuffling: no secret needed
         if self.private:
             reason = record_delta_refusal(p.delta, self.num_train, self.context.node_config, cfg)

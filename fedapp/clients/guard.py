@@ -54,7 +54,7 @@ from flwr.common import (
     log,
 )
 
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, DeploymentConfig, RunConfig
 from fedapp.state.client_state import (
     COMMITTED_ROUND_KEY,
     LINEAGE_CONFIG_KEY,
@@ -77,15 +77,15 @@ class InjectedFault(ClientFailure):
     kind = "injected fault"
 
 
-def check_fault_config(cfg: RunConfig) -> None:
+def check_fault_config(deployment: DeploymentConfig) -> None:
     """Cross-field checks of the fault/timeout keys (``ConfigError`` naming the values)."""
-    if cfg.deployment.fault_fraction > 0 and cfg.deployment.fault_mode == "timeout":
-        if cfg.deployment.round_timeout <= 0:
+    if deployment.fault_fraction > 0 and deployment.fault_mode == "timeout":
+        if deployment.round_timeout <= 0:
             raise ConfigError("run-config 'fault-mode' = 'timeout' needs 'round-timeout' > 0 (got "
-                              f"{cfg.deployment.round_timeout!r}); otherwise the server waits for the late clients")
-        if cfg.deployment.fault_delay <= cfg.deployment.round_timeout:
-            raise ConfigError(f"run-config 'fault-delay' = {cfg.deployment.fault_delay!r} must exceed 'round-timeout' = "
-                              f"{cfg.deployment.round_timeout!r} for an injected timeout to be one")
+                              f"{deployment.round_timeout!r}); otherwise the server waits for the late clients")
+        if deployment.fault_delay <= deployment.round_timeout:
+            raise ConfigError(f"run-config 'fault-delay' = {deployment.fault_delay!r} must exceed 'round-timeout' = "
+                              f"{deployment.round_timeout!r} for an injected timeout to be one")
 
 
 def failing_clients(seed: int, server_round: int, num_clients: int, fraction: float) -> set[int]:

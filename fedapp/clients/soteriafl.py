@@ -35,7 +35,7 @@ from fedapp.clients.common import (
 )
 from fedapp.clients.dpsgd import record_delta_refusal
 from fedapp.clients.training import get_weights, set_weights
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, SoteriaFLConfig
 from strategies.compression import rand_k_omega
 from strategies.privacy.accountants import epsilon_of, record_accountant
 from strategies.privacy.budget import budget_refusal
@@ -59,14 +59,14 @@ PRIVACY_KEY = "soteriafl-privacy"
 ARRAYS_KEY = "soteriafl-arrays"
 
 
-def soteriafl_params(cfg: RunConfig, d: int) -> tuple[int, float, float]:
-    """(k, ω, γ) from the run-config for a model of dimension d: k = ``soteriafl-k`` (0 → d/20),
-    γ = ``soteriafl-gamma`` (0 → Theorem 3's value for ω = d/k − 1)."""
-    k = cfg.soteriafl.soteriafl_k or default_k(d)
+def soteriafl_params(options: SoteriaFLConfig, d: int) -> tuple[int, float, float]:
+    """(k, ω, γ) for a model of dimension d: k = ``soteriafl-k`` (0 → d/20), γ = ``soteriafl-gamma``
+    (0 → Theorem 3's value for ω = d/k − 1)."""
+    k = options.soteriafl_k or default_k(d)
     if k > d:
         raise ConfigError(f"run-config 'soteriafl-k' = {k} exceeds the model dimension d = {d}")
     omega = rand_k_omega(d, k)
-    gamma = cfg.soteriafl.soteriafl_gamma or shift_stepsize(omega)
+    gamma = options.soteriafl_gamma or shift_stepsize(omega)
     return k, omega, gamma
 
 
@@ -99,7 +99,7 @@ class SoteriaFLClient(NumPyClient):
 
     def dims(self) -> tuple[int, int, float, float]:
         d = int(sum(w.size for w in get_weights(self.s.new_model())))
-        k, omega, gamma = soteriafl_params(self.s.cfg, d)
+        k, omega, gamma = soteriafl_params(self.s.cfg.soteriafl, d)
         return d, k, omega, gamma
 
     def batch_size(self, d: int, omega: float) -> int:

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fedapp.config import ConfigError, RunConfig, check_federation_size, parse_int_list
+from fedapp.config import ClientDPConfig, ConfigError, RunConfig, check_federation_size, parse_int_list
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
 
@@ -217,14 +217,14 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
                                     adversary=adversary)
 
 
-def secure_sum_mechanism(cfg: RunConfig, dp: ClientLevelDP, dim: int) -> DistributedDiscreteGaussian | None:
+def secure_sum_mechanism(client_dp: ClientDPConfig, dp: ClientLevelDP, dim: int) -> DistributedDiscreteGaussian | None:
     """The distributed discrete Gaussian the run's secure sums carry (``secagg-mechanism = 'ddg'`` under SecAgg+), or
     None (continuous Gaussian shares, or no secure aggregation). Server and clients build it from the same plan:
     the sum's multiplier is raised from σ until its Gaussian equivalent reaches σ (for a sum of all n clients),
     at ``secagg-bits`` bits for payloads of ``dim`` values; too few bits raise ``ConfigError`` naming the key."""
-    if not (dp.secure_aggregation and cfg.client_dp.secure_aggregation and cfg.client_dp.secagg_mechanism == "ddg"):
+    if not (dp.secure_aggregation and client_dp.secure_aggregation and client_dp.secagg_mechanism == "ddg"):
         return None
-    bits = cfg.client_dp.secagg_bits
+    bits = client_dp.secagg_bits
     try:
         return _ddg(dp.noise_multiplier, dp.clip, dp.num_clients, int(dim), bits)
     except ValueError as exc:

@@ -159,7 +159,7 @@ def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tu
         cfg = resolve_config({**merged, **overrides})
     from fedapp.clients.guard import check_fault_config
 
-    check_fault_config(cfg)
+    check_fault_config(cfg.deployment)
     if num_supernodes < 2:
         raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
     for key in dry_run_in_child(cfg, num_supernodes):
