@@ -111,13 +111,20 @@ class FamilyHooks:
         if not (z > 0 and 0 < q <= 1 and steps > 0 and 0 < delta < 1):
             raise RejectedUpdate(f"declared mechanism (noise_multiplier={z}, sample_rate={q}, steps_round={steps}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
+        relation = self.fix_record_level(record, metrics, (z, q), "(noise_multiplier, sample_rate)")
+        return [(z, q, steps)], delta, relation
+
+    def fix_record_level(self, record: Mapping[str, Any], metrics: Mapping[str, Any], mechanism: tuple[float, float],
+                         what: str) -> str:
+        """The record-level relation a reply declares (``record_neighbours``) and its mechanism, both fixed for the
+        client at first contact; a change of either raises :class:`RejectedUpdate`. Returns the relation."""
         cid = int(record["client_id"])
         try:
             relation = self.ledger.declared_relation(cid, metrics.get("record_neighbours"))
         except ValueError as exc:
             raise RejectedUpdate(str(exc)) from None
-        self.fix_declared(cid, (z, q), "(noise_multiplier, sample_rate)")
-        return [(z, q, steps)], delta, str(relation)
+        self.fix_declared(cid, mechanism, what)
+        return relation
 
     def fix_declared(self, client_id: int, mechanism: tuple[float, float], what: str) -> None:
         """Fix a client's declared mechanism at first contact; a later, different declaration is rejected

@@ -516,13 +516,7 @@ class SoteriaFLStrategy(DPFLStrategy):
         if not (sigma_p > 0 and 1 <= b <= m and 0 < delta < 1):
             raise RejectedUpdate(f"declared mechanism (sigma_p={sigma_p}, batch_size={b}, num_train={m}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
-        cid = int(record["client_id"])
-        try:
-            relation = self.ledger.declared_relation(cid, metrics.get("record_neighbours"))
-        except ValueError as exc:
-            raise RejectedUpdate(str(exc)) from None
-        self.fix_declared(cid, (sigma_p, b / m), "(sigma_p, b/m)")
-        return history, delta, relation
+        return history, delta, self.fix_record_level(record, metrics, (sigma_p, b / m), "(sigma_p, b/m)")
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         bits = [int(u.metrics.get("payload_bits", payload_bits(self.method, self.k))) for u in updates]

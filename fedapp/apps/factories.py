@@ -54,7 +54,7 @@ def common_kwargs(cfg: RunConfig, ctx: StrategyContext) -> dict[str, Any]:
         "evaluate_fn": ctx.evaluate_fn,
         "recorder": ctx.recorder,
         "prevalidate": ctx.prevalidate,
-        "dataset_sizes": (lambda n: client_train_sizes(cfg.data, cfg.general.seed, n)) if cfg.data.dataset else None,
+        "dataset_sizes": lambda n: client_train_sizes(cfg.data, cfg.general.seed, n),
         "secret_sampling": not cfg.general.seeded_noise,
         "accountant": cfg.training.accountant,
         "strike_limit": cfg.deployment.strike_limit,

@@ -113,6 +113,9 @@ class ServerParts:
 
 
 def build_components(cfg: RunConfig, *, transport: bool = True) -> ServerParts:
+    """The run's strategy, results writer, checkpointing and round settings. ``transport``: the server runs the
+    fit step through Flower's messages, so client-level DP strategies get SecAgg+ when the run-config asks for it
+    (False for in-process loops, which cannot run SecAgg+)."""
     spec = get_spec(cfg.general.strategy)
     _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     initial = get_weights(make_model(cfg, test))

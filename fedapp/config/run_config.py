@@ -72,12 +72,6 @@ class RunConfig(Mapping[str, Any]):
         changed = {k: v for k, v in self.items() if v != SCHEMA[k].default}
         return f"RunConfig({changed!r})"
 
-    def with_values(self, **values: Any) -> RunConfig:
-        """A copy with ``values`` (by attribute name of their section field, e.g. ``num_server_rounds=5``),
-        unchecked: for tests and callers that already hold checked values."""
-        by_name = {name.replace("_", "-"): value for name, value in values.items()}
-        return RunConfig.from_values({**dict(self), **by_name})
-
     @property
     def rounds(self) -> int:
         return self.general.num_server_rounds
@@ -96,16 +90,12 @@ def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mappi
 
     The result is computed once per process for each distinct input (a ClientApp resolves the same Flower
     run-config for every message), so the checks that touch the filesystem or probe CUDA run once."""
-    return _resolve(_freeze(run_config), _freeze(overrides), dict(run_config or {}), dict(overrides or {}))
-
-
-def _resolve(run_key: tuple[tuple[str, str, str], ...], over_key: tuple[tuple[str, str, str], ...],
-             run_config: dict[str, Any], overrides: dict[str, Any]) -> RunConfig:
-    cached = _CACHE.get((run_key, over_key))
+    memo_key = (_freeze(run_config), _freeze(overrides))
+    cached = _CACHE.get(memo_key)
     if cached is not None:
         return cached
     merged: dict[str, Any] = {name: key.default for name, key in SCHEMA.items()}
-    for source in (run_config, overrides):
+    for source in (run_config or {}, overrides or {}):
         for name, value in source.items():
             if name not in SCHEMA:
                 raise ConfigError(f"unknown run-config key {name!r}; see docs/config.md")
@@ -114,7 +104,7 @@ def _resolve(run_key: tuple[tuple[str, str, str], ...], over_key: tuple[tuple[st
     validate_cross_fields(cfg)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
-    _CACHE[(run_key, over_key)] = cfg
+    _CACHE[memo_key] = cfg
     return cfg
 
 
