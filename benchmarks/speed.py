@@ -32,7 +32,7 @@ MNIST_FEDERATION = ("strategy='dpsgd-fedavg' dataset='mnist' data-dir='{data}' p
 
 
 def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str, engine: str = "superlink",
-           num_cpus: float = 1.0) -> dict:
+           num_cpus: float = 1.0, num_gpus: float = 0.0) -> dict:
     """One federation through ``python -m fedapp.run.launch`` (a child process, as a user runs it): wall, peak
     memory of its whole process tree, and the per-round times from rounds.jsonl. The launcher's output goes
     to ``<out>/launch-<n>.log``."""
@@ -45,7 +45,7 @@ def launch(run_config: str, num_supernodes: int, cache_dir: str, out: str, engin
     before = set(Path(out).glob("*"))
     log = Path(out) / f"launch-{len(before)}.log"
     cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(num_supernodes), "--run-config", run_config,
-           "--engine", engine, "--num-cpus", str(num_cpus)]
+           "--engine", engine, "--num-cpus", str(num_cpus), "--num-gpus", str(num_gpus)]
     # one PSS sample of ~17 processes costs ~85 ms of CPU: every 2 s
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=2.0, timeout=None)
     if code != 0:
