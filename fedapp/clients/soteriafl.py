@@ -4,7 +4,8 @@ Protects every record of the client's local data against the (untrusted) server 
 who sees its messages: record-level local (ε_i, δ_i)-DP over ``dp-rounds`` rounds. Per-sample
 gradients are clipped to G = ``clip-norm``, Gaussian noise N(0, σ_p² I) is added on the client,
 and only the noisy estimator is (shift-)compressed. σ_p is calibrated once with the accountant
-(:func:`strategies.soteriafl.calibrate_sigma`) under run-config ``record-neighbours`` (replace-one by
+(:func:`strategies.soteriafl.calibrate_sigma`, through the per-machine cache
+:func:`fedapp.state.cache.calibrated_soteriafl_sigma`) under run-config ``record-neighbours`` (replace-one by
 default, dp_accounting's PLD: the client releases m = N_i; add-remove: ``accountant``), which the reply
 declares (``record_neighbours``) for the server's ledger; a round that would exceed ε_i is refused
 (``status = "refused"``), and so is every round when δ_i > 1/(10·m) unless ``allow-large-delta``.
@@ -36,13 +37,13 @@ from fedapp.clients.common import (
 from fedapp.clients.dpsgd import record_delta_refusal
 from fedapp.clients.training import get_weights, set_weights
 from fedapp.config import ConfigError, SoteriaFLConfig
+from fedapp.state.cache import calibrated_soteriafl_sigma
 from strategies.compression import rand_k_omega
 from strategies.privacy.accountants import epsilon_of, record_accountant
 from strategies.privacy.budget import budget_refusal
 from strategies.soteriafl import (
     ClientState,
     GradientOracle,
-    calibrate_sigma,
     client_step,
     default_batch_size,
     default_k,
@@ -119,8 +120,9 @@ class SoteriaFLClient(NumPyClient):
         rec = read_record(self.context, PRIVACY_KEY)
         if "sigma_p" not in rec:
             cfg, p = self.s.cfg, self.s.profile
-            sigma, split = calibrate_sigma(self.method.estimator, p.epsilon, p.delta, cfg.training.clip_norm, b,
-                                           self.m, cfg.dp_rounds, self.accountant())
+            sigma, split = calibrated_soteriafl_sigma(self.method.estimator, p.epsilon, p.delta,
+                                                      cfg.training.clip_norm, b, self.m, cfg.dp_rounds,
+                                                      self.accountant())
             rec = {"sigma_p": sigma, "split": split, "batch_size": b, "rounds": 0,
                    "sigma_theorem2": theorem2_sigma(self.method.estimator, p.epsilon, p.delta,
                                                     cfg.training.clip_norm, self.m, cfg.dp_rounds)}
