@@ -20,7 +20,7 @@ from fedapp.clients.training import evaluate_model, get_weights, resolve_device,
 from fedapp.compat.heap import return_freed_memory
 from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
 from fedapp.data.client_data import client_train_sizes
-from fedapp.data.datasets import load_dataset
+from fedapp.data.datasets import ArrayDataset, load_dataset
 from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles
 from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
@@ -31,10 +31,26 @@ from strategies.base import DPFLStrategy, StrategyContext
 from strategies.client_level import ClientLevelDPStrategy
 
 
-def make_evaluate_fn(cfg: RunConfig):
-    """Centralized evaluation of the global model on the dataset's held-out test split."""
+@dataclass(frozen=True)
+class ServerInputs:
+    """What the server side of a run is built from, loaded once per run: the dataset's held-out test split,
+    the model (centralized evaluation loads the global weights into it) and its initial weights."""
+
+    test: ArrayDataset
+    model: torch.nn.Module
+    initial_weights: list[np.ndarray]
+
+
+def load_server_inputs(cfg: RunConfig) -> ServerInputs:
     _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     model = make_model(cfg, test)
+    return ServerInputs(test=test, model=model, initial_weights=get_weights(model))
+
+
+def make_evaluate_fn(cfg: RunConfig, inputs: ServerInputs | None = None):
+    """Centralized evaluation of the global model on the dataset's held-out test split."""
+    inputs = inputs or load_server_inputs(cfg)
+    model, test = inputs.model, inputs.test
     device = resolve_device(cfg.general.device)
     batch = cfg.general.eval_batch_size
 
@@ -112,13 +128,13 @@ class ServerParts:
     config: ServerConfig
 
 
-def build_components(cfg: RunConfig, *, transport: bool = True) -> ServerParts:
+def build_components(cfg: RunConfig, *, transport: bool = True, inputs: ServerInputs | None = None) -> ServerParts:
     """The run's strategy, results writer, checkpointing and round settings. ``transport``: the server runs the
     fit step through Flower's messages, so client-level DP strategies get SecAgg+ when the run-config asks for it
-    (False for in-process loops, which cannot run SecAgg+)."""
+    (False for in-process loops, which cannot run SecAgg+). ``inputs``: already loaded (else loaded here)."""
     spec = get_spec(cfg.general.strategy)
-    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    initial = get_weights(make_model(cfg, test))
+    inputs = inputs or load_server_inputs(cfg)
+    initial = inputs.initial_weights
     unused = unused_keys(cfg, spec.family)
     for key in unused:
         log(WARNING, "run-config %r = %r is not read by strategy %r (family %s); it has no effect", key, cfg[key],
@@ -131,7 +147,7 @@ def build_components(cfg: RunConfig, *, transport: bool = True) -> ServerParts:
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
     })
-    ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg), recorder=recorder,
+    ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg, inputs), recorder=recorder,
                           prevalidate=make_prevalidate(cfg),
                           secure_aggregation=transport and cfg.client_dp.secure_aggregation)
     strategy = spec.strategy_factory()(cfg, ctx)
@@ -153,14 +169,14 @@ def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
                           "clients will connect: the server would wait for them forever")
     if cfg.general.num_clients and cfg.general.num_clients != num_clients:
         raise ConfigError(f"run-config 'num-clients' = {cfg.general.num_clients} but {num_clients} clients will connect")
-    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    model = make_model(cfg, test)
+    inputs = load_server_inputs(cfg)
+    test = inputs.test
     try:
-        model.eval()(torch.from_numpy(test.x[:2].copy()))  # a copy: the pool is read-only
+        inputs.model.eval()(torch.from_numpy(test.x[:2].copy()))  # a copy: the pool is read-only
     except Exception as exc:  # noqa: BLE001 — any shape/dtype mismatch of model and data
         raise ConfigError(f"run-config 'model' = {cfg.general.model!r} does not fit dataset {cfg.data.dataset!r} "
                           f"(inputs {tuple(test.x.shape[1:])}): {type(exc).__name__}: {exc}") from None
-    components = build_components(cfg)
+    components = build_components(cfg, inputs=inputs)
     strategy = components.strategy
     prevalidate = getattr(strategy, "prevalidate", None)
     if callable(prevalidate):
