@@ -102,3 +102,43 @@ def run_small_simulation(overrides: dict[str, Any], num_supernodes: int = 4) -> 
 
 def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
+
+
+def client_context(cid: int = 0, n: int = 4, *, node: dict[str, Any] | None = None, run_id: int = 1,
+                   node_id: int | None = None, run_config: dict[str, Any] | None = None):
+    """A Flower ``Context`` of client ``cid`` of ``n`` (partition-id / num-partitions, plus ``node``) with empty
+    state, as a SuperNode hands it to a ClientApp."""
+    from flwr.common import Context, RecordDict
+
+    return Context(run_id=run_id, node_id=cid + 100 if node_id is None else node_id,
+                   node_config={"partition-id": cid, "num-partitions": n, **(node or {})}, state=RecordDict(),
+                   run_config=dict(run_config or {}))
+
+
+def ledger_rows(rounds: list[dict[str, Any]], *fields: str) -> list[tuple]:
+    """(round, client_id, *fields) of every client record of ``rounds`` (rounds.jsonl rows)."""
+    return [(r["round"], c["client_id"], *(c[f] for f in fields)) for r in rounds for c in r["clients"]]
+
+
+def follow_process_tree(root: Any, log: Path, until: Any, timeout: float, poll: float = 0.2) -> dict[int, Any]:
+    """Record every descendant of the process ``root`` (a ``Popen``; by PID, also once re-parented) until
+    ``until(seen)`` holds; returns them (``psutil.Process`` by PID). Fails with the end of ``log`` when ``root``
+    exits or ``timeout`` passes first."""
+    import time
+
+    import psutil
+
+    seen: dict[int, psutil.Process] = {}
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert root.poll() is None, log.read_text()[-3000:]
+        for proc in [psutil.Process(root.pid), *list(seen.values())]:
+            try:
+                for child in proc.children(recursive=True):
+                    seen.setdefault(child.pid, child)
+            except psutil.NoSuchProcess:
+                continue
+        if until(seen):
+            return seen
+        time.sleep(poll)
+    raise AssertionError(f"not reached within {timeout:g}s: {log.read_text()[-3000:]}")

@@ -168,3 +168,23 @@ def test_cache_keys_change_with_the_libraries_that_produce_the_arrays(monkeypatc
         client_data._partitions("digits", "", 0, "iid", 4, 0, 8, 2, 0.5)
     assert len(names) == 2 and names[0] != names[1]
     client_data._partitions.cache_clear()
+
+
+def test_a_cached_soteriafl_sigma_is_verified_never_trusted(cache_root):
+    from strategies.privacy.accountants import epsilon_of
+    from strategies.soteriafl import calibrate_sigma, noise_history
+
+    args = ("svrg", 2.0, 1e-3, 0.5, 20, 200, 6, "rdp")  # estimator, ε, δ, clip, b, m, rounds, accountant
+    sigma, split = cache.calibrated_soteriafl_sigma(*args)
+    assert (sigma, split) == calibrate_sigma(*args)
+    [entry] = list((cache_root / "soteriafl-sigma").glob("*.json"))
+    calibrate_sigma.cache_clear()
+    assert cache.calibrated_soteriafl_sigma(*args) == (sigma, split)  # served from the cache ...
+    assert calibrate_sigma.cache_info().misses == 0  # ... without calibrating again
+    tampered = json.loads(entry.read_text())
+    tampered["value"] = [sigma / 2, split]  # half the noise: would spend far more than ε
+    entry.write_text(json.dumps(tampered))
+    again, again_split = cache.calibrated_soteriafl_sigma(*args)
+    spent = epsilon_of(noise_history("svrg", again, 0.5, 20, 200, 6, again_split), 1e-3, "rdp")
+    assert spent <= 2.0 * (1 + 1e-9) and again == pytest.approx(sigma)
+    assert json.loads(entry.read_text())["value"][0] == pytest.approx(sigma)  # the bad entry was replaced

@@ -6,18 +6,18 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
 import pytest
+from conftest import ledger_rows, read_rounds
 
 from fedapp.config import resolve_config
 from fedapp.state.checkpoint import COMMITTED_ROUND_KEY, CheckpointingRecorder, load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- commit order (fast)
@@ -126,30 +126,22 @@ def _run_dir(out: Path) -> Path:
 
 def _kill_run_when(launcher: subprocess.Popen, tmp_path: Path, name: str, ready, timeout: float = 300) -> None:
     """kill -9 the launcher's SuperLink/ServerApp/simulation tree (by PID) as soon as ``ready()`` holds."""
-    seen: dict[int, psutil.Process] = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert launcher.poll() is None, (tmp_path / f"{name}.log").read_text()[-3000:]
-        for proc in [psutil.Process(launcher.pid), *list(seen.values())]:
+    from conftest import follow_process_tree
+
+    found: dict[int, psutil.Process] = {}
+
+    def reached(seen: dict[int, psutil.Process]) -> bool:
+        found.update(seen)
+        return bool(ready())
+
+    try:
+        follow_process_tree(launcher, tmp_path / f"{name}.log", reached, timeout, poll=0.05)
+    finally:
+        for p in found.values():
             try:
-                for child in proc.children(recursive=True):
-                    seen.setdefault(child.pid, child)
+                p.kill()
             except psutil.NoSuchProcess:
-                continue
-        if ready():
-            for p in seen.values():
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            return
-        time.sleep(0.05)
-    for p in seen.values():
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    raise AssertionError(f"{name}: the kill point was never reached: {(tmp_path / f'{name}.log').read_text()[-3000:]}")
+                pass
 
 
 def _checkpoint_round(out: Path) -> int:
@@ -163,15 +155,6 @@ def _pending(out: Path, rnd: int) -> int:
     return len(list(out.glob(f".client-state/*/client-*/pending-{rnd}.npz")))
 
 
-def _ledger(rounds: list[dict[str, Any]]) -> list[tuple]:
-    return [(r["round"], c["client_id"], c["status"], c["epsilon_spent"], c["client_epsilon_spent"], c["steps"])
-            for r in rounds for c in r["clients"]]
-
-
-def _rounds(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.slow
 def test_kill_9_at_two_points_then_resume_equals_the_uninterrupted_run(tmp_path) -> None:
     """The SuperLink tree is killed (1) right after the round-2 checkpoint and (2) after every client released
@@ -183,7 +166,7 @@ def test_kill_9_at_two_points_then_resume_equals_the_uninterrupted_run(tmp_path)
               "released-uncommitted": lambda out: _pending(out, 3) == 3 and _checkpoint_round(out) == 2}
     assert _finish(full, tmp_path, "full") == 0
     reference = _run_dir(tmp_path / "full")
-    ref_ckpt, ref_rounds = load_checkpoint(reference), _rounds(reference)
+    ref_ckpt, ref_rounds = load_checkpoint(reference), read_rounds(reference)
     killed_dirs: dict[str, Path] = {}
     for name, ready in points.items():
         out = tmp_path / name
@@ -200,7 +183,7 @@ def test_kill_9_at_two_points_then_resume_equals_the_uninterrupted_run(tmp_path)
             assert _pending(out, 3) == 3
         ckpt_round = int(load_checkpoint(killed)["state"]["round"])
         assert ckpt_round == 2, name
-        assert [r["round"] for r in _rounds(killed)] == [1, 2]  # rounds.jsonl never runs ahead of the checkpoint
+        assert [r["round"] for r in read_rounds(killed)] == [1, 2]  # rounds.jsonl never runs ahead of the checkpoint
         resumed_launch = _launch(tmp_path, f"{name}-resume", f"output-dir='{out}' resume-from='{killed}'")
         assert _finish(resumed_launch, tmp_path, f"{name}-resume") == 0, (tmp_path / f"{name}-resume.log").read_text()[-3000:]
         resumed = _run_dir(out)
@@ -208,8 +191,9 @@ def test_kill_9_at_two_points_then_resume_equals_the_uninterrupted_run(tmp_path)
         for wa, wb in zip(ref_ckpt["state"]["weights"], got["state"]["weights"]):
             np.testing.assert_array_equal(wa, wb)
         assert got["state"]["ledger"] == ref_ckpt["state"]["ledger"], name
-        rounds = _rounds(resumed)
-        assert _ledger(rounds) == _ledger(ref_rounds), name
+        rounds = read_rounds(resumed)
+        fields = ("status", "epsilon_spent", "client_epsilon_spent", "steps")
+        assert ledger_rows(rounds, *fields) == ledger_rows(ref_rounds, *fields), name
         assert [r["metrics"]["accuracy"] for r in rounds] == [r["metrics"]["accuracy"] for r in ref_rounds]
         assert all("epsilon_mismatch" not in c for r in rounds for c in r["clients"])
 
@@ -221,4 +205,4 @@ def test_kill_9_at_two_points_then_resume_equals_the_uninterrupted_run(tmp_path)
     summary = json.loads((_run_dir(tmp_path / "lost") / "summary.json").read_text())
     assert summary["finished"] is False and "aggregated no client update" in summary["stopped_reason"]
     assert all(c["status"] == "refused" and "privacy state lost" in c["reason"]
-               for r in _rounds(_run_dir(tmp_path / "lost")) if r["round"] > 2 for c in r["clients"])
+               for r in read_rounds(_run_dir(tmp_path / "lost")) if r["round"] > 2 for c in r["clients"])

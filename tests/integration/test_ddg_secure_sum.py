@@ -116,8 +116,9 @@ def test_a_discrete_gaussian_secure_sum_trains_like_the_plain_sum_and_its_ledger
     same run without secure aggregation up to the noise and rounding (so rotation, scaling, modular sum and decoding
     are right), and every client's epsilon_vs_server is the RDP composition of the rounds' Gaussian equivalents,
     which bounds the discrete mechanism's own RDP ε."""
+    from test_secure_aggregation import rounds_of, simulate
+
     from fedapp.state.checkpoint import load_checkpoint
-    from tests.test_secure_aggregation import rounds_of, simulate
 
     tiny = {"strategy": "dp-fedavg", "noise-multiplier": 1e-4}
     secure = simulate(tmp_path / "ddg", _overrides(**tiny))

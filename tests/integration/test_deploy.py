@@ -15,7 +15,7 @@ from fedapp.config import ConfigError, resolve_config
 from fedapp.run.deploy import node_config_arg, node_configs, parse_node_config, validate_nodes
 from fedapp.run.processes import simulation_backend
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _make_certs():

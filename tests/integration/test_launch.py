@@ -17,7 +17,7 @@ from fedapp.config import ConfigError
 from fedapp.run.launch import resolve_flwr_home, run
 from fedapp.run.processes import free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _flower_processes(marker: str = "") -> set[int]:
@@ -147,20 +147,10 @@ def _rounds_done(out: Path) -> int:
 
 def _follow_until_training(launcher: subprocess.Popen, tmp_path: Path, timeout: float = 240) -> dict[int, psutil.Process]:
     """Record every descendant of the launcher (by PID + start time) until a round is recorded."""
-    seen: dict[int, psutil.Process] = {}
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()[-3000:]
-        for proc in [psutil.Process(launcher.pid), *list(seen.values())]:
-            try:
-                for child in proc.children(recursive=True):
-                    seen.setdefault(child.pid, child)
-            except psutil.NoSuchProcess:
-                continue
-        if _rounds_done(tmp_path / "out") >= 1 and len(seen) >= 4:
-            return seen
-        time.sleep(0.2)
-    raise AssertionError(f"no round recorded within {timeout}s: {(tmp_path / 'launcher.log').read_text()[-3000:]}")
+    from conftest import follow_process_tree
+
+    return follow_process_tree(launcher, tmp_path / "launcher.log",
+                               lambda seen: _rounds_done(tmp_path / "out") >= 1 and len(seen) >= 4, timeout)
 
 
 def _cmd(p: psutil.Process) -> str:

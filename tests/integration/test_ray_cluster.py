@@ -22,7 +22,7 @@ import pytest
 
 from fedapp.run.processes import free_port, stop_process_tree, terminate_processes, venv_bin
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 READY = "block forever"  # what `ray start --block` prints once its node is up and registered
 
 

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from conftest import client_context
 from flwr.client import Client
 from flwr.common import Code, Context, FitIns, FitRes, RecordDict, Status, ndarrays_to_parameters
 
@@ -45,14 +46,8 @@ def dp_accounting_replace_one(history, delta: float, interval: float = 1e-4) -> 
     return float(acc.get_epsilon(delta))
 
 
-def _context(cfg: dict, cid: int = 0, n: int = 4, node: dict | None = None) -> Context:
-    return Context(run_id=1, node_id=cid + 100,
-                   node_config={"partition-id": cid, "num-partitions": n, **(node or {})},
-                   state=RecordDict(), run_config=cfg)
-
-
 def _train(cfg: dict, rounds: int = 1, cid: int = 0, node: dict | None = None) -> list[dict]:
-    ctx = _context(cfg, cid=cid, node=node)
+    ctx = client_context(run_config=cfg, cid=cid, node=node)
     params, out = None, []
     for rnd in range(1, rounds + 1):
         client = DPSGDClient(setup_client(ctx), ctx, private=True)
@@ -183,7 +178,7 @@ def test_client_and_server_ledger_agree_in_a_simulation(tmp_path):
 
 # ------------------------------------------------------------------ δ_i <= 1/(10 N_i), checked by the client
 def test_client_refuses_a_node_config_delta_above_the_bound():
-    ctx = _context(_CFG)
+    ctx = client_context(run_config=_CFG)
     n_i = len(setup_client(ctx).train)
     big = 2.0 / (10 * n_i)
     refused = _train(_CFG, node={"delta": big})[0]
@@ -202,7 +197,7 @@ def test_soteriafl_client_refuses_a_node_config_delta_above_the_bound():
 
     ov = {"dataset": "digits", "model": "mlp-digits", "privacy-dist": "fixed", "epsilon": 5.0, "clip-norm": 1.0,
           "local-test-fraction": 0.0, "num-server-rounds": 1, "max-samples": 400, "strategy": "soteriafl-gd"}
-    ctx = _context({}, node={"delta": 0.05})
+    ctx = client_context(run_config={}, node={"delta": 0.05})
     setup = setup_client(ctx, ov)
     client = SoteriaFLClient(setup, ctx)
     values, n, metrics = client.fit(get_weights(setup.new_model()),

@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_parameters
+from conftest import client_context
+from flwr.common import Code, Context, FitRes, Status, ndarrays_to_parameters
 
 from fedapp.apps.factories import build_soteriafl
 from fedapp.clients.common import setup_client
@@ -229,8 +230,7 @@ def _fit(client_ctx: Context, ov: dict, weights, rnd: int):
 
 
 def _context() -> Context:
-    return Context(run_id=1, node_id=7, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(),
-                   run_config={})
+    return client_context(node_id=7)
 
 
 def test_client_state_persists_in_context_and_budget_is_enforced():

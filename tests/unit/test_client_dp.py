@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.common import Context, RecordDict
+from conftest import client_context
 
 from fedapp.clients.client_dp import ClientLevelDPClient
 from fedapp.clients.common import setup_client
@@ -24,11 +24,10 @@ BASE = {"dataset": "digits", "privacy-dist": "fixed", "batch-size": 16, "local-s
 
 
 def make_client(overrides: dict, private: bool = True, cid: int = 0, n: int = 4) -> ClientLevelDPClient:
-    """A client sending continuous Gaussian shares (the discrete Gaussian's: tests/test_ddg_secure_sum.py)."""
+    """A client sending continuous Gaussian shares (the discrete Gaussian's: tests/integration/test_ddg_secure_sum.py)."""
     if overrides.get("secure-aggregation", True):
         overrides = {"secagg-mechanism": "gaussian", **overrides}
-    ctx = Context(run_id=0, node_id=cid + 1, node_config={"partition-id": cid, "num-partitions": n},
-                  state=RecordDict(), run_config={})
+    ctx = client_context(cid, n, run_id=0, node_id=cid + 1)
     return ClientLevelDPClient(setup_client(ctx, overrides), ctx, private=private)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from flwr.common import Context, RecordDict
+from conftest import client_context
 
 from fedapp.clients.client_dp import ClientLevelDPClient
 from fedapp.clients.client_level_guard import ClientFloors, floor_refusal, round_clients
@@ -18,8 +18,7 @@ BASE = {"dataset": "digits", "strategy": "dp-fedavg", "privacy-dist": "fixed", "
 
 
 def client(node_config: dict | None = None) -> ClientLevelDPClient:
-    ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0, "num-partitions": 4, **(node_config or {})},
-                  state=RecordDict(), run_config={})
+    ctx = client_context(node=node_config, run_id=0, node_id=1)
     return ClientLevelDPClient(setup_client(ctx, BASE), ctx, private=True)
 
 

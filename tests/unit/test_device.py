@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.common import Context, RecordDict
+from conftest import client_context
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -33,7 +33,7 @@ from fedapp.clients.training import SAM, LocalTraining, PerSampleDP, evaluate_mo
 from fedapp.data.datasets import ArrayDataset
 from fedapp.models.zoo import build_model
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 META = torch.device("meta")
 META_READ = r"meta tensor"  # "Tensor.item() cannot be called on meta tensors", "Cannot copy out of meta tensor"
 
@@ -123,8 +123,7 @@ def _client(strategy: str):
     from fedapp.clients.soteriafl import SoteriaFLClient
     from strategies.dp2_fedsam import VARIANTS
 
-    ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(),
-                  run_config={})
+    ctx = client_context(run_id=0, node_id=1)
     setup = dataclasses.replace(setup_client(ctx, {**FAMILY_BASE, "strategy": strategy}), device=META)
     if strategy in ("dpsgd-fedavg", "fedavg"):
         return DPSGDClient(setup, ctx, private=strategy != "fedavg")

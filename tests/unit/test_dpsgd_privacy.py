@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from flwr.common import Context, RecordDict
+from conftest import client_context
 from opacus.accountants import RDPAccountant
 
 from fedapp.clients.common import setup_client
@@ -42,15 +42,10 @@ def test_history_composition_matches_opacus_stepping():
     assert math.isclose(epsilon_of([(1.3, 0.05, 7)] * 3, 1e-5), acc.get_epsilon(1e-5), rel_tol=1e-12)
 
 
-def _context(cfg: dict, cid: int = 0, n: int = 4) -> Context:
-    return Context(run_id=1, node_id=cid + 100, node_config={"partition-id": cid, "num-partitions": n},
-                   state=RecordDict(), run_config=cfg)
-
-
 def test_accountant_persists_across_rounds_and_client_refuses_past_budget():
     """3 rounds x 1 epoch through the Flower client (state in Context) == one accountant over 3 epochs."""
     cfg = {"num-server-rounds": 3, "privacy-dist": "fixed", "epsilon": 2.0, "batch-size": 16, "local-epochs": 1}
-    ctx = _context(cfg)
+    ctx = client_context(run_config=cfg)
     params = None
     reported = []
     for rnd in (1, 2, 3):
@@ -78,7 +73,7 @@ def test_accountant_persists_across_rounds_and_client_refuses_past_budget():
 
 def test_update_is_noisy_difference_of_weights():
     cfg = {"num-server-rounds": 1, "privacy-dist": "fixed", "epsilon": 1.0, "batch-size": 16}
-    ctx = _context(cfg, cid=1)
+    ctx = client_context(run_config=cfg, cid=1)
     client = DPSGDClient(setup_client(ctx), ctx, private=True)
     params = get_weights(client.s.new_model())
     update, _, metrics = client.fit(params, {"server-round": 1})
@@ -93,7 +88,7 @@ def test_dp_noise_is_secret_unless_seeded_noise_is_requested(seeded):
     cfg = {"num-server-rounds": 1, "privacy-dist": "fixed", "epsilon": 1.0, "batch-size": 16, "seeded-noise": seeded}
     updates = []
     for _ in range(2):
-        ctx = _context(cfg, cid=2)
+        ctx = client_context(run_config=cfg, cid=2)
         client = DPSGDClient(setup_client(ctx), ctx, private=True)
         update, _, _ = client.fit(get_weights(client.s.new_model()), {"server-round": 1})
         updates.append(np.concatenate([u.ravel() for u in update]))
