@@ -91,8 +91,6 @@ class DPFTRLStrategy(ClientLevelStrategy):
     privacy = threat_models.CLIENT_LEVEL_FTRL
 
     def __init__(self, *, ftrl_factory: FTRLFactory, noise_seed: int | None = None, **kwargs: Any) -> None:
-        kwargs.pop("mechanism_factory", None)
-        kwargs.pop("secure_sum_factory", None)
         super().__init__(sparsifier="none", **kwargs)
         self.ftrl_factory = ftrl_factory
         self.noise_seed = noise_seed  # None: OS entropy (secret); set only for reproducible tests
