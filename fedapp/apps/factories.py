@@ -18,7 +18,7 @@ import numpy as np
 from flwr.client import Client
 from flwr.common import Context
 
-from fedapp.clients.client_dp import ClientLevelDPClient, local_steps
+from fedapp.clients.client_dp import ClientLevelDPClient, FTRLClient, local_steps
 from fedapp.clients.common import make_model, round_lr, setup_client
 from fedapp.clients.dp2_fedsam import DP2FedSAMClient, shared_weights
 from fedapp.clients.dpsgd import DPSGDClient, min_epsilon_profile
@@ -26,10 +26,11 @@ from fedapp.clients.soteriafl import SoteriaFLClient, soteriafl_params
 from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
 from fedapp.config import ConfigError, RunConfig, resolve_config
 from fedapp.data.client_data import client_train_sizes, public_dataset, training_pool
-from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
+from fedapp.privacy.profiles import client_level_mechanism, ftrl_mechanism, secure_sum_mechanism
 from strategies.aggregate import flatten
 from strategies.base import StrategyContext
 from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant
+from strategies.dp_ftrl import DPFTRLStrategy
 from strategies.fed_smp import ClientLevelStrategy, PublicUpdateFn, mask_seed
 from strategies.fedavg import DPSGDFedAvg, FedAvg
 from strategies.robust_hdp import PFA, MinEpsilon, RobustHDP, WeiAvg
@@ -162,6 +163,15 @@ def build_fedavg_topk(cfg: RunConfig, ctx: StrategyContext) -> ClientLevelStrate
     return _fed_smp(cfg, ctx, name="fedavg-topk", sparsifier="topk", private=False)
 
 
+def build_dp_ftrl(cfg: RunConfig, ctx: StrategyContext) -> DPFTRLStrategy:
+    """DP-FTRL on DP-FedAvg's dense rounds (:mod:`strategies.dp_ftrl`); the server's noise stream is secret unless
+    ``seeded-noise``."""
+    kwargs = common_kwargs(cfg, ctx)
+    return DPFTRLStrategy(ftrl_factory=lambda n: ftrl_mechanism(cfg, cfg.general.num_clients or n),
+                          noise_seed=cfg.general.seed if cfg.general.seeded_noise else None,
+                          clip=cfg.training.clip_norm, secure_aggregation=ctx.secure_aggregation, **kwargs)
+
+
 # ----------------------------------------------------------------------------- SoteriaFL family
 def build_soteriafl(cfg: RunConfig, ctx: StrategyContext) -> SoteriaFLStrategy:
     """Every method of the family; the method is the run-config ``strategy``."""
@@ -240,6 +250,11 @@ def make_min_eps_client(context: Context, overrides: dict[str, Any] | None = Non
 def make_client_dp_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """DP-FedAvg / Fed-SMP client (client-level DP)."""
     return ClientLevelDPClient(setup_client(context, overrides), context, private=True).to_client()
+
+
+def make_ftrl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    """DP-FTRL client: clips; under SecAgg+ adds its share of the correlated noise from its own stream."""
+    return FTRLClient(setup_client(context, overrides), context, private=True).to_client()
 
 
 def make_compressed_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.config import ConfigError, RunConfig
+from fedapp.config.run_config import FTRL_STRATEGIES
 from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 from fedapp.registry import get_spec
 
@@ -27,7 +28,9 @@ def privacy_plan(cfg: RunConfig, num_clients: int, payload_dim: int | None = Non
     plan: dict[str, Any] = {"strategy": spec.name, "threat_model": spec.privacy, "rounds": int(cfg.rounds),
                             "dp_rounds": int(cfg.dp_rounds), "clients": int(num_clients),
                             "seeded_noise": cfg.general.seeded_noise}
-    if spec.privacy.startswith("client-level"):
+    if spec.name in FTRL_STRATEGIES:
+        plan.update(_ftrl(cfg, num_clients))
+    elif spec.privacy.startswith("client-level"):
         plan.update(_client_level(cfg, num_clients, payload_dim))
     elif spec.privacy.startswith("record-level"):
         plan.update(_record_level(cfg, num_clients, dpsgd=spec.family != "soteriafl"))
@@ -97,6 +100,24 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
             "every_client": {"epsilon_vs_server": vs_server,
                              "epsilon_vs_release": vs_server if ddg is not None else dp.epsilon_vs_release(),
                              "delta": dp.delta}}
+
+
+def _ftrl(cfg: RunConfig, n: int) -> dict[str, Any]:
+    from fedapp.privacy.profiles import ftrl_mechanism
+
+    m = ftrl_mechanism(cfg, n)
+    eps = m.epsilon()
+    mechanism: dict[str, Any] = {
+        "name": f"DP-FTRL, {m.factorization.name} factorization: round t's sum of clipped updates gets (C⁻¹Z)_t",
+        "noise_added_by": "each client, its own stream (SecAgg+)" if m.secure_aggregation else "the server",
+        "noise_multiplier": m.noise_multiplier, "sensitivity": m.sensitivity(),
+        "effective_multiplier": m.effective_multiplier(), "clip": m.clip, "rounds": m.rounds,
+        "participation": "every client may take part in every round (k = T, min separation 1); no amplification",
+        "clients_per_round": m.clients_per_round or n, "delta": m.delta, "accountant": "dpa-pld (one Gaussian)",
+        "budget_holds_against": "server" if m.secure_aggregation else "release"}
+    return {"mechanism": mechanism, "epsilon_budget": eps,
+            "every_client": {"epsilon_vs_server": eps if m.secure_aggregation else None, "epsilon_vs_release": eps,
+                             "delta": m.delta}}
 
 
 def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:

@@ -19,9 +19,10 @@ from fedapp.clients.guard import check_fault_config
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
 from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
+from fedapp.config.run_config import FTRL_STRATEGIES
 from fedapp.data.client_data import client_train_sizes
 from fedapp.data.datasets import ArrayDataset, load_dataset
-from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles
+from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles, ftrl_mechanism
 from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
 from fedapp.state.cache import release_mapped_pages
@@ -78,6 +79,8 @@ def make_prevalidate(cfg: RunConfig):
                                   f"N_i = {n_i}")
         if get_spec(cfg.general.strategy).privacy.startswith("record-level"):
             check_record_delta(cfg, profiles, sizes)
+        elif cfg.general.strategy in FTRL_STRATEGIES:
+            ftrl_mechanism(cfg, cfg.general.num_clients or num_clients)  # factorization, z calibration: fail early
         elif get_spec(cfg.general.strategy).privacy.startswith("client-level"):
             client_level_mechanism(cfg, cfg.general.num_clients or num_clients)  # δ, σ calibration: fail early
 
@@ -105,7 +108,20 @@ def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
         "guarantee": ("NONE: seeded-noise = true derives the DP noise from the run seed, which the server knows"
                       if seeded else "as stated by the threat model"),
     }
-    if threat_model.startswith("client-level"):
+    if cfg.general.strategy in FTRL_STRATEGIES:
+        out["ledger"] = ("server-side: DP-FTRL's release after round t is one Gaussian mechanism (multiplier z_eff / "
+                         "sens_t of the factorization), composed by dp_accounting's PLD accountant; clients' reports "
+                         "are only cross-checked")
+        out["secure_aggregation"] = (
+            "SecAgg+ (Flower, continuous Gaussian shares): each client adds its own correlated noise stream, the "
+            "server sees only the noisy sum" if cfg.client_dp.secure_aggregation else
+            "off: the server sees every clipped update and adds the correlated noise itself")
+        out["budget_holds_against"] = (
+            "the server and observers of the release: no sampling or shuffling assumption (epsilon_vs_server)"
+            if cfg.client_dp.secure_aggregation else
+            "observers of the released models only: the server is trusted (it adds the noise); no epsilon holds "
+            "against it")
+    elif threat_model.startswith("client-level"):
         out["secure_aggregation"] = (
             "SecAgg+ (Flower): the server sees only the sum of each round's updates; the budget and the headline "
             "'epsilon' are the aggregate's" if cfg.client_dp.secure_aggregation else

@@ -20,12 +20,13 @@ Reuse (DP2-FedSAM): subclass :class:`ClientLevelDPClient` and override :meth:`lo
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 import numpy as np
 from flwr.client import NumPyClient
-from flwr.common import Context
+from flwr.common import Array, ArrayRecord, Context
 from torch import nn
 
 from fedapp.clients.client_level_guard import (
@@ -40,17 +41,20 @@ from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
     noise_seed,
+    read_record,
     restart_if_diverged,
     round_lr,
     round_seed,
+    write_record,
 )
 from fedapp.clients.training import LocalTraining, TrainResult, get_weights, local_train, set_weights
 from fedapp.config import RunConfig
-from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism, steps_per_epoch
+from fedapp.privacy.profiles import client_level_mechanism, ftrl_mechanism, secure_sum_mechanism, steps_per_epoch
 from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
 from strategies.client_level import CFG_ROTATION_SEED, CFG_SIGMA
 from strategies.compression import encode_sparse
+from strategies.dp_ftrl import advance_to
 from strategies.fed_smp import dp_dense, dp_spar, mask_from_config
 from strategies.privacy.budget import budget_refusal
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
@@ -185,3 +189,57 @@ class ClientLevelDPClient(NumPyClient):
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         return evaluate_on_local_test(self.s, parameters)
+
+
+#: Context.state records of a client's DP-FTRL noise stream (kept at their newest value on resume: never rewound)
+FTRL_STREAM = "ftrl-stream"
+FTRL_STREAM_MEMORY = "ftrl-stream-memory"
+
+
+class FTRLClient(ClientLevelDPClient):
+    """DP-FTRL client (``dp-ftrl``, :mod:`strategies.dp_ftrl`): clips Δ to C; under SecAgg+ it adds w_{i,t} =
+    (C⁻¹Z_i)_t from its own stream (entries of Z_i with std zC/√n, secret randomness), indexed by the server round
+    and kept in ``Context.state`` so its position survives between rounds; a round already drawn is refused (its
+    noise is never reused). Without SecAgg+ it sends the clipped update only: the server adds the noise."""
+
+    def mechanism(self):  # an FTRLMechanism: duck-typed where the parent reads σ, q, δ and ε
+        return ftrl_mechanism(self.s.cfg, self.s.profile.num_clients)
+
+    def budget_check(self, dp, server_round: int) -> tuple[float, str | None]:
+        """Refuse past the T rounds C was built for, and a round whose noise this client already drew."""
+        rounds = accounted_rounds(server_round, releases(self.context))
+        if rounds > dp.rounds:
+            return dp.epsilon(), (f"budget: this would be round {rounds} (server round {server_round}), past "
+                                  f"dp-rounds={dp.rounds}, the rounds DP-FTRL's factorization was built for")
+        drawn = int(read_record(self.context, FTRL_STREAM).get("round", 0)) if self.context is not None else 0
+        if dp.secure_aggregation and server_round - 1 < drawn:
+            return dp.epsilon(rounds), (f"server round {server_round}: this client's noise stream already drew round "
+                                        f"{drawn}; its noise is never reused")
+        return dp.epsilon(rounds), None
+
+    def privatize(self, update, shapes, config, dp, rng):
+        clipped, norm = dp_dense(update, clip=float(self.s.cfg.training.clip_norm), dp=None, rng=rng)
+        if dp is not None and dp.secure_aggregation:
+            stream = self._load_stream(dp, clipped.size)
+            clipped = clipped + advance_to(stream, int(config["server-round"]) - 1)
+            self._save_stream(stream)
+        return unflatten(clipped, shapes), {"update_norm": norm, "k": update.size}
+
+    def _load_stream(self, dp, dim: int):
+        stream = dp.noise_stream(dim, np.random.default_rng(noise_seed(self.s.cfg, self.s.profile.client_id, 0)))
+        if self.context is None or FTRL_STREAM not in self.context.state:
+            return stream
+        saved = read_record(self.context, FTRL_STREAM)
+        record = self.context.state[FTRL_STREAM_MEMORY]
+        if not isinstance(record, ArrayRecord):
+            raise RuntimeError(f"Context.state {FTRL_STREAM_MEMORY!r} is not the stream's memory")
+        stream.load_state_dict({"round": int(saved["round"]), "memory": record["memory"].numpy(),
+                                "rng": json.loads(saved["rng"])})
+        return stream
+
+    def _save_stream(self, stream) -> None:
+        if self.context is None:
+            raise RuntimeError("a DP-FTRL client under SecAgg+ needs its Context to keep its noise stream")
+        state = stream.state_dict()
+        self.context.state[FTRL_STREAM_MEMORY] = ArrayRecord({"memory": Array(np.ascontiguousarray(state["memory"]))})
+        write_record(self.context, FTRL_STREAM, {"round": int(state["round"]), "rng": json.dumps(state["rng"])})

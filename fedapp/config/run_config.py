@@ -174,11 +174,42 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         check_federation_size(cfg, cfg["num-clients"], f"run-config 'num-clients' = {cfg['num-clients']}")
     if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
+    check_ftrl(cfg)
     check_secure_sum(cfg)
     ignored = ignored_keys(cfg)
     if ignored:
         raise ConfigError("; ".join(f"run-config {name!r} = {cfg[name]!r} would have no effect: {why}"
                                     for name, why in ignored.items()))
+
+
+#: the strategies that add DP-FTRL's correlated noise (their run-config keys ftrl-*)
+FTRL_STRATEGIES = ("dp-ftrl",)
+
+
+def check_ftrl(cfg: Mapping[str, Any]) -> None:
+    """DP-FTRL's supported settings: who adds the noise decides whom ε holds against, and the distributed discrete
+    Gaussian cannot carry correlated noise."""
+    if cfg["strategy"] not in FTRL_STRATEGIES:
+        return
+    rounds = int(cfg["dp-rounds"] or cfg["num-server-rounds"])
+    if cfg["ftrl-mechanism"] == "banded" and cfg["ftrl-bands"] > rounds:
+        raise ConfigError(f"run-config 'ftrl-bands' = {cfg['ftrl-bands']} exceeds the {rounds} rounds DP-FTRL is "
+                          "planned for (dp-rounds, else num-server-rounds); set it to at most that")
+    if cfg["secure-aggregation"]:
+        if cfg["secagg-mechanism"] != "gaussian":
+            raise ConfigError(f"run-config 'secagg-mechanism' = {cfg['secagg-mechanism']!r} with strategy "
+                              f"{cfg['strategy']!r}: the distributed discrete Gaussian draws fresh discrete noise "
+                              "each round and cannot carry DP-FTRL's correlated stream; set secagg-mechanism = "
+                              "'gaussian'")
+        if cfg["clients-per-round"] != 0 and cfg["clients-per-round"] != cfg["num-clients"]:
+            raise ConfigError(f"run-config 'clients-per-round' = {cfg['clients-per-round']} with strategy "
+                              f"{cfg['strategy']!r} under SecAgg+: each client's noise stream must reach every sum, "
+                              "so every client takes part in every round; set clients-per-round = 0")
+    elif cfg["client-dp-adversary"] != "release":
+        raise ConfigError(f"run-config 'client-dp-adversary' = {cfg['client-dp-adversary']!r} with strategy "
+                          f"{cfg['strategy']!r} and secure-aggregation = false: the server adds the noise and sees "
+                          "every clipped update, so no epsilon holds against it; set secure-aggregation = true (each "
+                          "client adds its noise stream) or client-dp-adversary = 'release' (a trusted server)")
 
 
 def check_secure_sum(cfg: Mapping[str, Any]) -> None:
@@ -296,6 +327,16 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
               lambda c: "only the distributed discrete Gaussian has a bit width (secure-aggregation = true and "
                         f"secagg-mechanism = 'ddg'); here secure-aggregation = {str(c['secure-aggregation']).lower()}, "
                         f"secagg-mechanism = {c['secagg-mechanism']!r}"),
+    _ReadWhen("ftrl-mechanism", lambda c: c["strategy"] in FTRL_STRATEGIES,
+              lambda c: f"strategy {c['strategy']!r} adds independent noise; the factorization applies to "
+                        f"strategy in {list(FTRL_STRATEGIES)}"),
+    _ReadWhen("ftrl-bands", lambda c: c["strategy"] in FTRL_STRATEGIES and c["ftrl-mechanism"] == "banded",
+              lambda c: f"only a banded factorization has bands (strategy in {list(FTRL_STRATEGIES)} and "
+                        f"ftrl-mechanism = 'banded'); here strategy = {c['strategy']!r}, ftrl-mechanism = "
+                        f"{c['ftrl-mechanism']!r}"),
+    _ReadWhen("ftrl-restart-every", lambda c: c["strategy"] in FTRL_STRATEGIES and c["ftrl-mechanism"] == "tree",
+              lambda c: f"only the tree restarts (strategy in {list(FTRL_STRATEGIES)} and ftrl-mechanism = 'tree'); "
+                        f"here strategy = {c['strategy']!r}, ftrl-mechanism = {c['ftrl-mechanism']!r}"),
     _ReadWhen("sam-eta", lambda c: bool(c["sam-adaptive"]),
               lambda c: "sam-adaptive = false runs plain SAM, which has no η; set sam-adaptive = true (ASAM)"),
     _ReadWhen("rpca-chunks", lambda c: c["rpca-chunk-rows"] > 0,

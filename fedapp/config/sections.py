@@ -117,6 +117,9 @@ class ClientDPConfig(Section):
     secagg_num_shares: float = setting(1.0, "SecAgg+ shares per client: a fraction of the round's sampled clients (1 = all, i.e. SecAgg) or, if > 1, a count: an odd integer >= 3 (Flower's SecAgg+ ring of neighbours breaks on an even count: every client fails its key sharing).", check=lambda v: 0 < v <= 1 or (v == int(v) and int(v) >= 3 and int(v) % 2 == 1), expect="in (0, 1] or an odd integer >= 3")
     secagg_threshold: float = setting(0.5, "SecAgg+ reconstruction threshold as a fraction of the shares (the most dropouts a round survives).", check=_prob, expect="in (0, 1]")
     public_steps: int = setting(0, "τ_p: server SGD steps on D_p to pick the top-k mask (0 = same as local-steps).", check=_nonneg, expect=">= 0")
+    ftrl_mechanism: str = setting("banded", "dp-ftrl: the matrix factorization of the correlated noise. banded (default): a b-banded Toeplitz C optimised for the run's dp-rounds and ftrl-bands (Choquette-Choo et al., NeurIPS 2023); tree: binary-tree aggregation with the online estimator (Kairouz et al., ICML 2021), restarted every ftrl-restart-every rounds.", choices=("banded", "tree"))
+    ftrl_bands: int = setting(1, "dp-ftrl, ftrl-mechanism = banded: bands b of C, at most dp-rounds. 1 (default) is independent noise every round, the best band when every client takes part in every round (what dp-ftrl supports): there any b > 1, and the tree, raise the prefix-sum error at equal ε (no factorization gains more than √1.5 over b = 1, strategies/dp_ftrl.py).", check=_positive, expect="> 0")
+    ftrl_restart_every: int = setting(0, "dp-ftrl, ftrl-mechanism = tree: start a new tree every this many rounds (0 = one tree for the run).", check=_nonneg, expect=">= 0")
 
 
 @dataclass(frozen=True)

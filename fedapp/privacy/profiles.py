@@ -24,6 +24,7 @@ import numpy as np
 
 from fedapp.config import ClientDPConfig, ConfigError, RunConfig, check_federation_size, parse_int_list
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
+from strategies.privacy.ftrl_accounting import FTRLMechanism
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
 
 
@@ -215,6 +216,43 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
     return ClientLevelDP.calibrated(target, clip=clip, clients_per_round=r, num_clients=n, rounds=rounds,
                                     delta=delta, accountant=accountant, secure_aggregation=secure_aggregation,
                                     adversary=adversary)
+
+
+def ftrl_mechanism(cfg: RunConfig, num_clients: int) -> FTRLMechanism:
+    """DP-FTRL's mechanism of the run (``dp-ftrl``): the factorization of ``ftrl-mechanism`` for T = ``dp-rounds``
+    (0 → ``num-server-rounds``), δ as :func:`client_level_mechanism`, z = ``noise-multiplier`` or, when 0,
+    calibrated so that the whole run (every client in every round, no amplification) spends ``target-epsilon``.
+    Server and clients call this with the same inputs, so they agree on z, C and the band."""
+    n = int(num_clients)
+    if n < 2:
+        raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
+    if cfg.general.clients_per_round > n:
+        raise ConfigError(f"run-config 'clients-per-round' = {cfg.general.clients_per_round} exceeds the {n} clients of "
+                          f"this federation: set it to at most {n} (0 = every client every round)")
+    rounds = cfg.training.dp_rounds or cfg.general.num_server_rounds
+    given = cfg.client_dp.client_delta
+    if given > max_delta(n) and not cfg.training.allow_large_delta:
+        raise ConfigError(f"run-config 'client-delta' = {given:g} is above 1/(10 n) = {max_delta(n):.3g} for n = {n} "
+                          "clients; set 'allow-large-delta' = true to run with it anyway")
+    kwargs: dict[str, Any] = {
+        "kind": cfg.client_dp.ftrl_mechanism, "rounds": rounds, "clip": cfg.training.clip_norm, "num_clients": n,
+        "delta": given or default_client_delta(n), "bands": cfg.client_dp.ftrl_bands,
+        "restart_every": cfg.client_dp.ftrl_restart_every, "clients_per_round": cfg.general.clients_per_round,
+        "secure_aggregation": cfg.client_dp.secure_aggregation}
+    try:
+        if cfg.client_dp.noise_multiplier > 0:
+            return FTRLMechanism(noise_multiplier=cfg.client_dp.noise_multiplier, **kwargs)
+        return _ftrl_calibrated(cfg.client_dp.target_epsilon, tuple(sorted(kwargs.items())))
+    except ValueError as exc:
+        raise ConfigError(f"dp-ftrl: cannot set up the mechanism for ftrl-mechanism={cfg.client_dp.ftrl_mechanism!r}, "
+                          f"ftrl-bands={cfg.client_dp.ftrl_bands}, rounds={rounds}, target-epsilon="
+                          f"{cfg.client_dp.target_epsilon}, noise-multiplier={cfg.client_dp.noise_multiplier}: "
+                          f"{exc}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _ftrl_calibrated(target: float, items: tuple[tuple[str, Any], ...]) -> FTRLMechanism:
+    return FTRLMechanism.calibrated(target, **dict(items))
 
 
 def secure_sum_mechanism(client_dp: ClientDPConfig, dp: ClientLevelDP, dim: int) -> DistributedDiscreteGaussian | None:

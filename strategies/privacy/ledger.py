@@ -11,7 +11,9 @@ Two kinds of charges:
 
 * ``charge(client_id, history)`` — what one client's reply released (record-level families);
 * ``charge_population(history)`` — a mechanism applied to the whole population in a round (client-level
-  DP with Poisson sampling: every client accrues ε each round, sampled or not).
+  DP with Poisson sampling: every client accrues ε each round, sampled or not);
+* ``restate_population(history)`` — the population's whole history replaced by one that covers every round
+  so far (DP-FTRL: the rounds are rows of one Gaussian mechanism, not separate mechanisms).
 
 A client's ε is the composition of its own charges and the population's.
 
@@ -91,6 +93,16 @@ class PrivacyLedger:
         if not 0 < delta < 1:
             raise ValueError(f"delta must be in (0, 1), got {delta}")
         self.population = compact_history(self.population + list(history))
+        self.population_delta = float(delta)
+        self._cache.clear()
+
+    def restate_population(self, history: Iterable[Sequence[float]], delta: float) -> None:
+        """Replace the population history by ``history``: for a mechanism whose whole release so far is one
+        event that grows with every round (DP-FTRL's matrix mechanism: the Gaussian of the rows released so far,
+        :mod:`strategies.privacy.ftrl_accounting`), so composing its rounds would count the noise twice."""
+        if not 0 < delta < 1:
+            raise ValueError(f"delta must be in (0, 1), got {delta}")
+        self.population = compact_history(history)
         self.population_delta = float(delta)
         self._cache.clear()
 

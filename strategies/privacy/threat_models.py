@@ -16,3 +16,7 @@ RECORD_LOCAL_SOTERIAFL = ("record-level local DP: each client clips per-sample g
 CLIENT_LEVEL_LOCAL_NOISE = ("client-level DP: each sampled client clips its update to C and adds N(0, C²σ²/r); "
                             "σ protects the sum of r updates (secure aggregation), σ/√r a single update")
 CLIENT_LEVEL_PERSONALIZED = CLIENT_LEVEL_LOCAL_NOISE + "; personal heads and fine-tuned models never leave the client"
+CLIENT_LEVEL_FTRL = ("client-level DP, DP-FTRL: clipped updates plus correlated noise (C⁻¹Z)_t from a tree or banded "
+                     "matrix factorization, no sampling assumption; under SecAgg+ each client adds its own stream "
+                     "(ε against the server), without it the server adds the noise (trusted server; ε against "
+                     "observers of the release only)")
