@@ -110,7 +110,7 @@ def public_update_fn(cfg: RunConfig) -> PublicUpdateFn:
     batch = cfg.training.batch_size or 10
     if batch > len(public):
         raise ConfigError(f"run-config 'public-samples' = {len(public)} is smaller than the batch size {batch}")
-    steps = cfg.client_dp.public_steps or local_steps(cfg, len(public), batch)
+    steps = cfg.client_dp.public_steps or local_steps(cfg.client_dp, cfg.training, len(public), batch)
     model = make_model(cfg, public)
     device = resolve_device(cfg.general.device)
 

@@ -48,7 +48,7 @@ from fedapp.clients.common import (
     write_record,
 )
 from fedapp.clients.training import LocalTraining, TrainResult, get_weights, local_train, set_weights
-from fedapp.config import RunConfig
+from fedapp.config import ClientDPConfig, TrainingConfig
 from fedapp.privacy.profiles import client_level_mechanism, ftrl_mechanism, secure_sum_mechanism, steps_per_epoch
 from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
@@ -70,9 +70,9 @@ def discrete_share(ddg: DistributedDiscreteGaussian, clipped: np.ndarray, config
     return [ddg.encode(clipped, int(config[CFG_ROTATION_SEED]), rng, round_clients=round_clients)]
 
 
-def local_steps(cfg: RunConfig, num_examples: int, batch_size: int) -> int:
+def local_steps(client_dp: ClientDPConfig, training: TrainingConfig, num_examples: int, batch_size: int) -> int:
     """τ: ``local-steps`` if set, else ``local-epochs`` · ⌈N/b⌉."""
-    return cfg.client_dp.local_steps or cfg.training.local_epochs * steps_per_epoch(num_examples, batch_size)
+    return client_dp.local_steps or training.local_epochs * steps_per_epoch(num_examples, batch_size)
 
 
 class ClientLevelDPClient(NumPyClient):
@@ -108,7 +108,7 @@ class ClientLevelDPClient(NumPyClient):
 
     # ---- hooks -----------------------------------------------------------------------
     def local_steps(self) -> int:
-        return local_steps(self.s.cfg, len(self.s.train), self.s.profile.batch_size)
+        return local_steps(self.s.cfg.client_dp, self.s.cfg.training, len(self.s.train), self.s.profile.batch_size)
 
     def local_train(self, model: nn.Module, *, lr: float, seed: int, config: dict[str, Any]) -> TrainResult:
         """*hook*: τ local steps in place on ``model``."""
@@ -166,14 +166,14 @@ class ClientLevelDPClient(NumPyClient):
         model = self.s.new_model()
         set_weights(model, parameters)
         lr = round_lr(cfg.training.lr, cfg.training.lr_decay, server_round)
-        result = self.local_train(model, lr=lr, seed=round_seed(cfg, p.client_id, server_round, stream=411),
+        result = self.local_train(model, lr=lr, seed=round_seed(cfg.general.seed, p.client_id, server_round, stream=411),
                                   config=config)
         update = flatten(get_weights(model)) - flatten(parameters)
         if dp is not None:
             update, _ = restart_if_diverged(update, p.client_id, server_round)
         elif not np.all(np.isfinite(update)):  # no DP here: the failure may be reported as it is
             return [], 0, {**metrics, "status": "failed", "reason": "local training diverged (non-finite update)"}
-        rng = np.random.default_rng(noise_seed(cfg, p.client_id, server_round))  # secret unless seeded-noise
+        rng = np.random.default_rng(noise_seed(cfg.general, p.client_id, server_round))  # secret unless seeded-noise
         try:
             arrays, extra = self.privatize(update, [tuple(a.shape) for a in parameters], config, dp, rng)
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
@@ -226,7 +226,7 @@ class FTRLClient(ClientLevelDPClient):
         return unflatten(clipped, shapes), {"update_norm": norm, "k": update.size}
 
     def _load_stream(self, dp, dim: int):
-        stream = dp.noise_stream(dim, np.random.default_rng(noise_seed(self.s.cfg, self.s.profile.client_id, 0)))
+        stream = dp.noise_stream(dim, np.random.default_rng(noise_seed(self.s.cfg.general, self.s.profile.client_id, 0)))
         if self.context is None or FTRL_STREAM not in self.context.state:
             return stream
         saved = read_record(self.context, FTRL_STREAM)

@@ -12,7 +12,7 @@ import torch
 from flwr.common import ConfigRecord, Context, log
 
 from fedapp.clients.training import evaluate_model, resolve_device, set_weights
-from fedapp.config import RunConfig, resolve_config
+from fedapp.config import GeneralConfig, RunConfig, resolve_config
 from fedapp.data.client_data import load_client_data
 from fedapp.data.datasets import ArrayDataset
 from fedapp.models.zoo import DEFAULT_MODEL, build_model
@@ -70,20 +70,20 @@ def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     return ClientSetup(cfg, profile, train, test, resolve_device(cfg.general.device), validation)
 
 
-def round_seed(cfg: RunConfig, client_id: int, server_round: int, stream: int = 401) -> int:
+def round_seed(seed: int, client_id: int, server_round: int, stream: int = 401) -> int:
     """Independent, reproducible seed per (run seed, client, round)."""
-    return int(np.random.SeedSequence([cfg.general.seed, stream, client_id, server_round]).generate_state(1)[0])
+    return int(np.random.SeedSequence([seed, stream, client_id, server_round]).generate_state(1)[0])
 
 
-def noise_seed(cfg: RunConfig, client_id: int, server_round: int) -> int:
+def noise_seed(general: GeneralConfig, client_id: int, server_round: int) -> int:
     """Seed of a client's DP randomness (noise, Poisson sampling).
 
     Secret by default (OS entropy): the server knows the run seed, so noise derived from it
     could be regenerated and subtracted. ``seeded-noise = true`` makes it reproducible from the
     run seed, for tests and benchmarks only.
     """
-    if cfg.general.seeded_noise:
-        return round_seed(cfg, client_id, server_round, stream=402)
+    if general.seeded_noise:
+        return round_seed(general.seed, client_id, server_round, stream=402)
     return secrets.randbits(63)
 
 

@@ -141,7 +141,7 @@ class DP2FedSAMClient(NumPyClient):
         set_weights(model, self.full_weights(parameters))
         lr = round_lr(cfg.training.lr, cfg.training.lr_decay, rnd)
         lr_h = round_lr(cfg.dp2_fedsam.dp2_lr_head, cfg.training.lr_decay, rnd)
-        seed, mom = round_seed(cfg, p.client_id, rnd), cfg.training.momentum
+        seed, mom = round_seed(cfg.general.seed, p.client_id, rnd), cfg.training.momentum
         sam = SAM(cfg.dp2_fedsam.sam_rho, cfg.dp2_fedsam.sam_adaptive, cfg.dp2_fedsam.sam_eta) if self.variant.sam else None
 
         def spec(names: list[str], epochs: int, rate: float, seed: int, sam: SAM | None = None) -> LocalTraining:
@@ -160,7 +160,7 @@ class DP2FedSAMClient(NumPyClient):
         delta, diverged = restart_if_diverged(delta, p.client_id, rnd)
         head = [w for w, m in zip(new, self.mask) if not m]
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
-        rng = np.random.default_rng(noise_seed(cfg, p.client_id, rnd))
+        rng = np.random.default_rng(noise_seed(cfg.general, p.client_id, rnd))
         r_t = round_clients(config, dp, floors)
         ddg = secure_sum_mechanism(cfg.client_dp, dp, delta.size)
         try:
@@ -193,5 +193,5 @@ class DP2FedSAMClient(NumPyClient):
             rnd, b = int(config.get("server-round", 1)), self.s.profile.batch_size
             local_train(model, self.s.train, LocalTraining(
                 batch_size=b, steps=epochs_to_steps(len(self.s.train), b, cfg.dp2_fedsam.ft_epochs), lr=round_lr(cfg.training.lr, cfg.training.lr_decay, rnd),
-                momentum=cfg.training.momentum, seed=round_seed(cfg, cid, rnd, stream=612)), self.s.device)
+                momentum=cfg.training.momentum, seed=round_seed(cfg.general.seed, cid, rnd, stream=612)), self.s.device)
         return evaluate_local_splits(self.s, model)

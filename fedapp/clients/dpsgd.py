@@ -126,12 +126,12 @@ class DPSGDClient(NumPyClient):
         model = self.s.new_model()
         set_weights(model, parameters)
         lr = round_lr(cfg.training.lr, cfg.training.lr_decay, server_round)
-        seed = round_seed(cfg, p.client_id, server_round)  # plain SGD shuffling: no secret needed
+        seed = round_seed(cfg.general.seed, p.client_id, server_round)  # plain SGD shuffling: no secret needed
         if self.private:
             reason = record_delta_refusal(p.delta, self.num_train, self.context.node_config, cfg)
             if reason is not None:
                 return [], 0, {**metrics, "status": "refused", "reason": reason}
-            seed = noise_seed(cfg, p.client_id, server_round)  # DP noise + Poisson sampling: secret
+            seed = noise_seed(cfg.general, p.client_id, server_round)  # DP noise + Poisson sampling: secret
             z = self.noise_multiplier()
             _, hist = self.load_history()
             rounds_done = int(read_record(self.context, STATE_KEY).get("rounds", 0))

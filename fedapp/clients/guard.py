@@ -54,7 +54,7 @@ from flwr.common import (
     log,
 )
 
-from fedapp.config import ConfigError, DeploymentConfig, RunConfig
+from fedapp.config import ConfigError, DeploymentConfig, GeneralConfig, RunConfig
 from fedapp.state.client_state import (
     COMMITTED_ROUND_KEY,
     LINEAGE_CONFIG_KEY,
@@ -195,9 +195,9 @@ class GuardedClient(Client):
             self.store = None
 
 
-def default_state_dir(cfg: RunConfig) -> str:
+def default_state_dir(general: GeneralConfig) -> str:
     """Where clients journal their state when neither ``client-state-dir`` nor ``state-dir`` is set."""
-    return str(Path(cfg.general.output_dir) / DEFAULT_STATE_SUBDIR)
+    return str(Path(general.output_dir) / DEFAULT_STATE_SUBDIR)
 
 
 def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
@@ -213,7 +213,7 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
     state_dir = str(node.get("state-dir", "")) or cfg.deployment.client_state_dir
     lifetime = None
     if "state-dir" in node or cfg.deployment.lifetime_budget:  # on by default for deployed SuperNodes
-        lifetime = LifetimeBudget.for_client(state_dir or default_state_dir(cfg), cid)
+        lifetime = LifetimeBudget.for_client(state_dir or default_state_dir(cfg.general), cid)
     cap = float(node["lifetime-epsilon"]) if "lifetime-epsilon" in node else None
     delta_cap = None
     if "lifetime-delta" in node:
@@ -223,7 +223,7 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
             delta_cap = math.nan
         if not 0 < delta_cap < 1:
             raise ConfigError(f"node-config 'lifetime-delta' = {node['lifetime-delta']!r} must be a number in (0, 1)")
-    return GuardedClient(inner, context, cfg, cid, n, state_dir or default_state_dir(cfg), best_effort=not state_dir,
+    return GuardedClient(inner, context, cfg, cid, n, state_dir or default_state_dir(cfg.general), best_effort=not state_dir,
                          lifetime=lifetime, lifetime_epsilon=cap, lifetime_delta=delta_cap)
 
 

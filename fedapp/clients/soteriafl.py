@@ -181,7 +181,7 @@ class SoteriaFLClient(NumPyClient):
         seed = mask_seed(rseed, p.client_id)
         res = client_step(self.method, oracle, x, state, clip=cfg.training.clip_norm, batch_size=b,
                           sigma_p=float(rec["sigma_p"]), k=k, gamma=gamma,
-                          rng=np.random.default_rng(noise_seed(cfg, p.client_id, server_round)),  # secret
+                          rng=np.random.default_rng(noise_seed(cfg.general, p.client_id, server_round)),  # secret
                           seed=seed, refresh_snapshot=snapshot_coin(rseed, p.client_id, p_snap))
         save_state(self.context, state)
         write_record(self.context, PRIVACY_KEY, {**rec, "rounds": done + 1})

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from fedapp.config import ClientDPConfig, ConfigError, RunConfig, check_federation_size, parse_int_list
+from fedapp.config import ClientDPConfig, ConfigError, DataConfig, RunConfig, check_federation_size, parse_int_list
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ftrl_accounting import FTRLMechanism
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
@@ -111,12 +111,12 @@ def _node_value(node_config: Mapping[str, Any], key: str, kind: type) -> Any:
     return value
 
 
-def _train_size(cfg: RunConfig, num_clients: int, client_id: int) -> int | None:
+def _train_size(data: DataConfig, seed: int, num_clients: int, client_id: int) -> int | None:
     """N_i of a client (None when the dataset cannot be read here; the pre-round check still applies)."""
     from fedapp.data.client_data import client_train_sizes
 
     try:
-        return int(client_train_sizes(cfg.data, cfg.general.seed, num_clients)[client_id])
+        return int(client_train_sizes(data, seed, num_clients)[client_id])
     except (ConfigError, OSError):
         return None
 
@@ -147,7 +147,7 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
         batch = cfg.training.batch_size
     else:
         batch = int(sample_batch_sizes(parse_int_list("batch-size-choices", cfg.training.batch_size_choices), n, seed)[cid])
-        batch = min(batch, _train_size(cfg, n, cid) or batch)  # a drawn b_i never exceeds N_i
+        batch = min(batch, _train_size(cfg.data, cfg.general.seed, n, cid) or batch)  # a drawn b_i never exceeds N_i
     delta = cfg.training.delta
     epochs = cfg.training.local_epochs
     if "epsilon" in node_config:

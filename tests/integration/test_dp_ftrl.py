@@ -260,7 +260,7 @@ def test_client_streams_persist_in_their_context_and_sum_to_the_planned_noise():
             shares[cid, rnd - 1] = arrays[0]
     # each client's shares are its uninterrupted stream C⁻¹ Z_i, from the generator it started with
     for cid, c in enumerate(clients):
-        replay = dp.noise_stream(D, np.random.default_rng(noise_seed(c.s.cfg, cid, 0)))
+        replay = dp.noise_stream(D, np.random.default_rng(noise_seed(c.s.cfg.general, cid, 0)))
         np.testing.assert_allclose(shares[cid], np.stack([replay.next() for _ in range(t)]), rtol=1e-6)  # float32 wire
     assert not np.allclose(shares[0], shares[1])  # independent streams
     # a round already drawn is refused (its noise is never reused)
