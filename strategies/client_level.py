@@ -454,6 +454,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if self.dp is not None:  # the mechanism's parameters, as the server knows them
             rec.update(epsilon_budget=self.dp.epsilon(), delta=self.dp.delta, noise_multiplier=self.dp.noise_multiplier,
                        sample_rate=self.dp.sample_rate)
+        if self.adaptive is not None and self.clip_t is not None:  # the C_t it clipped at (checked on acceptance)
+            rec["clip_norm"] = self.clip_t
         return rec
 
     def adapt_clip(self, accepted: list[ClientUpdate]) -> dict[str, Any]:

@@ -9,6 +9,10 @@ client runs τ local momentum-SGD steps from the global model θ (momentum reset
   only the k masked values (``strategies.fed_smp.encode_sparse``);
 * non-private (``fedavg-randk/topk``): the same sparsify + clip, no noise.
 
+With adaptive clipping (dp-fedavg, ``adaptive-clip-quantile`` > 0, no SecAgg+; Andrew et al. 2021) the clip
+is the server's C_t, the noise z_Δ·C_t/√r with z_Δ from this client's run-config, and the client also sends its
+noised count share b_i − ½ + N(0, σ_b²/r) (:func:`adaptive_round`).
+
 The noise is sized so that the *sum* over the r_t clients sampled this round (``dp-round-clients``)
 carries σC; see ``strategies/client_level.py`` for the threat model and the server's ledger. σ comes
 from ``fedapp.privacy.profiles.client_level_mechanism`` — the same function the server uses — and a

@@ -4,9 +4,9 @@
 Round t: each of the clients clips its update to C_t and reports the bit b_i = 1[‖Δ_i‖ ≤ C_t]. The server forms
 the noisy fraction b̄ = (Σ (b_i − ½) + N(0, σ_b²)) / r + ½, r the *expected* number of clients (Sec. 3; centring
 the bits gives the sum sensitivity ½, the source of the 2 in Thm 1), and updates geometrically
-C_{t+1} = C_t · exp(−η_C (b̄ − γ)). Under secure aggregation each client appends b_i − ½ to its
-secure-summed vector as one extra coordinate and adds N(0, σ_b²/r) to it, as it adds N(0, (z_Δ C_t)²/r) to the
-update, so the sum carries both noises and no single bit is seen. By Thm 1 the pair (noisy update sum with
+C_{t+1} = C_t · exp(−η_C (b̄ − γ)). Here each client adds its share N(0, σ_b²/r) to its own b_i − ½ (as it adds
+N(0, (z_Δ C_t)²/r) to its update), so no bit leaves a client un-noised and the shares' sum carries N(0, σ_b²)
+(wired for dp-fedavg without secure aggregation: ``strategies.client_level``). By Thm 1 the pair (noisy update sum with
 multiplier z_Δ, noisy count with σ_b) is one Gaussian mechanism with multiplier z, z⁻² = z_Δ⁻² + (2σ_b)⁻²:
 :func:`update_noise_multiplier` gives z_Δ for a target z.
 """
