@@ -19,6 +19,7 @@ from fedapp.clients.common import setup_client
 from fedapp.clients.training import get_weights
 from fedapp.config import ConfigError, resolve_config
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism
+from fedapp.state.checkpoint import load_checkpoint, save_checkpoint
 from strategies.client_level import CFG_CLIP, CFG_SIGMA, METRIC_UNCLIPPED_SHARE
 from strategies.fed_smp import ClientLevelStrategy
 from strategies.privacy.accountants import epsilon_of
@@ -87,15 +88,20 @@ def test_server_sends_c_t_and_updates_it_geometrically_from_the_noisy_shares():
     assert s.clip_t == pytest.approx(expected * math.exp(ADAPTIVE.learning_rate * ADAPTIVE.target_quantile))
 
 
-def test_clip_survives_a_checkpoint_round_trip():
+def test_clip_survives_a_checkpoint_round_trip(tmp_path):
     s = strategy()
     run_round(s, 1, [0.5] * 4)
     moved = s.clip_t
     assert moved is not None and moved < ADAPTIVE.initial_clip
+    path = save_checkpoint(tmp_path / "checkpoint.npz", {"state": s.state_dict()})
     resumed = strategy()
-    resumed.load_state_dict(s.state_dict())
+    resumed.load_state_dict(load_checkpoint(path)["state"])
     ins = resumed.configure_fit(2, ndarrays_to_parameters(resumed.current_weights), manager(N))
     assert ins[0][1].config[CFG_CLIP] == moved  # the resumed run continues at C_1, not C_0
+    state = s.state_dict()
+    state["family"]["clip_norm"] = math.nan
+    with pytest.raises(ValueError, match="clip_norm nan"):
+        strategy().load_state_dict(state)
 
 
 def test_server_rejects_another_clip_and_an_out_of_range_share():
