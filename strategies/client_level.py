@@ -14,6 +14,11 @@ conditionally rounded update plus discrete Gaussian noise modulo 2^b, the server
 multiplier 1/(a + τ√d) (Kairouz et al., Prop. 14: an upper bound of its RDP at every order, so the RDP ledger never
 claims less than the mechanism gives), unamplified for every view.
 
+Adaptive clipping (``adaptive-clip-quantile`` > 0, dp-fedavg without SecAgg+; Andrew et al. 2021): the server holds
+C_t, sends it in the fit config (``dp-clip-norm``) and sets C_{t+1} = C_t · exp(−η_C (b̄_t − γ)) from the accepted
+replies' count shares b_i − ½ + N(0, σ_b²/r) (:meth:`ClientLevelDPStrategy.adapt_clip`). Each update carries z_Δ·C_t
+with z_Δ⁻² = z⁻² − (2σ_b)⁻², so update and share together are one Gaussian at the run's z (Thm 1), charged as such.
+
 Sampling: every registered client independently with q = r/n (Poisson, secret randomness), fixed for the
 run; an unavailable or excluded client counts as sampled and dropped, so the realized rate never exceeds
 the accounted one.
@@ -53,6 +58,13 @@ from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, Reply
 from strategies.errors import ConfigError
 from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
+from strategies.privacy.adaptive_clipping import (
+    AdaptiveClipConfig,
+    fraction_from_noisy_sum,
+    geometric_clip_update,
+    round_mechanism,
+    update_noise_multiplier,
+)
 from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ledger import PrivacyLedger
@@ -62,11 +74,16 @@ from strategies.server.validation import metric_problem, parse_client_id
 CFG_SIGMA = "dp-noise-multiplier"  # fit-config: the mechanism's σ (clients cross-check it)
 CFG_ROUND_CLIENTS = "dp-round-clients"  # fit-config: r_t, the number of clients sampled this round
 CFG_ROTATION_SEED = "ddg-rotation-seed"  # fit-config: the round's public seed of the DDG's random rotation
+CFG_CLIP = "dp-clip-norm"  # fit-config: the round's clip norm C_t under adaptive clipping (clients check it)
+#: client metric under adaptive clipping: its share of the noisy count, b_i − ½ + N(0, σ_b²/r)
+METRIC_UNCLIPPED_SHARE = "unclipped_share"
 
 MechanismFactory = Callable[[int], ClientLevelDP]
 #: (the run's client-level mechanism, the payload's length) → the distributed discrete Gaussian, or None when the
 #: secure sum carries continuous Gaussian shares
 SecureSumFactory = Callable[[ClientLevelDP, int], DistributedDiscreteGaussian | None]
+#: the run's client-level mechanism → its adaptive clipping, or None for a fixed clip
+AdaptiveClipFactory = Callable[[ClientLevelDP], AdaptiveClipConfig | None]
 
 
 def rotation_seed(run_seed: int, server_round: int) -> int:
@@ -82,7 +99,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
     send_ledger = False  # ε is a property of the mechanism and the round, not of a client's state
     def __init__(self, *, mechanism_factory: MechanismFactory | None = None, clip: float | None = None,
                  secure_sum_factory: SecureSumFactory | None = None, secure_aggregation: bool = False,
-                 **kwargs: Any) -> None:
+                 adaptive_clip_factory: AdaptiveClipFactory | None = None, **kwargs: Any) -> None:
         kwargs.setdefault("sampling", "poisson")
         super().__init__(**kwargs)
         #: True when the server runs the fit step through SecAgg+ (every reply then carries the survivors' mean)
@@ -93,6 +110,11 @@ class ClientLevelDPStrategy(DPFLStrategy):
         self.dp: ClientLevelDP | None = None
         #: the distributed discrete Gaussian the secure sums carry (None: continuous Gaussian shares, or no SecAgg+)
         self.ddg: DistributedDiscreteGaussian | None = None
+        self.adaptive_clip_factory = adaptive_clip_factory
+        #: adaptive clipping (Andrew et al. 2021): γ, η_C, σ_b, C_0; None for a fixed clip
+        self.adaptive: AdaptiveClipConfig | None = None
+        self.clip_t: float | None = None  # C_t, the clip of the next round (checkpointed)
+        self.update_multiplier: float | None = None  # z_Δ, the update's share of the round's multiplier z
         self.other_view = PrivacyLedger(self.ledger.accountant)  # the view the budget is not for
         #: ε against the server that draws the sample: per client, the unamplified Gaussian (q = 1) of every
         #: round it took part in, at the multiplier the server saw (the sum's, or one update's without SecAgg+)
@@ -118,6 +140,32 @@ class ClientLevelDPStrategy(DPFLStrategy):
             self.sampler.fixed_rate = self.dp.sample_rate  # q = r/n of the registered clients, all run long
             if self.secure_sum_factory is not None and self.dp.secure_aggregation:
                 self.ddg = self.secure_sum_factory(self.dp, self.payload_dim())
+            if self.adaptive_clip_factory is not None:
+                self.adaptive = self.adaptive_clip_factory(self.dp)
+            if self.adaptive is not None:
+                if self.dp.secure_aggregation:
+                    raise ConfigError("adaptive clipping under secure aggregation is not supported: the unclipped "
+                                      "count is not carried through the secure sum")
+                self.update_multiplier = update_noise_multiplier(self.dp.noise_multiplier,
+                                                                 self.adaptive.count_noise_std)
+                if self.clip_t is None:  # a resumed run keeps the checkpointed C_t
+                    self.clip_t = self.adaptive.initial_clip
+
+    def noise_mechanism(self) -> ClientLevelDP:
+        """What each update carries this round: the run's mechanism, or under adaptive clipping C_t with the
+        update multiplier z_Δ (the budget is still charged for the run's z, :meth:`round_charge`)."""
+        assert self.dp is not None
+        if self.adaptive is None:
+            return self.dp
+        assert self.clip_t is not None and self.update_multiplier is not None
+        return round_mechanism(self.dp, self.clip_t, self.update_multiplier)
+
+    def count_share_std(self, round_clients: int) -> float:
+        """Std of one client's noise on its centred bit, σ_b/√r (r as for the update noise): one update carries
+        the multiplier z/√r of a fixed-clip round, the sum of r shares N(0, σ_b²) (Andrew et al. 2021, Thm 1)."""
+        assert self.dp is not None and self.adaptive is not None
+        r = round_clients if self.dp.secure_aggregation else self.dp.clients_per_round
+        return self.adaptive.count_noise_std / math.sqrt(max(int(r), 1))
 
     def payload_dim(self) -> int:
         """*hook*: the length of the vector each client privatizes (the model's parameters, dense)."""
@@ -139,7 +187,11 @@ class ClientLevelDPStrategy(DPFLStrategy):
     # ---- sampling and budget -------------------------------------------------------------
     def round_charge(self, survivors: int, sampled: int) -> tuple[float, float]:
         """(aggregate, individual) noise multipliers of a round with ``survivors`` of ``sampled`` updates summed:
-        the sum of r' updates each carrying std s = C·σ_t has multiplier s√r'/C; one update has s/C."""
+        the sum of r' updates each carrying std s = C·σ_t has multiplier s√r'/C; one update has s/C.
+
+        Under adaptive clipping each update carries z_Δ > z and each count share σ_b/√r: the pair is one Gaussian
+        with multiplier z (Andrew et al. 2021, Thm 1: z⁻² = z_Δ⁻² + (2σ_b)⁻², per update and for any r' of them),
+        so the round is charged at the run's z, exactly as a fixed-clip round."""
         assert self.dp is not None
         if self.ddg is not None:  # the discrete sum's Gaussian equivalent (an RDP upper bound at every order)
             return self.ddg.gaussian_equivalent(survivors, sampled), self.ddg.gaussian_equivalent(1, sampled)
@@ -177,6 +229,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
             cfg[CFG_SIGMA] = float(self.dp.noise_multiplier)
         if self.ddg is not None:
             cfg[CFG_ROTATION_SEED] = rotation_seed(self.seed, server_round)
+        if self.adaptive is not None and self.clip_t is not None:
+            cfg[CFG_CLIP] = float(self.clip_t)
         return cfg
 
     # ---- validation ------------------------------------------------------------------------
@@ -189,17 +243,35 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if self.ddg is not None:  # discrete noise and rounding, spread over the padded rotated coordinates
             return noisy_norm_bound(self.ddg.clip, self.ddg.noise_std(self.round_clients()), self.ddg.padded_dim)
         if self.dp is not None:
-            return noisy_norm_bound(self.dp.clip, self.dp.noise_std(self.round_clients()), dim)
+            noise = self.noise_mechanism()
+            return noisy_norm_bound(noise.clip, noise.noise_std(self.round_clients()), dim)
         return None if self.clip is None else self.clip * (1 + 1e-5)
 
     def secagg_clipping_range(self) -> float:
         """Per-coordinate range of SecAgg+'s quantizer this round: C plus 12 stds of the round's noise."""
         if self.dp is None:
             return float(self.clip or 1.0)
-        return self.dp.clip + 12.0 * self.dp.noise_std(self.round_clients())
+        noise = self.noise_mechanism()
+        return noise.clip + 12.0 * noise.noise_std(self.round_clients())
 
     def validate_update(self, update: np.ndarray, metrics: Mapping[str, Scalar]) -> None:
         self.check_sigma(metrics)
+        self.check_count_share(metrics)
+
+    def check_count_share(self, metrics: Mapping[str, Scalar]) -> None:
+        """Under adaptive clipping: reject a reply clipped at another C_t, or whose count share lies outside
+        ½ + 12 stds of its noise (a legitimate one does so with probability < e⁻⁷²; it would steer the clip)."""
+        if self.adaptive is None:
+            return
+        used = metrics.get("clip_norm")
+        if (isinstance(used, bool) or not isinstance(used, (int, float)) or self.clip_t is None
+                or not math.isclose(float(used), self.clip_t, rel_tol=1e-9)):
+            raise RejectedUpdate(f"client clip norm {used!r} != this round's adaptive clip C_t = {self.clip_t}")
+        share = metrics.get(METRIC_UNCLIPPED_SHARE)
+        bound = 0.5 + 12.0 * self.count_share_std(self.round_clients())
+        if (isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(float(share))
+                or abs(float(share)) > bound):
+            raise RejectedUpdate(f"{METRIC_UNCLIPPED_SHARE} {share!r} is not a number within ±{bound:.4g}")
 
     def check_sigma(self, metrics: Mapping[str, Scalar]) -> None:
         """Reject a reply whose declared σ is not the mechanism's (the client ran another mechanism)."""
@@ -357,6 +429,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
             if cid is not None and self.server_view.histories.get(int(cid)):
                 r["epsilon_vs_server"] = self.server_view.epsilon(int(cid))
         out["epsilon_vs_release"] = self.release_view.population_epsilon()
+        if self.adaptive is not None:
+            out.update(self.adapt_clip(accepted if withhold is None else []))
         if self.server_view.histories:
             out["max_epsilon_vs_server"] = self.server_view.max_epsilon()
         out.update(epsilon=self.ledger.population_epsilon(), epsilon_aggregate=aggregate.population_epsilon(),
@@ -380,16 +454,43 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if self.dp is not None:  # the mechanism's parameters, as the server knows them
             rec.update(epsilon_budget=self.dp.epsilon(), delta=self.dp.delta, noise_multiplier=self.dp.noise_multiplier,
                        sample_rate=self.dp.sample_rate)
+        if self.adaptive is not None and self.clip_t is not None:  # the C_t it clipped at (checked on acceptance)
+            rec["clip_norm"] = self.clip_t
         return rec
+
+    def adapt_clip(self, accepted: list[ClientUpdate]) -> dict[str, Any]:
+        """C_{t+1} = C_t · exp(−η_C (b̄_t − γ)) from the accepted replies' noisy count shares (Andrew et al. 2021,
+        Alg. 1); b̄_t = (Σ shares) / r + ½, r the expected clients per round. A round with nothing accepted keeps C_t.
+        Post-processing of privatized shares: it costs nothing beyond the round's charge."""
+        assert self.adaptive is not None and self.dp is not None and self.clip_t is not None
+        out: dict[str, Any] = {"clip_norm": self.clip_t, "adaptive_clip_quantile": self.adaptive.target_quantile,
+                               "count_noise_std": self.adaptive.count_noise_std,
+                               "update_noise_multiplier": self.update_multiplier}
+        if accepted:
+            noisy_sum = sum(float(u.metrics[METRIC_UNCLIPPED_SHARE]) for u in accepted)
+            fraction = fraction_from_noisy_sum(noisy_sum, self.dp.clients_per_round)
+            self.clip_t = geometric_clip_update(self.clip_t, fraction, self.adaptive.target_quantile,
+                                                self.adaptive.learning_rate)
+            out["unclipped_fraction"] = fraction
+        out["next_clip_norm"] = self.clip_t
+        return out
 
     # ---- checkpoint ------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
-        return {"other_view": self.other_view.state(), "server_view": self.server_view.state(),
-                "release_view": self.release_view.state(),
-                "sampled": {str(k): v for k, v in self.sampled.items()}}
+        state: dict[str, Any] = {"other_view": self.other_view.state(), "server_view": self.server_view.state(),
+                                 "release_view": self.release_view.state(),
+                                 "sampled": {str(k): v for k, v in self.sampled.items()}}
+        if self.clip_t is not None:
+            state["clip_norm"] = float(self.clip_t)
+        return state
 
     def load_checkpoint_state(self, state: Mapping[str, Any]) -> None:
         self.other_view.load(dict(state.get("other_view", {})))
         self.server_view.load(dict(state.get("server_view", {})))
         self.release_view.load(dict(state.get("release_view", {})))
         self.sampled = {int(k): int(v) for k, v in dict(state.get("sampled", {})).items()}
+        if "clip_norm" in state:
+            clip = float(state["clip_norm"])
+            if not (clip > 0 and math.isfinite(clip)):
+                raise ValueError(f"checkpoint clip_norm {clip} is not a finite number > 0")
+            self.clip_t = clip

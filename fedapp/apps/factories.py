@@ -24,9 +24,9 @@ from fedapp.clients.dp2_fedsam import DP2FedSAMClient, shared_weights
 from fedapp.clients.dpsgd import DPSGDClient, min_epsilon_profile
 from fedapp.clients.soteriafl import SoteriaFLClient, soteriafl_params
 from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
-from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.config import ADAPTIVE_CLIP_STRATEGIES, ConfigError, RunConfig, resolve_config
 from fedapp.data.client_data import client_train_sizes, public_dataset, training_pool
-from fedapp.privacy.profiles import client_level_mechanism, ftrl_mechanism, secure_sum_mechanism
+from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, ftrl_mechanism, secure_sum_mechanism
 from strategies.aggregate import flatten
 from strategies.base import StrategyContext
 from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant
@@ -136,10 +136,13 @@ def _client_level_kwargs(cfg: RunConfig, ctx: StrategyContext, private: bool) ->
 
 def _fed_smp(cfg: RunConfig, ctx: StrategyContext, *, name: str, sparsifier: str,
              private: bool) -> ClientLevelStrategy:
+    kwargs = _client_level_kwargs(cfg, ctx, private)
+    if private and name in ADAPTIVE_CLIP_STRATEGIES:
+        kwargs["adaptive_clip_factory"] = lambda dp: adaptive_clip_config(cfg, dp)
     strategy = ClientLevelStrategy(
         sparsifier=sparsifier, compression_ratio=cfg.client_dp.compression_ratio if sparsifier != "none" else 1.0,
         public_update_fn=public_update_fn(cfg) if sparsifier == "topk" else None,
-        name=name, **_client_level_kwargs(cfg, ctx, private))
+        name=name, **kwargs)
     return strategy
 
 

@@ -61,8 +61,9 @@ def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | N
 
 
 def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, Any]:
-    from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
+    from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, secure_sum_mechanism
     from strategies.privacy.accountants import epsilon_of
+    from strategies.privacy.adaptive_clipping import update_noise_multiplier
 
     dp = client_level_mechanism(cfg, n)
     secagg = cfg.client_dp.secure_aggregation
@@ -73,6 +74,13 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
         "sample_rate": dp.sample_rate, "delta": dp.delta, "accountant": dp.accountant,
         "budget_holds_against": dp.adversary,
     }
+    adaptive = adaptive_clip_config(cfg, dp)
+    if adaptive is not None:  # the budget stays z's: update (z_Δ) and count (σ_b) compose to z (Andrew et al., Thm 1)
+        mechanism["adaptive_clipping"] = {
+            "initial_clip": adaptive.initial_clip, "target_quantile": adaptive.target_quantile,
+            "learning_rate": adaptive.learning_rate, "count_noise_std": adaptive.count_noise_std,
+            "update_noise_multiplier": update_noise_multiplier(dp.noise_multiplier, adaptive.count_noise_std),
+            "count_noise_added_by": "each client, σ_b/√r on its centred bit"}
     ddg = secure_sum_mechanism(cfg.client_dp, dp, payload_dim or secure_payload_dim(cfg)) if secagg and \
         cfg.client_dp.secagg_mechanism == "ddg" else None
     if ddg is not None:

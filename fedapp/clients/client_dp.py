@@ -9,6 +9,10 @@ client runs τ local momentum-SGD steps from the global model θ (momentum reset
   only the k masked values (``strategies.fed_smp.encode_sparse``);
 * non-private (``fedavg-randk/topk``): the same sparsify + clip, no noise.
 
+With adaptive clipping (dp-fedavg, ``adaptive-clip-quantile`` > 0, no SecAgg+; Andrew et al. 2021) the clip
+is the server's C_t, the noise z_Δ·C_t/√r with z_Δ from this client's run-config, and the client also sends its
+noised count share b_i − ½ + N(0, σ_b²/r) (:func:`adaptive_round`).
+
 The noise is sized so that the *sum* over the r_t clients sampled this round (``dp-round-clients``)
 carries σC; see ``strategies/client_level.py`` for the threat model and the server's ledger. σ comes
 from ``fedapp.privacy.profiles.client_level_mechanism`` — the same function the server uses — and a
@@ -48,14 +52,26 @@ from fedapp.clients.common import (
     write_record,
 )
 from fedapp.clients.training import LocalTraining, TrainResult, get_weights, local_train, set_weights
-from fedapp.config import ClientDPConfig, TrainingConfig
-from fedapp.privacy.profiles import client_level_mechanism, ftrl_mechanism, secure_sum_mechanism, steps_per_epoch
+from fedapp.config import ClientDPConfig, ConfigError, TrainingConfig
+from fedapp.privacy.profiles import (
+    adaptive_clip_config,
+    client_level_mechanism,
+    ftrl_mechanism,
+    secure_sum_mechanism,
+    steps_per_epoch,
+)
 from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
-from strategies.client_level import CFG_ROTATION_SEED, CFG_SIGMA
+from strategies.client_level import CFG_CLIP, CFG_ROTATION_SEED, CFG_SIGMA, METRIC_UNCLIPPED_SHARE
 from strategies.compression import encode_sparse
 from strategies.dp_ftrl import advance_to
 from strategies.fed_smp import dp_dense, dp_spar, mask_from_config
+from strategies.privacy.adaptive_clipping import (
+    AdaptiveClipConfig,
+    noisy_centred_bit,
+    round_mechanism,
+    update_noise_multiplier,
+)
 from strategies.privacy.budget import budget_refusal
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.mechanisms import ClientLevelDP, cached_epsilon
@@ -70,6 +86,25 @@ def discrete_share(ddg: DistributedDiscreteGaussian, clipped: np.ndarray, config
     return [ddg.encode(clipped, int(config[CFG_ROTATION_SEED]), rng, round_clients=round_clients)]
 
 
+def adaptive_round(dp: ClientLevelDP, adaptive: AdaptiveClipConfig,
+                   config: dict[str, Any]) -> tuple[ClientLevelDP | None, str | None]:
+    """(the mechanism this client's update carries this round, or None with the reason it refuses). The clip C_t is
+    the server's (``dp-clip-norm``, refused unless a finite number > 0, and under SecAgg+ at all); the multiplier is
+    z_Δ, derived here from the run-config's z and σ_b, never from the server, and checked to compose with the count
+    share back to z (Andrew et al. 2021, Thm 1), the multiplier the budget is charged for."""
+    if dp.secure_aggregation:
+        return None, "adaptive clipping is not supported under secure aggregation"
+    raw = config.get(CFG_CLIP)
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and raw > 0):
+        return None, f"server sent adaptive clip {CFG_CLIP!r} = {raw!r}; it must be a finite number > 0"
+    z_delta = update_noise_multiplier(dp.noise_multiplier, adaptive.count_noise_std)
+    composed = (z_delta**-2 + (2.0 * adaptive.count_noise_std) ** -2) ** -0.5
+    if not math.isclose(composed, dp.noise_multiplier, rel_tol=1e-9):
+        return None, f"update multiplier {z_delta} and count noise {adaptive.count_noise_std} compose to {composed}, " \
+                     f"not the budget's z = {dp.noise_multiplier}"
+    return round_mechanism(dp, float(raw), z_delta), None
+
+
 def local_steps(client_dp: ClientDPConfig, training: TrainingConfig, num_examples: int, batch_size: int) -> int:
     """τ: ``local-steps`` if set, else ``local-epochs`` · ⌈N/b⌉."""
     return client_dp.local_steps or training.local_epochs * steps_per_epoch(num_examples, batch_size)
@@ -77,6 +112,9 @@ def local_steps(client_dp: ClientDPConfig, training: TrainingConfig, num_example
 
 class ClientLevelDPClient(NumPyClient):
     """Local training + client-level clip/noise (+ optional Fed-SMP mask) for one client."""
+
+    #: whether this client runs adaptive clipping when the run-config asks for it (its privatize clips at dp.clip)
+    adaptive_clipping: bool = True
 
     def __init__(self, setup: ClientSetup, context: Context | None = None, private: bool = True) -> None:
         self.s = setup
@@ -120,7 +158,7 @@ class ClientLevelDPClient(NumPyClient):
                   dp: ClientLevelDP | None, rng: np.random.Generator) -> tuple[list[np.ndarray], dict[str, Any]]:
         """*hook*: Δ (flat) → wire arrays + metrics. Dense per-layer arrays, or the k masked values."""
         sparsifier, indices = mask_from_config(config, update.size)
-        clip = float(self.s.cfg.training.clip_norm)
+        clip = dp.clip if dp is not None else float(self.s.cfg.training.clip_norm)
         r_t = round_clients(config, dp, self.floors) if dp is not None else None
         ddg = secure_sum_mechanism(self.s.cfg.client_dp, dp, update.size if indices is None else len(indices)) \
             if dp is not None else None
@@ -147,6 +185,7 @@ class ClientLevelDPClient(NumPyClient):
         server_round = int(config["server-round"])
         metrics: dict[str, Any] = {"client_id": p.client_id, "batch_size": p.batch_size, "num_train": len(self.s.train)}
         dp = self.mechanism()
+        noise_dp, adaptive = dp, None  # the mechanism the update carries (under adaptive clipping: C_t, z_Δ)
         if dp is not None:
             eps_next, reason = self.budget_check(dp, server_round)
             metrics.update({"noise_multiplier": dp.noise_multiplier, "sample_rate": dp.sample_rate, "delta": dp.delta,
@@ -155,6 +194,15 @@ class ClientLevelDPClient(NumPyClient):
                 reason = (f"server asks for noise multiplier {config[CFG_SIGMA]} but this client's run-config "
                           f"gives {dp.noise_multiplier}")
             reason = reason or floor_refusal(dp, self.floors)
+            if reason is None and self.adaptive_clipping:
+                try:
+                    adaptive = adaptive_clip_config(cfg, dp)
+                except ConfigError as exc:
+                    reason = str(exc)
+                if adaptive is not None:
+                    noise_dp, reason = adaptive_round(dp, adaptive, config)
+                    if noise_dp is not None:
+                        metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
             if reason is not None:
                 metrics.update({"status": "refused", "reason": reason,
                                 "epsilon_spent": cached_epsilon(dp, min(server_round - 1, dp.rounds))})
@@ -175,10 +223,14 @@ class ClientLevelDPClient(NumPyClient):
             return [], 0, {**metrics, "status": "failed", "reason": "local training diverged (non-finite update)"}
         rng = np.random.default_rng(noise_seed(cfg.general, p.client_id, server_round))  # secret unless seeded-noise
         try:
-            arrays, extra = self.privatize(update, [tuple(a.shape) for a in parameters], config, dp, rng)
+            arrays, extra = self.privatize(update, [tuple(a.shape) for a in parameters], config, noise_dp, rng)
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
             return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
         metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps, **extra})
+        if adaptive is not None and noise_dp is not None:  # its share of the count: σ_b/√r, as the update's z_Δ C_t/√r
+            share_std = adaptive.count_noise_std / math.sqrt(noise_dp.clients_per_round)
+            metrics[METRIC_UNCLIPPED_SHARE] = noisy_centred_bit(float(extra["update_norm"]), noise_dp.clip, share_std,
+                                                                rng)
         if dp is None:  # non-private baselines only: loss and pre-clip norm of private data are not covered by DP
             metrics["train_loss"] = result.loss
         else:
@@ -201,6 +253,8 @@ class FTRLClient(ClientLevelDPClient):
     (C⁻¹Z_i)_t from its own stream (entries of Z_i with std zC/√n, secret randomness), indexed by the server round
     and kept in ``Context.state`` so its position survives between rounds; a round already drawn is refused (its
     noise is never reused). Without SecAgg+ it sends the clipped update only: the server adds the noise."""
+
+    adaptive_clipping = False
 
     def mechanism(self):  # an FTRLMechanism: duck-typed where the parent reads σ, q, δ and ε
         return ftrl_mechanism(self.s.cfg, self.s.profile.num_clients)

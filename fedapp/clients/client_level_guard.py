@@ -1,12 +1,15 @@
 """What a client-level DP client checks itself instead of taking the server's word.
 
-The run-config and each round's fit config come from the server. Three numbers there lower a client's
-noise or raise what it may spend, so the client bounds them with its own:
+The run-config and each round's fit config come from the server. The numbers there that could lower a client's
+noise, raise what it may spend or set its clip, the client bounds or checks with its own:
 
 * ``r_t`` (``dp-round-clients``): each client adds N(0, C²σ²/r_t) so the sum of r_t updates carries σC; a
   server claiming a larger r_t cuts everyone's noise. node-config ``min-round-clients`` caps the r_t a client
   uses (it then adds noise for at most that many survivors).
 * σ: node-config ``min-noise-multiplier`` is the smallest σ this client trains with; a run below it is refused.
+* C_t (``dp-clip-norm``, adaptive clipping): the clip is the server's, but the multiplier z_Δ the client noises
+  with is derived from its own run-config (``fedapp.clients.client_dp.adaptive_round``), so a C_t changes no
+  update's multiplier; a missing, non-finite or non-positive C_t is refused.
 * the round number: the client counts its own releases in ``Context.state`` and charges its budget for
   max(server round, its releases), so a server that repeats or understates rounds cannot make it spend more.
 """

@@ -9,6 +9,7 @@ the schema agree key by key.
 from fedapp.config.docs import CONFIG_DOC, TABLE_END, TABLE_START, doc_with_table, markdown_table
 from fedapp.config.keys import DATASETS, PARTITIONERS, PRIVACY_DISTS, Key, check_value, parse_int_list
 from fedapp.config.run_config import (
+    ADAPTIVE_CLIP_STRATEGIES,
     FAMILY_SECTIONS,
     RunConfig,
     check_federation_size,
@@ -33,7 +34,7 @@ from fedapp.config.sections import (
 from strategies.errors import ConfigError
 
 __all__ = [
-    "CONFIG_DOC", "DATASETS", "FAMILY_SECTIONS", "PARTITIONERS", "PRIVACY_DISTS", "SCHEMA", "TABLE_END",
+    "ADAPTIVE_CLIP_STRATEGIES", "CONFIG_DOC", "DATASETS", "FAMILY_SECTIONS", "PARTITIONERS", "PRIVACY_DISTS", "SCHEMA", "TABLE_END",
     "TABLE_START", "ClientDPConfig", "ConfigError", "DP2FedSAMConfig", "DataConfig", "DeploymentConfig",
     "GeneralConfig", "Key", "RobustHDPConfig", "RunConfig", "SoteriaFLConfig", "TrainingConfig", "check_federation_size",
     "check_secure_sum", "check_value", "clear_cache", "doc_with_table", "ignored_keys", "markdown_table",

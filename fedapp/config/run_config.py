@@ -176,6 +176,7 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
     check_ftrl(cfg)
     check_secure_sum(cfg)
+    check_adaptive_clip(cfg)
     ignored = ignored_keys(cfg)
     if ignored:
         raise ConfigError("; ".join(f"run-config {name!r} = {cfg[name]!r} would have no effect: {why}"
@@ -210,6 +211,25 @@ def check_ftrl(cfg: Mapping[str, Any]) -> None:
                           f"{cfg['strategy']!r} and secure-aggregation = false: the server adds the noise and sees "
                           "every clipped update, so no epsilon holds against it; set secure-aggregation = true (each "
                           "client adds its noise stream) or client-dp-adversary = 'release' (a trusted server)")
+
+
+#: the strategies that run adaptive clipping (run-config adaptive-clip-*)
+ADAPTIVE_CLIP_STRATEGIES = ("dp-fedavg",)
+
+
+def check_adaptive_clip(cfg: Mapping[str, Any]) -> None:
+    """Adaptive clipping runs with dp-fedavg and without SecAgg+ only: refuse the settings it would not serve."""
+    quantile = cfg["adaptive-clip-quantile"]
+    if quantile == 0:
+        return
+    if cfg["strategy"] not in ADAPTIVE_CLIP_STRATEGIES:
+        raise ConfigError(f"run-config 'adaptive-clip-quantile' = {quantile!r} with strategy {cfg['strategy']!r}: "
+                          f"adaptive clipping is supported by strategy in {list(ADAPTIVE_CLIP_STRATEGIES)} only; set "
+                          "adaptive-clip-quantile = 0 (a fixed clip-norm) or pick a supported strategy")
+    if cfg["secure-aggregation"]:
+        raise ConfigError(f"run-config 'secure-aggregation' = true with adaptive-clip-quantile = {quantile!r}: the "
+                          "unclipped-count bit is not carried through the SecAgg+ sum here; set secure-aggregation = "
+                          "false (each client then noises its update and its bit itself) or adaptive-clip-quantile = 0")
 
 
 def check_secure_sum(cfg: Mapping[str, Any]) -> None:
@@ -337,6 +357,10 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
     _ReadWhen("ftrl-restart-every", lambda c: c["strategy"] in FTRL_STRATEGIES and c["ftrl-mechanism"] == "tree",
               lambda c: f"only the tree restarts (strategy in {list(FTRL_STRATEGIES)} and ftrl-mechanism = 'tree'); "
                         f"here strategy = {c['strategy']!r}, ftrl-mechanism = {c['ftrl-mechanism']!r}"),
+    _ReadWhen("adaptive-clip-lr", lambda c: c["adaptive-clip-quantile"] > 0,
+              lambda c: "adaptive-clip-quantile = 0 keeps clip-norm fixed; set adaptive-clip-quantile in (0, 1)"),
+    _ReadWhen("adaptive-clip-count-noise", lambda c: c["adaptive-clip-quantile"] > 0,
+              lambda c: "adaptive-clip-quantile = 0 keeps clip-norm fixed; set adaptive-clip-quantile in (0, 1)"),
     _ReadWhen("sam-eta", lambda c: bool(c["sam-adaptive"]),
               lambda c: "sam-adaptive = false runs plain SAM, which has no η; set sam-adaptive = true (ASAM)"),
     _ReadWhen("rpca-chunks", lambda c: c["rpca-chunk-rows"] > 0,

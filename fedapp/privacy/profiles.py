@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.config import ClientDPConfig, ConfigError, DataConfig, RunConfig, check_federation_size, parse_int_list
+from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, default_count_noise
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ftrl_accounting import FTRLMechanism
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
@@ -216,6 +217,26 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
     return ClientLevelDP.calibrated(target, clip=clip, clients_per_round=r, num_clients=n, rounds=rounds,
                                     delta=delta, accountant=accountant, secure_aggregation=secure_aggregation,
                                     adversary=adversary)
+
+
+def adaptive_clip_config(cfg: RunConfig, dp: ClientLevelDP) -> AdaptiveClipConfig | None:
+    """The run's adaptive clipping (Andrew et al. 2021) for mechanism ``dp``, or None when
+    ``adaptive-clip-quantile`` = 0: γ, η_C, C_0 = ``clip-norm`` and σ_b = ``adaptive-clip-count-noise`` (0 → r/20).
+    σ_b must exceed z/2 (z = ``dp``'s σ) for the update multiplier z_Δ to exist. Server and clients call this with
+    the same inputs, so each client derives z_Δ itself."""
+    cd = cfg.client_dp
+    if cd.adaptive_clip_quantile == 0:
+        return None
+    given = cd.adaptive_clip_count_noise
+    count_noise = given or default_count_noise(dp.clients_per_round)
+    if count_noise <= dp.noise_multiplier / 2:
+        source = (f"run-config 'adaptive-clip-count-noise' = {given:g}" if given else
+                  f"run-config 'adaptive-clip-count-noise' = 0 (r/20 = {count_noise:g} for r = {dp.clients_per_round})")
+        raise ConfigError(f"{source} must exceed z/2 = {dp.noise_multiplier / 2:.4g} (z = {dp.noise_multiplier:.4g}, "
+                          "the sum's noise multiplier): the count alone would spend the round's whole budget "
+                          "(Andrew et al. 2021, Thm 1); set it above that, e.g. σ_b = z = "
+                          f"{dp.noise_multiplier:.4g} (the update noise is then z_Δ = 2z/√3 ≈ 1.155 z)")
+    return AdaptiveClipConfig(cd.adaptive_clip_quantile, cd.adaptive_clip_lr, count_noise, dp.clip)
 
 
 def ftrl_mechanism(cfg: RunConfig, num_clients: int) -> FTRLMechanism:

@@ -4,22 +4,29 @@
 Round t: each of the clients clips its update to C_t and reports the bit b_i = 1[‖Δ_i‖ ≤ C_t]. The server forms
 the noisy fraction b̄ = (Σ (b_i − ½) + N(0, σ_b²)) / r + ½, r the *expected* number of clients (Sec. 3; centring
 the bits gives the sum sensitivity ½, the source of the 2 in Thm 1), and updates geometrically
-C_{t+1} = C_t · exp(−η_C (b̄ − γ)). Under secure aggregation each client appends b_i − ½ to its
-secure-summed vector as one extra coordinate and adds N(0, σ_b²/r) to it, as it adds N(0, (z_Δ C_t)²/r) to the
-update, so the sum carries both noises and no single bit is seen. By Thm 1 the pair (noisy update sum with
+C_{t+1} = C_t · exp(−η_C (b̄ − γ)). Here each client adds its share N(0, σ_b²/r) to its own b_i − ½ (as it adds
+N(0, (z_Δ C_t)²/r) to its update), so no bit leaves a client un-noised and the shares' sum carries N(0, σ_b²)
+(wired for dp-fedavg without secure aggregation: ``strategies.client_level``). By Thm 1 the pair (noisy update sum with
 multiplier z_Δ, noisy count with σ_b) is one Gaussian mechanism with multiplier z, z⁻² = z_Δ⁻² + (2σ_b)⁻²:
 :func:`update_noise_multiplier` gives z_Δ for a target z.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
+from strategies.privacy.mechanisms import ClientLevelDP
+
 FloatArray = npt.NDArray[np.float64]
+
+#: σ_b per expected client of a round when none is given: σ_b = r/20 (Andrew et al. 2021, Sec. 3), so the noise on
+#: the unclipped fraction b̄ has std 1/20 whatever r
+DEFAULT_COUNT_NOISE_PER_CLIENT = 1.0 / 20.0
 
 
 @dataclass(frozen=True)
@@ -105,3 +112,28 @@ class AdaptiveClip:
         fraction = noisy_unclipped_fraction(unclipped_bits(norms, self.clip), expected_clients, noise)
         self.clip = geometric_clip_update(self.clip, fraction, cfg.target_quantile, cfg.learning_rate)
         return self.clip
+
+
+def default_count_noise(expected_clients: float) -> float:
+    """σ_b = r/20 (Andrew et al. 2021, Sec. 3): the unclipped fraction's noise std is 0.05."""
+    return DEFAULT_COUNT_NOISE_PER_CLIENT * float(expected_clients)
+
+
+def round_mechanism(dp: ClientLevelDP, clip: float, update_multiplier: float) -> ClientLevelDP:
+    """The mechanism the *update* of an adaptive round carries: clip C_t, multiplier z_Δ in place of z (each client
+    then adds N(0, (z_Δ C_t)²/r_t)). The budget is still charged for ``dp`` (z): with the count noise, the pair is
+    one Gaussian with multiplier z (:func:`update_noise_multiplier`)."""
+    return dataclasses.replace(dp, clip=float(clip), noise_multiplier=float(update_multiplier))
+
+
+def noisy_centred_bit(norm: float, clip: float, noise_std: float, rng: np.random.Generator) -> float:
+    """One client's share of the noisy count: b_i − ½ + N(0, ``noise_std``²), b_i = 1[``norm`` ≤ C]. With
+    ``noise_std`` = σ_b/√r each of the r shares is itself a Gaussian mechanism with multiplier 2σ_b/√r (sensitivity
+    ½), and their sum carries N(0, σ_b²)."""
+    bit = float(unclipped_bits(np.array([norm], dtype=np.float64), clip)[0])
+    return bit - 0.5 + float(rng.normal(0.0, noise_std))
+
+
+def fraction_from_noisy_sum(noisy_sum: float, expected_clients: float) -> float:
+    """b̄ = (Σ (b_i − ½) + N(0, σ_b²)) / r + ½ from the already noised sum of centred bits (Sec. 3)."""
+    return noisy_unclipped_fraction(np.zeros(0), expected_clients, float(noisy_sum))
