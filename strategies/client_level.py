@@ -92,6 +92,14 @@ def rotation_seed(run_seed: int, server_round: int) -> int:
     return int(np.random.SeedSequence([int(run_seed), 503, int(server_round)]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
+def check_declared_multiplier(metrics: Mapping[str, Scalar], expected: float, what: str) -> None:
+    """Reject a reply whose declared ``noise_multiplier`` is not ``expected`` (the client ran another mechanism)."""
+    reported = metrics.get("noise_multiplier")
+    if (isinstance(reported, bool) or not isinstance(reported, (int, float))
+            or not math.isclose(float(reported), expected, rel_tol=1e-9)):
+        raise RejectedUpdate(f"client noise multiplier {reported!r} != {what} = {expected}")
+
+
 class ClientLevelDPStrategy(DPFLStrategy):
     """Client-level DP server: Poisson sampling, σ cross-check, noise-aware norm bound, the server's ledger."""
 
@@ -276,10 +284,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
     def check_sigma(self, metrics: Mapping[str, Scalar]) -> None:
         """Reject a reply whose declared σ is not the mechanism's (the client ran another mechanism)."""
         if self.dp is not None:
-            reported = metrics.get("noise_multiplier")
-            if (isinstance(reported, bool) or not isinstance(reported, (int, float))
-                    or not math.isclose(float(reported), self.dp.noise_multiplier, rel_tol=1e-9)):
-                raise RejectedUpdate(f"client noise multiplier {reported!r} != mechanism σ = {self.dp.noise_multiplier}")
+            check_declared_multiplier(metrics, self.dp.noise_multiplier, "mechanism σ")
 
     def privacy_charge(self, server_round: int, record: Mapping[str, Any], metrics: Mapping[str, Scalar]) -> None:
         return None  # charged to the population in population_charge

@@ -46,7 +46,6 @@ a sound variant needs a factorization per coordinate pattern, so the registry of
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from logging import WARNING
 from typing import Any
@@ -55,8 +54,8 @@ import numpy as np
 from flwr.common import FitRes, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.base import ClientUpdate, RejectedUpdate
-from strategies.client_level import CFG_SIGMA
+from strategies.base import ClientUpdate
+from strategies.client_level import CFG_SIGMA, check_declared_multiplier
 from strategies.errors import ConfigError
 from strategies.fed_smp import ClientLevelStrategy
 from strategies.privacy import threat_models
@@ -170,10 +169,7 @@ class DPFTRLStrategy(ClientLevelStrategy):
 
     def check_sigma(self, metrics: Mapping[str, Scalar]) -> None:
         if self.ftrl is not None:
-            reported = metrics.get("noise_multiplier")
-            if (isinstance(reported, bool) or not isinstance(reported, (int, float))
-                    or not math.isclose(float(reported), self.ftrl.noise_multiplier, rel_tol=1e-9)):
-                raise RejectedUpdate(f"client noise multiplier {reported!r} != DP-FTRL z = {self.ftrl.noise_multiplier}")
+            check_declared_multiplier(metrics, self.ftrl.noise_multiplier, "DP-FTRL z")
 
     def unmask_refusal(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> str | None:
         reason = super().unmask_refusal(server_round, results)

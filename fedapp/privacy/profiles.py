@@ -175,6 +175,22 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
     return ClientProfile(cid, n, epsilon, delta, batch, epochs, reported)
 
 
+def _client_level_setting(cfg: RunConfig, num_clients: int) -> tuple[int, int, float]:
+    """(n, T, δ) of a client-level mechanism, checked: n ≥ 2, r ≤ n, T = ``dp-rounds`` (0 → ``num-server-rounds``),
+    δ = ``client-delta`` (0 → 1/(10 n); larger than that only with ``allow-large-delta``)."""
+    n = int(num_clients)
+    if n < 2:
+        raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
+    if cfg.general.clients_per_round > n:
+        raise ConfigError(f"run-config 'clients-per-round' = {cfg.general.clients_per_round} exceeds the {n} clients of this "
+                          f"federation: set it to at most {n} (0 = every client every round)")
+    given = cfg.client_dp.client_delta
+    if given > max_delta(n) and not cfg.training.allow_large_delta:
+        raise ConfigError(f"run-config 'client-delta' = {given:g} is above 1/(10 n) = {max_delta(n):.3g} for n = {n} "
+                          "clients; set 'allow-large-delta' = true to run with it anyway")
+    return n, cfg.training.dp_rounds or cfg.general.num_server_rounds, given or default_client_delta(n)
+
+
 def client_level_mechanism(cfg: RunConfig, num_clients: int) -> ClientLevelDP:
     """The run's client-level mechanism (DP-FedAvg, Fed-SMP, DP2-FedSAM) from its run-config keys.
 
@@ -186,20 +202,9 @@ def client_level_mechanism(cfg: RunConfig, num_clients: int) -> ClientLevelDP:
     release. Server and clients call this with the same
     inputs, so they agree on σ (the server also sends it and clients cross-check).
     """
-    n = int(num_clients)
-    if n < 2:
-        raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
-    if cfg.general.clients_per_round > n:
-        raise ConfigError(f"run-config 'clients-per-round' = {cfg.general.clients_per_round} exceeds the {n} clients of this "
-                          f"federation: set it to at most {n} (0 = every client every round)")
+    n, rounds, delta = _client_level_setting(cfg, num_clients)
     r = cfg.general.clients_per_round or n
-    rounds = cfg.training.dp_rounds or cfg.general.num_server_rounds
-    given = cfg.client_dp.client_delta
-    if given > max_delta(n) and not cfg.training.allow_large_delta:
-        raise ConfigError(f"run-config 'client-delta' = {given:g} is above 1/(10 n) = {max_delta(n):.3g} for n = {n} "
-                          "clients; set 'allow-large-delta' = true to run with it anyway")
     try:
-        delta = given or default_client_delta(n)
         return _client_level(cfg.client_dp.noise_multiplier, cfg.client_dp.target_epsilon, cfg.training.clip_norm,
                              r, n, rounds, delta, cfg.training.accountant,
                              cfg.client_dp.secure_aggregation, cfg.client_dp.client_dp_adversary)
@@ -244,20 +249,10 @@ def ftrl_mechanism(cfg: RunConfig, num_clients: int) -> FTRLMechanism:
     (0 → ``num-server-rounds``), δ as :func:`client_level_mechanism`, z = ``noise-multiplier`` or, when 0,
     calibrated so that the whole run (every client in every round, no amplification) spends ``target-epsilon``.
     Server and clients call this with the same inputs, so they agree on z, C and the band."""
-    n = int(num_clients)
-    if n < 2:
-        raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
-    if cfg.general.clients_per_round > n:
-        raise ConfigError(f"run-config 'clients-per-round' = {cfg.general.clients_per_round} exceeds the {n} clients of "
-                          f"this federation: set it to at most {n} (0 = every client every round)")
-    rounds = cfg.training.dp_rounds or cfg.general.num_server_rounds
-    given = cfg.client_dp.client_delta
-    if given > max_delta(n) and not cfg.training.allow_large_delta:
-        raise ConfigError(f"run-config 'client-delta' = {given:g} is above 1/(10 n) = {max_delta(n):.3g} for n = {n} "
-                          "clients; set 'allow-large-delta' = true to run with it anyway")
+    n, rounds, delta = _client_level_setting(cfg, num_clients)
     kwargs: dict[str, Any] = {
         "kind": cfg.client_dp.ftrl_mechanism, "rounds": rounds, "clip": cfg.training.clip_norm, "num_clients": n,
-        "delta": given or default_client_delta(n), "bands": cfg.client_dp.ftrl_bands,
+        "delta": delta, "bands": cfg.client_dp.ftrl_bands,
         "restart_every": cfg.client_dp.ftrl_restart_every, "clients_per_round": cfg.general.clients_per_round,
         "secure_aggregation": cfg.client_dp.secure_aggregation}
     try:
