@@ -142,3 +142,43 @@ def follow_process_tree(root: Any, log: Path, until: Any, timeout: float, poll: 
             return seen
         time.sleep(poll)
     raise AssertionError(f"not reached within {timeout:g}s: {log.read_text()[-3000:]}")
+
+
+def client_manager(n: int):
+    """A Flower ``SimpleClientManager`` with ``n`` registered stand-in clients (node ids 1..n) that a strategy's
+    ``configure_fit`` can sample; calling one of them fails."""
+    from flwr.server.client_manager import SimpleClientManager
+    from flwr.server.client_proxy import ClientProxy
+
+    class Proxy(ClientProxy):
+        def get_properties(self, *a):  # pragma: no cover
+            raise NotImplementedError
+
+        get_parameters = fit = evaluate = reconnect = get_properties
+
+    cm = SimpleClientManager()
+    for i in range(n):
+        p = Proxy(str(i))
+        p.node_id = i + 1
+        cm.register(p)
+    return cm
+
+
+def analytic_gaussian_epsilon(multiplier: float, delta: float) -> float:
+    """Reference ε of one Gaussian mechanism with σ/Δ = z (Balle & Wang 2018, Thm 8), independent of the product's
+    accountants: it is (ε, δ)-DP iff Φ(1/(2z) − εz) − e^ε Φ(−1/(2z) − εz) <= δ; δ(ε) is decreasing, so bisect on ε."""
+    import math
+
+    from scipy.stats import norm
+
+    def delta_of(eps: float) -> float:
+        return float(norm.cdf(0.5 / multiplier - eps * multiplier)
+                     - math.exp(eps) * norm.cdf(-0.5 / multiplier - eps * multiplier))
+
+    lo, hi = 0.0, 1.0
+    while delta_of(hi) > delta:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
+    return hi

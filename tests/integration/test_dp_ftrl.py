@@ -10,10 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import analytic_gaussian_epsilon, client_manager
 from flwr.common import Code, Context, FitRes, RecordDict, Status, ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
-from scipy.stats import norm
 
 from fedapp.config import ConfigError, resolve_config
 from fedapp.privacy.profiles import ftrl_mechanism
@@ -28,19 +26,6 @@ DELTA = 1e-3
 
 
 # ---------------------------------------------------------------------------- independent recomputation
-def analytic_gaussian_epsilon(multiplier: float, delta: float) -> float:
-    """Balle & Wang 2018, Thm 8, by bisection on ε: Φ(1/(2z) − εz) − e^ε Φ(−1/(2z) − εz) <= δ."""
-    def delta_of(eps: float) -> float:
-        return float(norm.cdf(0.5 / multiplier - eps * multiplier)
-                     - math.exp(eps) * norm.cdf(-0.5 / multiplier - eps * multiplier))
-
-    lo, hi = 0.0, 1.0
-    while delta_of(hi) > delta:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
-    return hi
 
 
 def released_sensitivity(encoder: np.ndarray, row_round: np.ndarray, t: int) -> float:
@@ -93,22 +78,6 @@ def test_under_full_participation_no_factorization_beats_independent_noise_by_mo
 
 
 # ---------------------------------------------------------------------------- the server strategy
-class Proxy(ClientProxy):
-    def get_properties(self, *a):  # pragma: no cover
-        raise NotImplementedError
-
-    get_parameters = fit = evaluate = reconnect = get_properties
-
-
-def manager(n: int) -> SimpleClientManager:
-    cm = SimpleClientManager()
-    for i in range(n):
-        p = Proxy(str(i))
-        p.node_id = i + 1
-        cm.register(p)
-    return cm
-
-
 def strategy(mech: FTRLMechanism, secagg: bool = False, noise_seed: int | None = 5) -> DPFTRLStrategy:
     return DPFTRLStrategy(ftrl_factory=lambda n: mech, noise_seed=noise_seed, clip=mech.clip, secure_aggregation=secagg,
                           initial_weights=[np.zeros(s, np.float32) for s in SHAPES], num_rounds=mech.rounds, seed=0,
@@ -121,7 +90,7 @@ def reply(arrays: list[np.ndarray], cid: int, z: float) -> FitRes:
 
 
 def run_round(s: DPFTRLStrategy, rnd: int, n: int, updates: dict[int, np.ndarray], secure: bool = False) -> dict:
-    ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), manager(n))
+    ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(n))
     results = [(p, reply([u.reshape(sh) for u, sh in zip(np.split(updates[int(p.node_id) - 1], [12]), SHAPES)],
                          int(p.node_id) - 1, s.ftrl.noise_multiplier))
                for p, _ in ins if int(p.node_id) - 1 in updates]
@@ -164,13 +133,13 @@ def test_the_server_adds_the_correlated_noise_and_charges_one_gaussian(kind):
         assert "max_epsilon_vs_server" not in metrics and "mean_update_norm" not in metrics
         assert "no epsilon holds against it" in metrics["epsilon_guarantee"]
         assert len(metrics["clients"]) == n and all("epsilon_vs_server" not in r for r in metrics["clients"])
-    assert s.configure_fit(t + 1, ndarrays_to_parameters(s.current_weights), manager(n)) == []  # past T
+    assert s.configure_fit(t + 1, ndarrays_to_parameters(s.current_weights), client_manager(n)) == []  # past T
 
 
 def test_a_nan_or_misshaped_reply_is_never_averaged():
     mech = FTRLMechanism("tree", 4, 2.0, 1.0, 3, DELTA)
     s = strategy(mech)
-    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), manager(3))
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), client_manager(3))
     nan = [np.full(sh, np.nan, np.float32) for sh in SHAPES]
     extra = [np.zeros(sh, np.float32) for sh in SHAPES] + [np.zeros(2, np.float32)]
     big = [np.ones(sh, np.float32) for sh in SHAPES]  # norm 4 > C = 1: the server declared clipped updates
@@ -233,7 +202,7 @@ def test_under_secure_aggregation_the_ledger_counts_only_streams_present_in_ever
     # client 3 is back, but its stream missed a released sum: it never counts again, and with 3 streams the next
     # round no longer fits the budget planned for 4, so nobody is sampled
     assert mech.epsilon(4, present=3) > mech.epsilon() >= mech.epsilon(4)
-    assert s.configure_fit(4, ndarrays_to_parameters(s.current_weights), manager(n)) == [] and s.budget_exhausted
+    assert s.configure_fit(4, ndarrays_to_parameters(s.current_weights), client_manager(n)) == [] and s.budget_exhausted
 
 
 # ---------------------------------------------------------------------------- the client's stream

@@ -8,9 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from conftest import client_manager
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
 
 from fedapp.apps.factories import build_fed_smp_topk
 from fedapp.config import ConfigError, resolve_config
@@ -23,22 +22,6 @@ from strategies.privacy.mechanisms import ClientLevelDP
 
 SHAPES = [(4, 5), (5,), (3, 5), (3,)]  # d = 43
 D = sum(int(np.prod(s)) for s in SHAPES)
-
-
-class Proxy(ClientProxy):
-    def get_properties(self, *a):  # pragma: no cover
-        raise NotImplementedError
-
-    get_parameters = fit = evaluate = reconnect = get_properties
-
-
-def manager(n: int) -> SimpleClientManager:
-    cm = SimpleClientManager()
-    for i in range(n):
-        p = Proxy(str(i))
-        p.node_id = i + 1
-        cm.register(p)
-    return cm
 
 
 def strategy(sparsifier="randk", private=True, ratio=0.2, clip=1.0, sigma=1.0, r=3, n=4, secagg=False,
@@ -63,7 +46,7 @@ def fit_res(arrays, cid, sigma=1.0, status="ok"):
 # ---------------------------------------------------------------------------- masks
 def test_rand_k_mask_is_shared_and_reproducible_from_the_seed():
     s = strategy()
-    cm = manager(4)
+    cm = client_manager(4)
     ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), cm)
     assert len(ins) == 3
     masks = [mask_from_config(dict(fi.config), D)[1] for _, fi in ins]
@@ -100,7 +83,7 @@ def test_top_k_picks_largest_magnitudes_in_ascending_order():
 def test_topk_mask_comes_from_public_update_and_travels_as_bytes():
     target = np.arange(D, dtype=np.float64)[::-1].copy()  # largest |Δ_p| at the lowest indices
     s = strategy("topk", ratio=0.1, public_update_fn=lambda w, rnd: target)
-    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), manager(4))
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), client_manager(4))
     sparsifier, idx = mask_from_config(dict(ins[0][1].config), D)
     assert sparsifier == "topk"
     np.testing.assert_array_equal(idx, np.arange(num_kept(D, 0.1)))
@@ -156,7 +139,7 @@ def test_uplink_payload_is_about_4k_bytes():
 # ---------------------------------------------------------------------------- server
 def test_server_averages_with_one_over_r_and_rejects_bad_payloads():
     s = strategy("randk", ratio=0.2, sigma=1.0, r=4, n=5)
-    cm = manager(5)
+    cm = client_manager(5)
     ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), cm)
     idx = s.round_mask(1)
     proxies = [p for p, _ in ins]
@@ -188,14 +171,14 @@ def test_server_averages_with_one_over_r_and_rejects_bad_payloads():
 
 def test_server_rejects_out_of_bound_norm_and_wrong_sigma():
     s = strategy("randk", private=False, ratio=0.5, clip=1.0)
-    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), manager(4))
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), client_manager(4))
     k = len(s.round_mask(1))
     results = [(ins[0][0], fit_res([np.full(k, 10.0, np.float32)], 0))]
     s.aggregate_fit(1, results, [])
     assert s.round_log.clients()[0]["status"] == "rejected" and "declared bound" in s.round_log.clients()[0]["reason"]
     assert all(np.all(w == 0) for w in s.current_weights)  # the global model is untouched
     p = strategy("randk", ratio=0.5, sigma=1.0)
-    ins = p.configure_fit(1, ndarrays_to_parameters(p.current_weights), manager(4))
+    ins = p.configure_fit(1, ndarrays_to_parameters(p.current_weights), client_manager(4))
     p.aggregate_fit(1, [(ins[0][0], fit_res([np.zeros(k, np.float32)], 0, sigma=0.1))], [])
     assert "noise multiplier" in p.round_log.clients()[0]["reason"]
 
@@ -254,7 +237,7 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
 
 def test_server_samples_nobody_past_the_planned_rounds():
     s = strategy("randk", ratio=0.2, sigma=1.0, r=3, n=4)  # dp planned for T = 5 rounds
-    ins = s.configure_fit(7, ndarrays_to_parameters(s.current_weights), manager(4))
+    ins = s.configure_fit(7, ndarrays_to_parameters(s.current_weights), client_manager(4))
     assert ins == [] and s.budget_exhausted and s.round_log.metrics()["budget_exhausted"]
 
 
@@ -262,7 +245,7 @@ def test_dropouts_never_push_the_ledger_over_the_budget():
     s = strategy("randk", ratio=0.2, sigma=1.0, r=3, n=4, secagg=True)
     statuses = []
     for rnd in range(1, 6):
-        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), manager(4))
+        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(4))
         if ins:  # one survivor of three every round: each round costs more than a planned one
             results = [(ins[0][0], fit_res([np.zeros(9, np.float32)], int(ins[0][0].node_id) - 1))]
             reason = s.unmask_refusal(rnd, results)  # what the SecAgg+ workflow asks before unmasking
@@ -292,7 +275,7 @@ def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the
     first = strategy("randk", sigma=old.noise_multiplier, r=3, n=4, secagg=True)
     first.dp = old
     for rnd in (1, 2):
-        ins = first.configure_fit(rnd, ndarrays_to_parameters(first.current_weights), manager(4))
+        ins = first.configure_fit(rnd, ndarrays_to_parameters(first.current_weights), client_manager(4))
         first.aggregate_fit(rnd, [(p, fit_res([np.zeros(9, np.float32)], int(p.node_id) - 1,
                                               sigma=old.noise_multiplier)) for p, _ in ins], [])
         first.flush_round()
@@ -303,7 +286,7 @@ def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the
     assert resumed.ledger.population_epsilon() == pytest.approx(eps_two_old)  # not ε(σ_new, 2)
     ran = 0
     for rnd in (3, 4):
-        ins = resumed.configure_fit(rnd, ndarrays_to_parameters(resumed.current_weights), manager(4))
+        ins = resumed.configure_fit(rnd, ndarrays_to_parameters(resumed.current_weights), client_manager(4))
         if ins:
             ran += 1
             resumed.aggregate_fit(rnd, [(p, fit_res([np.zeros(9, np.float32)], int(p.node_id) - 1,
@@ -319,7 +302,7 @@ def test_against_the_server_every_round_is_charged_unamplified_and_the_release_v
     client's epsilon_vs_server); the amplified ε of the released sums is reported as epsilon_vs_release."""
     s = strategy("none", sigma=2.0, r=2, n=4, secagg=True, adversary="server")
     for rnd in (1, 2):
-        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), manager(4))
+        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(4))
         results = [(p, fit_res([np.zeros(sh, np.float32) for sh in SHAPES], int(p.node_id) - 1, sigma=2.0))
                    for p, _ in ins]
         assert s.unmask_refusal(rnd, results) is None

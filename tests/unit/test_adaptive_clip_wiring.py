@@ -7,11 +7,9 @@ import math
 
 import numpy as np
 import pytest
-from conftest import client_context
+from conftest import client_context, client_manager
 from dp_accounting import dp_event, rdp
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
-from flwr.server.client_manager import SimpleClientManager
-from flwr.server.client_proxy import ClientProxy
 
 from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.clients.client_dp import ClientLevelDPClient
@@ -29,22 +27,6 @@ from strategies.privacy.mechanisms import ClientLevelDP
 SHAPES = [(6, 5), (5,)]
 Z, R, N, DELTA = 1.0, 4, 4, 1e-3
 ADAPTIVE = AdaptiveClipConfig(target_quantile=0.5, learning_rate=0.2, count_noise_std=1.0, initial_clip=2.0)
-
-
-class Proxy(ClientProxy):
-    def get_properties(self, *a):  # pragma: no cover
-        raise NotImplementedError
-
-    get_parameters = fit = evaluate = reconnect = get_properties
-
-
-def manager(n: int) -> SimpleClientManager:
-    cm = SimpleClientManager()
-    for i in range(n):
-        p = Proxy(str(i))
-        p.node_id = i + 1
-        cm.register(p)
-    return cm
 
 
 def strategy(adaptive: AdaptiveClipConfig | None = ADAPTIVE) -> ClientLevelStrategy:
@@ -65,7 +47,7 @@ def reply(cid: int, clip: float, share: float, norm: float = 0.1) -> FitRes:
 
 
 def run_round(s: ClientLevelStrategy, rnd: int, shares: list[float], clip: float | None = None):
-    ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), manager(N))
+    ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(N))
     sent = ins[0][1].config[CFG_CLIP]
     results = [(p, reply(i, sent if clip is None else clip, shares[i])) for i, (p, _) in enumerate(ins)]
     _, metrics = s.aggregate_fit(rnd, results, [])
@@ -96,7 +78,7 @@ def test_clip_survives_a_checkpoint_round_trip(tmp_path):
     path = save_checkpoint(tmp_path / "checkpoint.npz", {"state": s.state_dict()})
     resumed = strategy()
     resumed.load_state_dict(load_checkpoint(path)["state"])
-    ins = resumed.configure_fit(2, ndarrays_to_parameters(resumed.current_weights), manager(N))
+    ins = resumed.configure_fit(2, ndarrays_to_parameters(resumed.current_weights), client_manager(N))
     assert ins[0][1].config[CFG_CLIP] == moved  # the resumed run continues at C_1, not C_0
     state = s.state_dict()
     state["family"]["clip_norm"] = math.nan
@@ -106,7 +88,7 @@ def test_clip_survives_a_checkpoint_round_trip(tmp_path):
 
 def test_server_rejects_another_clip_and_an_out_of_range_share():
     s = strategy()
-    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), manager(N))
+    ins = s.configure_fit(1, ndarrays_to_parameters(s.current_weights), client_manager(N))
     results = [(ins[0][0], reply(0, 9.0, 0.5)), (ins[1][0], reply(1, ADAPTIVE.initial_clip, 50.0)),
                (ins[2][0], reply(2, ADAPTIVE.initial_clip, 0.5))]
     s.aggregate_fit(1, results, [])
@@ -118,7 +100,7 @@ def test_server_rejects_another_clip_and_an_out_of_range_share():
 def test_an_adaptive_round_costs_what_a_fixed_clip_round_costs_at_z():
     adaptive, fixed = strategy(), strategy(adaptive=None)
     _, m_adaptive = run_round(adaptive, 1, [0.5] * 4)
-    ins = fixed.configure_fit(1, ndarrays_to_parameters(fixed.current_weights), manager(N))
+    ins = fixed.configure_fit(1, ndarrays_to_parameters(fixed.current_weights), client_manager(N))
     _, m_fixed = fixed.aggregate_fit(1, [(p, reply(i, 0.0, 0.0)) for i, (p, _) in enumerate(ins)], [])
     assert m_adaptive["epsilon"] == m_fixed["epsilon"]
     # independently: what one update shows the server is a Gaussian of multiplier z_Δ/√r (sensitivity C_t) and one

@@ -7,35 +7,18 @@ import math
 import dp_accounting as dpa
 import numpy as np
 import pytest
+from conftest import analytic_gaussian_epsilon
 from dp_accounting import rdp
-from scipy.stats import norm
 
 from strategies.privacy import ftrl_accounting as fa
 from strategies.privacy import matrix_mechanism as mm
-
-
-def _analytic_gaussian_epsilon(multiplier: float, delta: float) -> float:
-    """Balle & Wang 2018, Thm 8: the Gaussian mechanism with σ/Δ = z is (ε, δ)-DP iff
-    Φ(1/(2z) − εz) − e^ε Φ(−1/(2z) − εz) <= δ; δ(ε) is decreasing, so bisect on ε."""
-
-    def delta_of(eps: float) -> float:
-        return float(norm.cdf(0.5 / multiplier - eps * multiplier)
-                     - math.exp(eps) * norm.cdf(-0.5 / multiplier - eps * multiplier))
-
-    lo, hi = 0.0, 1.0
-    while delta_of(hi) > delta:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
-    return hi
 
 
 @pytest.mark.parametrize(("z", "sens", "delta"), [(1.0, 1.0, 1e-5), (3.0, math.sqrt(7), 1e-6), (25.0, 2.0, 1e-4),
                                                   (0.7, 1.0, 1e-3), (10.0, 4.0, 1e-5)])
 def test_epsilon_agrees_with_an_independent_analytic_gaussian(z, sens, delta):
     eps = fa.ftrl_epsilon(z, sens, delta)
-    exact = _analytic_gaussian_epsilon(z / sens, delta)
+    exact = analytic_gaussian_epsilon(z / sens, delta)
     assert eps == pytest.approx(exact, rel=0.01)
     assert eps >= exact * (1 - 1e-6)  # the PLD discretisation is pessimistic
     assert fa.zcdp_epsilon(z, sens, delta) >= eps
@@ -54,7 +37,7 @@ def test_calibration_round_trips(target, delta):
     sens = math.sqrt(5.0)
     z = fa.ftrl_noise_multiplier(target, delta, sens)
     assert target * (1 - 1e-3) <= fa.ftrl_epsilon(z, sens, delta) <= target
-    assert _analytic_gaussian_epsilon(z / sens, delta) == pytest.approx(target, rel=0.01)
+    assert analytic_gaussian_epsilon(z / sens, delta) == pytest.approx(target, rel=0.01)
     assert fa.ftrl_noise_multiplier(target, delta, 2 * sens) == pytest.approx(2 * z, rel=2e-3)
 
 
