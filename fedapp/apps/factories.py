@@ -138,7 +138,7 @@ def _fed_smp(cfg: RunConfig, ctx: StrategyContext, *, name: str, sparsifier: str
              private: bool) -> ClientLevelStrategy:
     kwargs = _client_level_kwargs(cfg, ctx, private)
     if private and name in ADAPTIVE_CLIP_STRATEGIES:
-        kwargs["adaptive_clip_factory"] = lambda dp: adaptive_clip_config(cfg, dp)
+        kwargs["adaptive_clip_factory"] = lambda dp: adaptive_clip_config(cfg.client_dp, dp)
     strategy = ClientLevelStrategy(
         sparsifier=sparsifier, compression_ratio=cfg.client_dp.compression_ratio if sparsifier != "none" else 1.0,
         public_update_fn=public_update_fn(cfg) if sparsifier == "topk" else None,

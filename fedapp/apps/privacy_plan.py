@@ -74,7 +74,7 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
         "sample_rate": dp.sample_rate, "delta": dp.delta, "accountant": dp.accountant,
         "budget_holds_against": dp.adversary,
     }
-    adaptive = adaptive_clip_config(cfg, dp)
+    adaptive = adaptive_clip_config(cfg.client_dp, dp)
     if adaptive is not None:  # the budget stays z's: update (z_Δ) and count (σ_b) compose to z (Andrew et al., Thm 1)
         mechanism["adaptive_clipping"] = {
             "initial_clip": adaptive.initial_clip, "target_quantile": adaptive.target_quantile,

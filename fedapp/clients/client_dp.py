@@ -196,7 +196,7 @@ class ClientLevelDPClient(NumPyClient):
             reason = reason or floor_refusal(dp, self.floors)
             if reason is None and self.adaptive_clipping:
                 try:
-                    adaptive = adaptive_clip_config(cfg, dp)
+                    adaptive = adaptive_clip_config(cfg.client_dp, dp)
                 except ConfigError as exc:
                     reason = str(exc)
                 if adaptive is not None:

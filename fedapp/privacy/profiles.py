@@ -224,12 +224,11 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
                                     adversary=adversary)
 
 
-def adaptive_clip_config(cfg: RunConfig, dp: ClientLevelDP) -> AdaptiveClipConfig | None:
+def adaptive_clip_config(cd: ClientDPConfig, dp: ClientLevelDP) -> AdaptiveClipConfig | None:
     """The run's adaptive clipping (Andrew et al. 2021) for mechanism ``dp``, or None when
     ``adaptive-clip-quantile`` = 0: γ, η_C, C_0 = ``clip-norm`` and σ_b = ``adaptive-clip-count-noise`` (0 → r/20).
     σ_b must exceed z/2 (z = ``dp``'s σ) for the update multiplier z_Δ to exist. Server and clients call this with
     the same inputs, so each client derives z_Δ itself."""
-    cd = cfg.client_dp
     if cd.adaptive_clip_quantile == 0:
         return None
     given = cd.adaptive_clip_count_noise
