@@ -40,7 +40,7 @@ def cohort(num_clients: int, samples: int):
     for cid in range(num_clients):
         train = load_client_data(cfg.data, cfg.general.seed, cid, num_clients)[0]
         clients.append((train, int(min(sizes[cid], len(train)))))
-    return make_model(cfg, clients[0][0]), clients, cfg["dataset"]
+    return make_model(cfg.model_spec, clients[0][0]), clients, cfg["dataset"]
 
 
 def sequential(model, clients, seeds, mode: str, device) -> tuple[float, list[dict]]:

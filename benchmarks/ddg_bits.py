@@ -36,7 +36,7 @@ def _variant(assignments: dict[str, Any]) -> str:
 def _mechanism_facts(cfg: dict[str, Any], clients: int, dims: dict[str, int]) -> dict[str, float]:
     """σ added, multiplier charged per full round, and the field's bits × coordinates of one payload."""
     run = resolve_config(None, cfg)
-    dp = client_level_mechanism(run, clients)
+    dp = client_level_mechanism(run.general, run.training, run.client_dp, clients)
     key = f"{run['strategy']}/{run['model']}/{run['dataset']}"
     if key not in dims:
         dims[key] = secure_payload_dim(run)

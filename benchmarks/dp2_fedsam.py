@@ -34,14 +34,10 @@ from flwr.common import Context, RecordDict  # noqa: E402
 from flwr.server import Server, SimpleClientManager  # noqa: E402
 from flwr.server.client_proxy import ClientProxy  # noqa: E402
 
-from fedapp.apps.factories import build_dp2_variant  # noqa: E402
-from fedapp.apps.server_app import make_evaluate_fn  # noqa: E402
-from fedapp.clients.common import (
-    make_model,  # noqa: E402
-    setup_client,  # noqa: E402
-)
+from fedapp.apps.factories import build_strategy  # noqa: E402
+from fedapp.apps.server_app import load_server_inputs, make_evaluate_fn  # noqa: E402
+from fedapp.clients.common import setup_client  # noqa: E402
 from fedapp.clients.dp2_fedsam import DP2FedSAMClient  # noqa: E402
-from fedapp.clients.training import get_weights  # noqa: E402
 from fedapp.config import resolve_config  # noqa: E402
 from fedapp.data.datasets import load_dataset  # noqa: E402
 from fedapp.state.results import write_json_atomic  # noqa: E402
@@ -86,9 +82,10 @@ def run_one(strategy: str, overrides: dict, num_clients: int) -> dict:
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     # In-process stand-in for SecAgg+ (the same sum, equal within quantization: tests/integration/test_secure_aggregation.py):
     # the paper's aggregate budget applies to the utility measured here; the guarantee needs the real protocol.
-    ctx = StrategyContext(initial_weights=get_weights(make_model(cfg, test)), evaluate_fn=make_evaluate_fn(cfg),
+    inputs = load_server_inputs(cfg.data, cfg.model_spec)
+    ctx = StrategyContext(initial_weights=inputs.initial_weights, evaluate_fn=make_evaluate_fn(cfg.general, inputs),
                           secure_aggregation=cfg.client_dp.secure_aggregation)
-    strat = build_dp2_variant(strategy, cfg, ctx)
+    strat = build_strategy(cfg, ctx)
     manager = SimpleClientManager()
     for cid in range(num_clients):
         context = Context(run_id=0, node_id=cid, node_config={"partition-id": cid, "num-partitions": num_clients},

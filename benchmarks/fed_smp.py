@@ -33,6 +33,7 @@ from flwr.server.client_proxy import ClientProxy
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from fedapp.apps.factories import build_strategy  # noqa: E402
 from fedapp.clients.client_dp import ClientLevelDPClient  # noqa: E402
 from fedapp.clients.common import make_model, setup_client  # noqa: E402
 from fedapp.clients.training import evaluate_model, get_weights, set_weights  # noqa: E402
@@ -88,7 +89,7 @@ def subset_evaluate_fn(cfg, samples: int):
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     if 0 < samples < len(test):
         test = test.subset(np.sort(np.random.default_rng(7).choice(len(test), samples, replace=False)))
-    model = make_model(cfg, test)
+    model = make_model(cfg.model_spec, test)
 
     def evaluate_fn(weights):
         set_weights(model, weights)
@@ -108,10 +109,10 @@ def run_in_process(overrides: dict[str, Any], num_clients: int, log_every: int =
     # In-process stand-in for SecAgg+: this loop computes the same sum the secure aggregation would (equal within
     # quantization, tests/integration/test_secure_aggregation.py), so the paper's aggregate budget applies to the utility
     # measured here; the guarantee itself needs the real protocol (`flwr run`, fedapp.privacy.secure_aggregation).
-    ctx = StrategyContext(initial_weights=get_weights(make_model(cfg, test)),
+    ctx = StrategyContext(initial_weights=get_weights(make_model(cfg.model_spec, test)),
                           evaluate_fn=subset_evaluate_fn(cfg, eval_samples), recorder=recorder,
                           secure_aggregation=cfg.client_dp.secure_aggregation)
-    strategy = spec.strategy_factory()(cfg, ctx)
+    strategy = build_strategy(cfg, ctx)
     manager = SimpleClientManager()
     proxies = {}
     for i in range(num_clients):
@@ -185,7 +186,7 @@ def wire_check(base: dict[str, Any], ratio: float) -> dict[str, Any]:
               "clients-per-round": 2, "local-steps": 1, "max-samples": 2000, "public-samples": 0}
         run = run_in_process(ov, num_clients=4)
         out[strat] = run["rounds"][0]["metrics"]["uplink_bytes_per_client"]
-        out["d"] = int(sum(w.size for w in get_weights(make_model(resolve_config({}, ov), load_dataset(ov["dataset"], ov["data-dir"])[1]))))
+        out["d"] = int(sum(w.size for w in get_weights(make_model(resolve_config({}, ov).model_spec, load_dataset(ov["dataset"], ov["data-dir"])[1]))))
     out["k"] = int(round(ratio * out["d"]))
     out["ratio"] = out["fed-smp-randk"] / out["dp-fedavg"]
     return out

@@ -100,7 +100,7 @@ def export_inputs(folder: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     np.save(folder / "test_x.npy", test.x)
     np.save(folder / "test_y.npy", test.y)
     np.savez(folder / "clients.npz", **train_idx)
-    model = make_model(cfg, test)
+    model = make_model(cfg.model_spec, test)
     np.savez(folder / "init_weights.npz", **{k: v.detach().cpu().numpy() for k, v in model.state_dict().items()})
     settings = {
         "num_clients": NUM_CLIENTS, "clients_per_round": int(cfg["clients-per-round"]),

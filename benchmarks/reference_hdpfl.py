@@ -108,16 +108,16 @@ def reference_weights(ref: types.ModuleType, m: np.ndarray) -> dict[str, Any]:
 def project_weights(m: np.ndarray) -> dict[str, Any]:
     """``RobustHDP.raw_weights`` with the run-config defaults, on the columns of ``m`` as float32 updates."""
     cfg = resolve_config(overrides={"strategy": "robust-hdp"})
-    strat = RobustHDP(initial_weights=[np.zeros(1, np.float32)], num_rounds=1, rpca_options=rpca_options(cfg))
+    strat = RobustHDP(initial_weights=[np.zeros(1, np.float32)], num_rounds=1, rpca_options=rpca_options(cfg.robust_hdp))
     ups = as_client_updates([np.ascontiguousarray(m[:, i], dtype=np.float32) for i in range(m.shape[1])])
     t0 = time.perf_counter()
     raw, extra = strat.raw_weights(1, ups)
     seconds = time.perf_counter() - t0
     s2 = np.array([u.record["sigma2_estimated"] for u in ups])
-    res = rpca(m.astype(np.float32), **rpca_options(cfg))  # the same solve again, for its L, S and objective
+    res = rpca(m.astype(np.float32), **rpca_options(cfg.robust_hdp))  # the same solve again, for its L, S and objective
     return {"weights": raw / raw.sum(), "sigma2_hat": s2, "iterations": int(extra["rpca_iterations"]),
             "converged": bool(extra["rpca_converged"]), "seconds": seconds,
-            "objective": pcp_objective(res.low_rank, res.sparse), "options": {k: str(v) for k, v in rpca_options(cfg).items()}}
+            "objective": pcp_objective(res.low_rank, res.sparse), "options": {k: str(v) for k, v in rpca_options(cfg.robust_hdp).items()}}
 
 
 def project_rpca(m: np.ndarray, **opts: Any) -> dict[str, Any]:
@@ -149,7 +149,7 @@ def updates(sigma2: np.ndarray, p: int, seed: int, snr: float = 1.0) -> np.ndarr
 def dist_sigma2(dist: str, p: int, seed: int = 42) -> np.ndarray:
     """Eq.-7 σ_i² of ``dist`` (MNIST setting, E = 200) × lr², restricted to the first p of 28,938 coordinates."""
     cfg = resolve_config(overrides={"privacy-dist": dist, "batch-size-choices": "16,32,64,128", "seed": seed})
-    prof = federation_profiles(cfg, 20)
+    prof = federation_profiles(cfg.general, cfg.training, cfg.data, 20)
     s2 = np.array([eq7_sigma2(q.epsilon, q.batch_size, 200) for q in prof])
     return s2 * TABLE8["robust-hdp"][dist] ** 2 * p / P_MNIST
 

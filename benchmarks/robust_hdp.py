@@ -116,7 +116,7 @@ def table3(dists: list[str], rounds: int, seed: int) -> dict:
     out: dict[str, dict[str, float]] = {}
     for dist in dists:
         cfg = resolve_config(overrides={"privacy-dist": dist, "batch-size-choices": "16,32,64,128", "seed": seed})
-        profiles = federation_profiles(cfg, 20)
+        profiles = federation_profiles(cfg.general, cfg.training, cfg.data, 20)
         eps = np.array([q.epsilon for q in profiles])
         s2 = np.array([eq7_sigma2(e, q.batch_size, rounds) for e, q in zip(eps, profiles)])
         s2_min = np.array([eq7_sigma2(float(eps.min()), q.batch_size, rounds) for q in profiles])

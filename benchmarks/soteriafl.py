@@ -80,12 +80,12 @@ class Task:
         self.sgd_batch = int(spec["sgd_batch"])
         self.clients = [load_client_data(self.cfg.data, self.cfg.general.seed, i, n)[0] for i in range(n)]
         pool = training_pool(self.cfg.data, self.cfg.general.seed)
-        self.model = make_model(self.cfg, pool)
+        self.model = make_model(self.cfg.model_spec, pool)
         self.x0 = np.concatenate([w.ravel().astype(np.float64) for w in get_weights(self.model)])
         self.shapes = [w.shape for w in get_weights(self.model)]
         self.d = self.x0.size
-        self.oracles = [GradientOracle(make_model(self.cfg, c), c.x, c.y) for c in self.clients]
-        self.server_oracle = GradientOracle(make_model(self.cfg, pool), pool.x, pool.y, chunk=2048)
+        self.oracles = [GradientOracle(make_model(self.cfg.model_spec, c), c.x, c.y) for c in self.clients]
+        self.server_oracle = GradientOracle(make_model(self.cfg.model_spec, pool), pool.x, pool.y, chunk=2048)
         self.test = load_dataset(spec["dataset"], data_dir)[1] if name == "mnist" else None
 
     def batch_size(self, estimator: str, m: int, eps: float, omega: float) -> int:

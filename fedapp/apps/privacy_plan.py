@@ -9,31 +9,35 @@ every sampled client survives; the ledger then charges what actually happened.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ClientDPConfig, ConfigError, DataConfig, GeneralConfig, TrainingConfig, resolve_config
 from fedapp.config.run_config import FTRL_STRATEGIES
 from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 from fedapp.registry import get_spec
 
 
-def privacy_plan(cfg: RunConfig, num_clients: int, payload_dim: int | None = None) -> dict[str, Any]:
-    """The plan of ``cfg`` for a federation of ``num_clients`` (see the module docstring). ``payload_dim``: the length
-    of a client's privatized vector, from the run's built strategy when there is one (the distributed discrete
-    Gaussian is sized for it); without it, :func:`secure_payload_dim` builds a strategy to ask."""
+def privacy_plan(run_config: Mapping[str, Any], num_clients: int, payload_dim: int | None = None) -> dict[str, Any]:
+    """The plan of ``run_config`` for a federation of ``num_clients`` (see the module docstring). ``payload_dim``: the
+    length of a client's privatized vector, from the run's built strategy when there is one (the distributed
+    discrete Gaussian is sized for it); without it, :func:`secure_payload_dim` builds a strategy to ask."""
+    cfg = resolve_config(run_config)
     spec = get_spec(cfg.general.strategy)
     plan: dict[str, Any] = {"strategy": spec.name, "threat_model": spec.privacy, "rounds": int(cfg.rounds),
                             "dp_rounds": int(cfg.dp_rounds), "clients": int(num_clients),
                             "seeded_noise": cfg.general.seeded_noise}
     if spec.name in FTRL_STRATEGIES:
-        plan.update(_ftrl(cfg, num_clients))
+        plan.update(_ftrl(cfg.general, cfg.training, cfg.client_dp, num_clients))
     elif spec.privacy.startswith("client-level"):
-        plan.update(_client_level(cfg, num_clients, payload_dim))
+        ddg = cfg.client_dp.secure_aggregation and cfg.client_dp.secagg_mechanism == "ddg"
+        if ddg and payload_dim is None:
+            payload_dim = secure_payload_dim(cfg)
+        plan.update(_client_level(cfg.general, cfg.training, cfg.client_dp, num_clients, payload_dim))
     elif spec.privacy.startswith("record-level"):
-        plan.update(_record_level(cfg, num_clients, dpsgd=spec.family != "soteriafl"))
+        plan.update(_record_level(cfg.general, cfg.training, cfg.data, num_clients, dpsgd=spec.family != "soteriafl"))
     else:
         plan["mechanism"] = {"name": "none (non-private baseline)"}
     if plan["seeded_noise"]:
@@ -41,32 +45,35 @@ def privacy_plan(cfg: RunConfig, num_clients: int, payload_dim: int | None = Non
     return plan
 
 
-def secure_payload_dim(cfg: RunConfig, initial_weights: Sequence[np.ndarray] | None = None) -> int:
-    """The length of the vector each client of ``cfg``'s client-level strategy privatizes (the strategy's own
+def secure_payload_dim(run_config: Mapping[str, Any], initial_weights: Sequence[np.ndarray] | None = None) -> int:
+    """The length of the vector each client of the run's client-level strategy privatizes (the strategy's own
     :meth:`~strategies.client_level.ClientLevelDPStrategy.payload_dim`, built from the run's initial model)."""
+    from fedapp.apps.factories import build_strategy
     from strategies.base import StrategyContext
     from strategies.client_level import ClientLevelDPStrategy
 
+    cfg = resolve_config(run_config)
     if initial_weights is None:
         from fedapp.clients.common import make_model
         from fedapp.clients.training import get_weights
         from fedapp.data.datasets import load_dataset
 
         _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-        initial_weights = get_weights(make_model(cfg, test))
-    strategy = get_spec(cfg.general.strategy).strategy_factory()(cfg, StrategyContext(initial_weights=list(initial_weights)))
+        initial_weights = get_weights(make_model(cfg.model_spec, test))
+    strategy = build_strategy(cfg, StrategyContext(initial_weights=list(initial_weights)))
     if not isinstance(strategy, ClientLevelDPStrategy):
         raise ConfigError(f"strategy {cfg.general.strategy!r} sends no client-level DP payload to a secure sum")
     return strategy.payload_dim()
 
 
-def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, Any]:
+def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig, n: int,
+                  payload_dim: int | None) -> dict[str, Any]:
     from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, secure_sum_mechanism
     from strategies.privacy.accountants import epsilon_of
     from strategies.privacy.adaptive_clipping import update_noise_multiplier
 
-    dp = client_level_mechanism(cfg, n)
-    secagg = cfg.client_dp.secure_aggregation
+    dp = client_level_mechanism(general, training, client_dp, n)
+    secagg = client_dp.secure_aggregation
     mechanism: dict[str, Any] = {
         "name": "Gaussian on the sum of clipped client updates (each sampled client adds its share)",
         "secure_aggregation": "Flower SecAgg+" if secagg else "off: the server sees every update",
@@ -74,15 +81,15 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
         "sample_rate": dp.sample_rate, "delta": dp.delta, "accountant": dp.accountant,
         "budget_holds_against": dp.adversary,
     }
-    adaptive = adaptive_clip_config(cfg.client_dp, dp)
+    adaptive = adaptive_clip_config(client_dp, dp)
     if adaptive is not None:  # the budget stays z's: update (z_Δ) and count (σ_b) compose to z (Andrew et al., Thm 1)
         mechanism["adaptive_clipping"] = {
             "initial_clip": adaptive.initial_clip, "target_quantile": adaptive.target_quantile,
             "learning_rate": adaptive.learning_rate, "count_noise_std": adaptive.count_noise_std,
             "update_noise_multiplier": update_noise_multiplier(dp.noise_multiplier, adaptive.count_noise_std),
             "count_noise_added_by": "each client, σ_b/√r on its centred bit"}
-    ddg = secure_sum_mechanism(cfg.client_dp, dp, payload_dim or secure_payload_dim(cfg)) if secagg and \
-        cfg.client_dp.secagg_mechanism == "ddg" else None
+    ddg = secure_sum_mechanism(client_dp, dp, payload_dim) if secagg and client_dp.secagg_mechanism == "ddg" and \
+        payload_dim is not None else None
     if ddg is not None:
         mechanism.update(
             name="distributed discrete Gaussian on the sum of clipped client updates (Kairouz, Liu, Steinke 2021): "
@@ -110,10 +117,10 @@ def _client_level(cfg: RunConfig, n: int, payload_dim: int | None) -> dict[str, 
                              "delta": dp.delta}}
 
 
-def _ftrl(cfg: RunConfig, n: int) -> dict[str, Any]:
+def _ftrl(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig, n: int) -> dict[str, Any]:
     from fedapp.privacy.profiles import ftrl_mechanism
 
-    m = ftrl_mechanism(cfg, n)
+    m = ftrl_mechanism(general, training, client_dp, n)
     eps = m.epsilon()
     mechanism: dict[str, Any] = {
         "name": f"DP-FTRL, {m.factorization.name} factorization: round t's sum of clipped updates gets (C⁻¹Z)_t",
@@ -128,12 +135,13 @@ def _ftrl(cfg: RunConfig, n: int) -> dict[str, Any]:
                              "delta": m.delta}}
 
 
-def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:
+def _record_level(general: GeneralConfig, training: TrainingConfig, data: DataConfig, n: int,
+                  dpsgd: bool) -> dict[str, Any]:
     from fedapp.data.client_data import client_train_sizes
     from fedapp.privacy.profiles import dpsgd_sample_rate, federation_profiles, steps_per_epoch
 
-    profiles = federation_profiles(cfg, n)
-    sizes = client_train_sizes(cfg.data, cfg.general.seed, n)
+    profiles = federation_profiles(general, training, data, n)
+    sizes = client_train_sizes(data, general.seed, n)
     clients = []
     for p, n_i in zip(profiles, sizes):
         row: dict[str, Any] = {"client_id": p.client_id, "num_examples": int(n_i), "delta": p.delta,
@@ -145,6 +153,6 @@ def _record_level(cfg: RunConfig, n: int, dpsgd: bool) -> dict[str, Any]:
         clients.append(row)
     return {"mechanism": {"name": "local DP-SGD / noisy local estimator on each client (noise added before "
                                   "anything leaves it); each client calibrates its own noise to its ε_i over "
-                                  "dp-rounds before round 1", "clip": cfg.training.clip_norm,
-                          "accountant": cfg.training.accountant},
+                                  "dp-rounds before round 1", "clip": training.clip_norm,
+                          "accountant": training.accountant},
             "per_client": clients}

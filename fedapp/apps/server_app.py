@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -13,15 +14,25 @@ from flwr.server import ServerConfig
 from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
+from fedapp.apps.factories import build_strategy
 from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.clients.common import make_model
 from fedapp.clients.guard import check_fault_config
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
-from fedapp.config import ConfigError, RunConfig, resolve_config, unused_keys
+from fedapp.config import (
+    ClientDPConfig,
+    ConfigError,
+    DataConfig,
+    GeneralConfig,
+    TrainingConfig,
+    resolve_config,
+    unused_keys,
+)
 from fedapp.config.run_config import FTRL_STRATEGIES
 from fedapp.data.client_data import client_train_sizes
 from fedapp.data.datasets import ArrayDataset, load_dataset
+from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles, ftrl_mechanism
 from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
@@ -42,18 +53,17 @@ class ServerInputs:
     initial_weights: list[np.ndarray]
 
 
-def load_server_inputs(cfg: RunConfig) -> ServerInputs:
-    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    model = make_model(cfg, test)
+def load_server_inputs(data: DataConfig, model_spec: ModelSpec) -> ServerInputs:
+    _, test = load_dataset(data.dataset, data.data_dir)
+    model = make_model(model_spec, test)
     return ServerInputs(test=test, model=model, initial_weights=get_weights(model))
 
 
-def make_evaluate_fn(cfg: RunConfig, inputs: ServerInputs | None = None):
+def make_evaluate_fn(general: GeneralConfig, inputs: ServerInputs):
     """Centralized evaluation of the global model on the dataset's held-out test split."""
-    inputs = inputs or load_server_inputs(cfg)
     model, test = inputs.model, inputs.test
-    device = resolve_device(cfg.general.device)
-    batch = cfg.general.eval_batch_size
+    device = resolve_device(general.device)
+    batch = general.eval_batch_size
 
     def evaluate_fn(weights: list[np.ndarray]) -> tuple[float, dict[str, Any]]:
         set_weights(model, weights)
@@ -65,72 +75,74 @@ def make_evaluate_fn(cfg: RunConfig, inputs: ServerInputs | None = None):
     return evaluate_fn
 
 
-def make_prevalidate(cfg: RunConfig):
+def make_prevalidate(general: GeneralConfig, data: DataConfig, training: TrainingConfig, client_dp: ClientDPConfig):
     """Checks every simulated client's profile against its data before round 1."""
 
     def prevalidate(num_clients: int) -> None:
-        if cfg.general.num_clients and cfg.general.num_clients != num_clients:
-            raise ConfigError(f"run-config 'num-clients' = {cfg.general.num_clients} but {num_clients} clients connected")
-        sizes = client_train_sizes(cfg.data, cfg.general.seed, num_clients)
-        profiles = federation_profiles(cfg, num_clients)
+        if general.num_clients and general.num_clients != num_clients:
+            raise ConfigError(f"run-config 'num-clients' = {general.num_clients} but {num_clients} clients connected")
+        sizes = client_train_sizes(data, general.seed, num_clients)
+        profiles = federation_profiles(general, training, data, num_clients)
         for profile, n_i in zip(profiles, sizes):
             if profile.batch_size > n_i:
                 raise ConfigError(f"client {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                                   f"N_i = {n_i}")
-        if get_spec(cfg.general.strategy).privacy.startswith("record-level"):
-            check_record_delta(cfg, profiles, sizes)
-        elif cfg.general.strategy in FTRL_STRATEGIES:
-            ftrl_mechanism(cfg, cfg.general.num_clients or num_clients)  # factorization, z calibration: fail early
-        elif get_spec(cfg.general.strategy).privacy.startswith("client-level"):
-            client_level_mechanism(cfg, cfg.general.num_clients or num_clients)  # δ, σ calibration: fail early
+        n = general.num_clients or num_clients
+        if get_spec(general.strategy).privacy.startswith("record-level"):
+            check_record_delta(general, training, profiles, sizes)
+        elif general.strategy in FTRL_STRATEGIES:
+            ftrl_mechanism(general, training, client_dp, n)  # factorization, z calibration: fail early
+        elif get_spec(general.strategy).privacy.startswith("client-level"):
+            client_level_mechanism(general, training, client_dp, n)  # δ, σ calibration: fail early
 
     return prevalidate
 
 
-def _ledger_accountant(cfg: RunConfig, threat_model: str) -> str:
+def _ledger_accountant(training: TrainingConfig, threat_model: str) -> str:
     """The accountant the ledger composes with: record-level DP under its neighbouring relation."""
     from strategies.privacy.accountants import record_accountant
 
     if threat_model.startswith("record-level"):
-        return record_accountant(cfg.training.accountant, cfg.training.record_neighbours)
-    return cfg.training.accountant
+        return record_accountant(training.accountant, training.record_neighbours)
+    return training.accountant
 
 
-def privacy_meta(cfg: RunConfig, threat_model: str) -> dict[str, Any]:
+def privacy_meta(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig,
+                 threat_model: str) -> dict[str, Any]:
     """What ``config.json`` says about the guarantee this run can claim."""
-    seeded = cfg.general.seeded_noise
+    seeded = general.seeded_noise
     out: dict[str, Any] = {
         "threat_model": threat_model,
         "ledger": "server-side: the server composes every client's ε from mechanism parameters with the "
-                  f"'{_ledger_accountant(cfg, threat_model)}' accountant; clients' reports are only cross-checked",
+                  f"'{_ledger_accountant(training, threat_model)}' accountant; clients' reports are only cross-checked",
         "client_sampling": ("seeded from the run seed: no amplification by sampling against anyone who knows it"
                             if seeded else "secret (OS entropy); participation stays in the server's records"),
         "guarantee": ("NONE: seeded-noise = true derives the DP noise from the run seed, which the server knows"
                       if seeded else "as stated by the threat model"),
     }
-    if cfg.general.strategy in FTRL_STRATEGIES:
+    if general.strategy in FTRL_STRATEGIES:
         out["ledger"] = ("server-side: DP-FTRL's release after round t is one Gaussian mechanism (multiplier z_eff / "
                          "sens_t of the factorization), composed by dp_accounting's PLD accountant; clients' reports "
                          "are only cross-checked")
         out["secure_aggregation"] = (
             "SecAgg+ (Flower, continuous Gaussian shares): each client adds its own correlated noise stream, the "
-            "server sees only the noisy sum" if cfg.client_dp.secure_aggregation else
+            "server sees only the noisy sum" if client_dp.secure_aggregation else
             "off: the server sees every clipped update and adds the correlated noise itself")
         out["budget_holds_against"] = (
             "the server and observers of the release: no sampling or shuffling assumption (epsilon_vs_server)"
-            if cfg.client_dp.secure_aggregation else
+            if client_dp.secure_aggregation else
             "observers of the released models only: the server is trusted (it adds the noise); no epsilon holds "
             "against it")
     elif threat_model.startswith("client-level"):
         out["secure_aggregation"] = (
             "SecAgg+ (Flower): the server sees only the sum of each round's updates; the budget and the headline "
-            "'epsilon' are the aggregate's" if cfg.client_dp.secure_aggregation else
+            "'epsilon' are the aggregate's" if client_dp.secure_aggregation else
             "off: the server sees every update; σ is calibrated so one update meets the budget, and the headline "
             "'epsilon' is one update's ('epsilon_aggregate' is for observers of the sums and the final model)")
         out["budget_holds_against"] = (
             "the server that draws the sample (client-dp-adversary = server): no amplification by sampling; every "
             "round is charged at q = 1, which bounds each client's epsilon_vs_server; epsilon_vs_release reports the "
-            "amplified view" if cfg.client_dp.client_dp_adversary == "server" else
+            "amplified view" if client_dp.client_dp_adversary == "server" else
             "observers of the released models only (client-dp-adversary = release): amplified by secret Poisson "
             "sampling at q = r/n; against the server itself see epsilon_vs_server, which this run does not bound")
     return out
@@ -144,12 +156,16 @@ class ServerParts:
     config: ServerConfig
 
 
-def build_components(cfg: RunConfig, *, transport: bool = True, inputs: ServerInputs | None = None) -> ServerParts:
-    """The run's strategy, results writer, checkpointing and round settings. ``transport``: the server runs the
-    fit step through Flower's messages, so client-level DP strategies get SecAgg+ when the run-config asks for it
-    (False for in-process loops, which cannot run SecAgg+). ``inputs``: already loaded (else loaded here)."""
+def build_components(run_config: Mapping[str, Any], *, transport: bool = True,
+                     inputs: ServerInputs | None = None) -> ServerParts:
+    """The composition root of the server: resolve ``run_config`` (a Flower run-config mapping or a resolved
+    :class:`~fedapp.config.RunConfig`) and build the run's strategy, results writer, checkpointing and round settings,
+    handing each part the sections it reads. ``transport``: the server runs the fit step through Flower's messages,
+    so client-level DP strategies get SecAgg+ when the run-config asks for it (False for in-process loops, which
+    cannot run SecAgg+). ``inputs``: already loaded (else loaded here)."""
+    cfg = resolve_config(run_config)
     spec = get_spec(cfg.general.strategy)
-    inputs = inputs or load_server_inputs(cfg)
+    inputs = inputs or load_server_inputs(cfg.data, cfg.model_spec)
     initial = inputs.initial_weights
     unused = unused_keys(cfg, spec.family)
     for key in unused:
@@ -158,34 +174,37 @@ def build_components(cfg: RunConfig, *, transport: bool = True, inputs: ServerIn
     recorder = ResultsWriter(cfg.general.output_dir, dict(cfg), meta={
         "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
                      "description": spec.description},
-        "privacy": privacy_meta(cfg, spec.privacy),
+        "privacy": privacy_meta(cfg.general, cfg.training, cfg.client_dp, spec.privacy),
         "privacy_plan": None,  # below, from the built strategy
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
     })
-    ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg, inputs), recorder=recorder,
-                          prevalidate=make_prevalidate(cfg),
+    ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg.general, inputs),
+                          recorder=recorder, prevalidate=make_prevalidate(cfg.general, cfg.data, cfg.training,
+                                                                          cfg.client_dp),
                           secure_aggregation=transport and cfg.client_dp.secure_aggregation)
-    strategy = spec.strategy_factory()(cfg, ctx)
+    strategy = build_strategy(cfg, ctx)
     if cfg.general.num_clients:  # config.json is written when the first round opens the run folder
         payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
         recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
     check_fault_config(cfg.deployment)
-    remaining = attach_checkpointing(strategy, cfg, recorder)  # resume-from, checkpoints, faults
+    remaining = attach_checkpointing(strategy, recorder, run_values=dict(cfg), general=cfg.general,
+                                     deployment=cfg.deployment)  # resume-from, checkpoints, faults
     return ServerParts(strategy=strategy, config=ServerConfig(
         num_rounds=remaining, round_timeout=cfg.deployment.round_timeout or None))
 
 
-def dry_run(cfg: RunConfig, num_clients: int) -> list[str]:
+def dry_run(run_config: Mapping[str, Any], num_clients: int) -> list[str]:
     """Build everything a run builds — strategy, mechanism, resume state, one client — without starting a
     process or writing a file, so every configuration error surfaces before anything starts. Returns the
     keys the strategy does not read."""
+    cfg = resolve_config(run_config)
     if cfg.general.min_available_clients > num_clients:
         raise ConfigError(f"run-config 'min-available-clients' = {cfg.general.min_available_clients} but only {num_clients} "
                           "clients will connect: the server would wait for them forever")
     if cfg.general.num_clients and cfg.general.num_clients != num_clients:
         raise ConfigError(f"run-config 'num-clients' = {cfg.general.num_clients} but {num_clients} clients will connect")
-    inputs = load_server_inputs(cfg)
+    inputs = load_server_inputs(cfg.data, cfg.model_spec)
     test = inputs.test
     try:
         inputs.model.eval()(torch.from_numpy(test.x[:2].copy()))  # a copy: the pool is read-only
@@ -214,7 +233,7 @@ def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = 
     strategy = components.strategy
     if getattr(strategy, "secure_aggregation", False):
         log(INFO, "secure aggregation (SecAgg+) on: the server sees only the sum of each round's updates")
-        run_with_secure_aggregation(grid, context, strategy, components.config, cfg)
+        run_with_secure_aggregation(grid, context, strategy, components.config, cfg.client_dp, cfg.deployment)
     else:
         start_grid(grid=grid, config=components.config, strategy=strategy)
 

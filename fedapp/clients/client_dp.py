@@ -126,7 +126,7 @@ class ClientLevelDPClient(NumPyClient):
         """The run's client-level mechanism (None for the non-private baselines)."""
         if not self.private:
             return None
-        return client_level_mechanism(self.s.cfg, self.s.profile.num_clients)
+        return client_level_mechanism(self.s.cfg.general, self.s.cfg.training, self.s.cfg.client_dp, self.s.profile.num_clients)
 
     @property
     def floors(self) -> ClientFloors:
@@ -257,7 +257,7 @@ class FTRLClient(ClientLevelDPClient):
     adaptive_clipping = False
 
     def mechanism(self):  # an FTRLMechanism: duck-typed where the parent reads σ, q, δ and ε
-        return ftrl_mechanism(self.s.cfg, self.s.profile.num_clients)
+        return ftrl_mechanism(self.s.cfg.general, self.s.cfg.training, self.s.cfg.client_dp, self.s.profile.num_clients)
 
     def budget_check(self, dp, server_round: int) -> tuple[float, str | None]:
         """Refuse past the T rounds C was built for, and a round whose noise this client already drew."""

@@ -15,7 +15,8 @@ from fedapp.clients.training import evaluate_model, resolve_device, set_weights
 from fedapp.config import GeneralConfig, RunConfig, resolve_config
 from fedapp.data.client_data import load_client_data
 from fedapp.data.datasets import ArrayDataset
-from fedapp.models.zoo import DEFAULT_MODEL, build_model
+from fedapp.models.catalog import ModelSpec
+from fedapp.models.zoo import build_model
 from fedapp.privacy.profiles import ClientProfile, client_profile
 
 
@@ -31,7 +32,7 @@ class ClientSetup:
     validation: ArrayDataset | None = None  # ``validation-fraction`` of the training part, for tuning only
 
     def new_model(self) -> torch.nn.Module:
-        return make_model(self.cfg, self.train)
+        return make_model(self.cfg.model_spec, self.train)
 
 
 def evaluate_on_local_test(setup: ClientSetup, parameters: list) -> tuple[float, int, dict[str, Any]]:
@@ -55,17 +56,15 @@ def evaluate_local_splits(setup: ClientSetup, model: torch.nn.Module) -> tuple[f
     return float(loss), len(setup.test), {**metrics, "accuracy": float(acc)}
 
 
-def make_model(cfg: RunConfig, data: ArrayDataset) -> torch.nn.Module:
-    """The run's model, initialized from ``seed`` (identical on server and every client)."""
-    name = cfg.general.model if cfg.general.model != "auto" else DEFAULT_MODEL[cfg.data.dataset]
-    torch.manual_seed(cfg.general.seed)
-    return build_model(name, data.input_shape, data.num_classes,
-                       nonconvex_lambda=cfg.soteriafl.nonconvex_lambda)
+def make_model(spec: ModelSpec, data: ArrayDataset) -> torch.nn.Module:
+    """The run's model for ``data``'s shapes, initialized from the spec's seed (identical on server and every client)."""
+    torch.manual_seed(spec.seed)
+    return build_model(spec.name, data.input_shape, data.num_classes, nonconvex_lambda=spec.nonconvex_lambda)
 
 
 def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> ClientSetup:
     cfg = resolve_config(context.run_config, overrides)
-    profile = client_profile(cfg, context.node_config)
+    profile = client_profile(cfg.general, cfg.training, cfg.data, context.node_config)
     train, validation, test = load_client_data(cfg.data, cfg.general.seed, profile.client_id, profile.num_clients)
     return ClientSetup(cfg, profile, train, test, resolve_device(cfg.general.device), validation)
 

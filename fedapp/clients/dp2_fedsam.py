@@ -45,8 +45,9 @@ from fedapp.clients.common import (
     round_seed,
 )
 from fedapp.clients.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, DataConfig
 from fedapp.data.datasets import load_dataset
+from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
 from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
@@ -57,18 +58,20 @@ from strategies.privacy.mechanisms import cached_epsilon, clip_by_l2
 HEAD_KEY = "dp2-head"
 
 
-def run_model(cfg: RunConfig) -> torch.nn.Module:
+def run_model(data: DataConfig, model_spec: ModelSpec) -> torch.nn.Module:
     """The run's (seeded) model, built from the dataset's shapes."""
-    _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    return make_model(cfg, test)
+    _, test = load_dataset(data.dataset, data.data_dir)
+    return make_model(model_spec, test)
 
 
-def shared_weights(cfg: RunConfig, weights: list[np.ndarray], personalized: bool) -> list[np.ndarray]:
-    """The arrays of ``weights`` the server holds: φ only (personalized variants) or all."""
+def shared_weights(head: str, data: DataConfig, model_spec: ModelSpec, weights: list[np.ndarray],
+                   personalized: bool) -> list[np.ndarray]:
+    """The arrays of ``weights`` the server holds: φ only (personalized variants) or all; ``head`` is the run-config
+    ``dp2-head``."""
     try:
-        mask = shared_mask(run_model(cfg), cfg.dp2_fedsam.dp2_head, personalized)
+        mask = shared_mask(run_model(data, model_spec), head, personalized)
     except ValueError as exc:
-        raise ConfigError(f"run-config 'dp2-head' = {cfg.dp2_fedsam.dp2_head!r}: {exc}") from None
+        raise ConfigError(f"run-config 'dp2-head' = {head!r}: {exc}") from None
     if len(mask) != len(weights):
         raise ValueError(f"model has {len(mask)} arrays, got {len(weights)} initial weights")
     return [w for w, m in zip(weights, mask) if m]
@@ -125,7 +128,7 @@ class DP2FedSAMClient(NumPyClient):
         metrics: dict[str, Any] = {"client_id": p.client_id, "batch_size": p.batch_size, "num_train": n_train}
         if n_train == 0:
             return [], 0, {**metrics, "status": "refused", "reason": "empty local training set"}
-        dp = client_level_mechanism(cfg, p.num_clients)
+        dp = client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, p.num_clients)
         floors = ClientFloors.from_node_config(self.context.node_config)
         budget = self.budget(cached_epsilon(dp, dp.rounds))
         rounds = accounted_rounds(rnd, releases(self.context))  # never fewer than its own releases + 1

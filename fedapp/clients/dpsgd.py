@@ -43,8 +43,6 @@ from fedapp.clients.training import (
     local_train,
     set_weights,
 )
-from fedapp.config import RunConfig
-from fedapp.models.zoo import DEFAULT_MODEL
 from fedapp.privacy.profiles import dpsgd_sample_rate, steps_per_epoch
 from fedapp.state.cache import calibrated_noise_multiplier
 from strategies.privacy.accountants import compact_history, epsilon_of, record_accountant
@@ -105,8 +103,7 @@ class DPSGDClient(NumPyClient):
 
     def grad_sample_mode(self) -> str:
         cfg = self.s.cfg
-        name = cfg.general.model if cfg.general.model != "auto" else DEFAULT_MODEL[cfg.data.dataset]
-        return resolve_grad_sample_mode(cfg.training.grad_sample_mode, name, self.s.new_model, self.s.train,
+        return resolve_grad_sample_mode(cfg.training.grad_sample_mode, cfg.model_spec.name, self.s.new_model, self.s.train,
                                         self.s.profile.batch_size, self.s.device)
 
     # ---- Flower API ------------------------------------------------------------------
@@ -128,7 +125,8 @@ class DPSGDClient(NumPyClient):
         lr = round_lr(cfg.training.lr, cfg.training.lr_decay, server_round)
         seed = round_seed(cfg.general.seed, p.client_id, server_round)  # plain SGD shuffling: no secret needed
         if self.private:
-            reason = record_delta_refusal(p.delta, self.num_train, self.context.node_config, cfg)
+            reason = record_delta_refusal(p.delta, self.num_train, self.context.node_config,
+                                          cfg.training.allow_large_delta)
             if reason is not None:
                 return [], 0, {**metrics, "status": "refused", "reason": reason}
             seed = noise_seed(cfg.general, p.client_id, server_round)  # DP noise + Poisson sampling: secret
@@ -175,14 +173,12 @@ class DPSGDClient(NumPyClient):
         return evaluate_on_local_test(self.s, parameters)
 
 
-
-
 def record_delta_refusal(delta: float, num_records: int, node_config: Mapping[str, Any],
-                         cfg: RunConfig) -> str | None:
+                         allow_large_delta: bool) -> str | None:
     """Why a record-level client with δ_i = ``delta`` over N_i = ``num_records`` records may not train: δ_i above
     1/(10·N_i) without run-config ``allow-large-delta`` (None when it may). Checked by the client itself, so a
     deployed SuperNode's node-config δ is covered as well as a simulation's run-config δ."""
-    if cfg.training.allow_large_delta or num_records < 1 or delta <= max_delta(num_records):
+    if allow_large_delta or num_records < 1 or delta <= max_delta(num_records):
         return None
     source = "node-config 'delta'" if "delta" in node_config else "run-config 'delta'"
     return (f"{source} = {delta:g} is above 1/(10 N_i) = {max_delta(num_records):.3g} for this client's N_i = "
@@ -200,6 +196,8 @@ def min_epsilon_profile(setup: ClientSetup) -> ClientSetup:
     from fedapp.privacy.profiles import federation_profiles
 
     p = setup.profile
-    eps_min = min([q.epsilon for q in federation_profiles(setup.cfg, p.num_clients)] + [p.epsilon])
+    cfg = setup.cfg
+    eps_min = min([q.epsilon for q in federation_profiles(cfg.general, cfg.training, cfg.data, p.num_clients)]
+                  + [p.epsilon])
     reported = eps_min if p.reported_epsilon == p.epsilon else p.reported_epsilon
     return dataclasses.replace(setup, profile=dataclasses.replace(p, epsilon=eps_min, reported_epsilon=reported))

@@ -54,7 +54,7 @@ from flwr.common import (
     log,
 )
 
-from fedapp.config import ConfigError, DeploymentConfig, GeneralConfig, RunConfig
+from fedapp.config import ConfigError, DataConfig, DeploymentConfig, GeneralConfig, TrainingConfig
 from fedapp.state.client_state import (
     COMMITTED_ROUND_KEY,
     LINEAGE_CONFIG_KEY,
@@ -107,16 +107,19 @@ def _refusal(metrics: dict[str, Any]) -> FitRes:
 class GuardedClient(Client):
     """Wraps a family's ``Client``; see the module docstring for what ``fit`` adds."""
 
-    def __init__(self, inner: Client, context: Context, cfg: RunConfig, client_id: int, num_clients: int,
-                 state_dir: str = "", best_effort: bool = False, lifetime: LifetimeBudget | None = None,
-                 lifetime_epsilon: float | None = None, lifetime_delta: float | None = None) -> None:
+    def __init__(self, inner: Client, context: Context, deployment: DeploymentConfig, seed: int, client_id: int,
+                 num_clients: int, state_dir: str = "", best_effort: bool = False, allow_large_delta: bool = False,
+                 lifetime: LifetimeBudget | None = None, lifetime_epsilon: float | None = None,
+                 lifetime_delta: float | None = None) -> None:
         self.lifetime = lifetime
         self.lifetime_epsilon = lifetime_epsilon  # None: the client's per-run budget
         self.lifetime_delta = lifetime_delta  # None: 1/(10·N_i) for record-level replies (lifetime_delta_budget)
         self.inner = inner
         self.best_effort = best_effort  # a default state dir that cannot be written disables the journal
         self.ctx = context
-        self.cfg = cfg
+        self.faults = deployment  # fault-fraction, fault-mode, fault-delay
+        self.seed = seed  # the run seed: which clients an injected fault hits
+        self.allow_large_delta = allow_large_delta
         self.client_id = client_id
         self.num_clients = num_clients
         self.store = ClientStateStore(Path(state_dir), client_id) if state_dir else None
@@ -149,11 +152,11 @@ class GuardedClient(Client):
             taint = str(self.ctx.state[TAINT_KEY].get("reason", "privacy state lost earlier in this run"))
             return _refusal({"client_id": self.client_id, "status": "refused", "reason": taint,
                              **({"epsilon_spent": ledger} if ledger is not None else {})})
-        fraction = self.cfg.deployment.fault_fraction
-        if fraction > 0 and self.client_id in failing_clients(self.cfg.general.seed, rnd, self.num_clients, fraction):
-            if self.cfg.deployment.fault_mode == "raise":
+        fraction = self.faults.fault_fraction
+        if fraction > 0 and self.client_id in failing_clients(self.seed, rnd, self.num_clients, fraction):
+            if self.faults.fault_mode == "raise":
                 raise InjectedFault(self.client_id, f"round={rnd} (fault-fraction={fraction})")
-            time.sleep(self.cfg.deployment.fault_delay)
+            time.sleep(self.faults.fault_delay)
         if replay is not None:
             return replay  # the very reply released for this request before a crash: no new privacy loss
         res = self.inner.fit(ins)
@@ -178,7 +181,7 @@ class GuardedClient(Client):
         budget = self.lifetime_epsilon if self.lifetime_epsilon is not None else metrics.get("epsilon_budget")
         if not isinstance(budget, (int, float)):
             return None
-        delta_budget, source = lifetime_delta_budget(self.lifetime_delta, metrics, self.cfg.training.allow_large_delta)
+        delta_budget, source = lifetime_delta_budget(self.lifetime_delta, metrics, self.allow_large_delta)
         reason = self.lifetime.refusal(lineage, float(eps), float(budget), float(delta), delta_budget, source)
         if reason is None:
             self.lifetime.record(lineage, float(eps), float(delta))
@@ -200,7 +203,8 @@ def default_state_dir(general: GeneralConfig) -> str:
     return str(Path(general.output_dir) / DEFAULT_STATE_SUBDIR)
 
 
-def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
+def guard_client(inner: Client, context: Context, general: GeneralConfig, data: DataConfig, training: TrainingConfig,
+                 deployment: DeploymentConfig) -> Client:
     """Wrap ``inner`` (a family's client) with :class:`GuardedClient` for this node."""
     node = context.node_config
     try:
@@ -208,12 +212,12 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
         n = int(node["num-partitions"])
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"node-config needs integer 'partition-id' and 'num-partitions', got {dict(node)}") from None
-    if "dataset" in node and str(node["dataset"]) != cfg.data.dataset:
-        raise ConfigError(f"node-config dataset {node['dataset']!r} differs from run-config dataset {cfg.data.dataset!r}")
-    state_dir = str(node.get("state-dir", "")) or cfg.deployment.client_state_dir
+    if "dataset" in node and str(node["dataset"]) != data.dataset:
+        raise ConfigError(f"node-config dataset {node['dataset']!r} differs from run-config dataset {data.dataset!r}")
+    state_dir = str(node.get("state-dir", "")) or deployment.client_state_dir
     lifetime = None
-    if "state-dir" in node or cfg.deployment.lifetime_budget:  # on by default for deployed SuperNodes
-        lifetime = LifetimeBudget.for_client(state_dir or default_state_dir(cfg.general), cid)
+    if "state-dir" in node or deployment.lifetime_budget:  # on by default for deployed SuperNodes
+        lifetime = LifetimeBudget.for_client(state_dir or default_state_dir(general), cid)
     cap = float(node["lifetime-epsilon"]) if "lifetime-epsilon" in node else None
     delta_cap = None
     if "lifetime-delta" in node:
@@ -223,8 +227,9 @@ def guard_client(inner: Client, context: Context, cfg: RunConfig) -> Client:
             delta_cap = math.nan
         if not 0 < delta_cap < 1:
             raise ConfigError(f"node-config 'lifetime-delta' = {node['lifetime-delta']!r} must be a number in (0, 1)")
-    return GuardedClient(inner, context, cfg, cid, n, state_dir or default_state_dir(cfg.general), best_effort=not state_dir,
-                         lifetime=lifetime, lifetime_epsilon=cap, lifetime_delta=delta_cap)
+    return GuardedClient(inner, context, deployment, general.seed, cid, n, state_dir or default_state_dir(general),
+                         best_effort=not state_dir, allow_large_delta=training.allow_large_delta, lifetime=lifetime,
+                         lifetime_epsilon=cap, lifetime_delta=delta_cap)
 
 
 def lifetime_delta_budget(node_cap: float | None, metrics: Mapping[str, Any],

@@ -148,7 +148,7 @@ class SoteriaFLClient(NumPyClient):
         if str(config.get("soteriafl-method", self.method.name)) != self.method.name:
             return [], 0, {**metrics, "status": "refused",
                            "reason": f"server runs {config.get('soteriafl-method')!r}, client {self.method.name!r}"}
-        reason = record_delta_refusal(p.delta, self.m, self.context.node_config, cfg)
+        reason = record_delta_refusal(p.delta, self.m, self.context.node_config, cfg.training.allow_large_delta)
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "reason": reason}
         d, k, omega, gamma = self.dims()
@@ -172,7 +172,7 @@ class SoteriaFLClient(NumPyClient):
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         x = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in parameters])
-        model = make_model(cfg, self.s.train)
+        model = make_model(cfg.model_spec, self.s.train)
         set_weights(model, parameters)
         oracle = GradientOracle(model, self.s.train.x, self.s.train.y, self.s.device)
         state = load_state(self.context)

@@ -7,6 +7,7 @@ that span keys, *before* any training starts or any results folder is created.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from fedapp.config.sections import (
     SoteriaFLConfig,
     TrainingConfig,
 )
+from fedapp.models.catalog import DEFAULT_MODEL, ModelSpec
 from strategies.errors import ConfigError
 
 
@@ -80,6 +82,22 @@ class RunConfig(Mapping[str, Any]):
     def dp_rounds(self) -> int:
         return self.training.dp_rounds or self.general.num_server_rounds
 
+    @property
+    def model_spec(self) -> ModelSpec:
+        """The run's model (``model``, ``auto`` → the dataset's default; ``seed``; ``nonconvex-lambda``)."""
+        name = self.general.model if self.general.model != "auto" else DEFAULT_MODEL[self.data.dataset]
+        return ModelSpec(name, self.general.seed, self.soteriafl.nonconvex_lambda)
+
+    def sections_for(self, fn: Callable[..., Any]) -> dict[str, Any]:
+        """The sections ``fn`` declares by parameter name (``general``, ``data``, ``training``, ``client_dp``,
+        ``robust_hdp``, ``soteriafl``, ``dp2_fedsam``, ``deployment``, and ``model_spec``): how a composition root
+        hands a builder what it reads and nothing more."""
+        params = inspect.signature(fn).parameters
+        out: dict[str, Any] = {name: getattr(self, name) for name in SECTION_CLASSES if name in params}
+        if "model_spec" in params:
+            out["model_spec"] = self.model_spec
+        return out
+
 
 def _freeze(mapping: Mapping[str, Any] | None) -> tuple[tuple[str, str, str], ...]:
     return tuple(sorted((str(k), type(v).__name__, repr(v)) for k, v in (mapping or {}).items()))
@@ -90,6 +108,8 @@ def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mappi
 
     The result is computed once per process for each distinct input (a ClientApp resolves the same Flower
     run-config for every message), so the checks that touch the filesystem or probe CUDA run once."""
+    if isinstance(run_config, RunConfig) and not overrides:
+        return run_config  # already resolved and validated
     memo_key = (_freeze(run_config), _freeze(overrides))
     cached = _CACHE.get(memo_key)
     if cached is not None:
@@ -171,7 +191,8 @@ def validate_cross_fields(cfg: RunConfig) -> None:
     if 0 < cfg["num-clients"] < 2:
         raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} is too small: a federation needs at least 2 clients")
     if cfg["num-clients"]:
-        check_federation_size(cfg, cfg["num-clients"], f"run-config 'num-clients' = {cfg['num-clients']}")
+        check_federation_size(cfg.general, cfg.training, cfg.general.num_clients,
+                              f"run-config 'num-clients' = {cfg.general.num_clients}")
     if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
     check_ftrl(cfg)
@@ -250,17 +271,17 @@ def check_secure_sum(cfg: Mapping[str, Any]) -> None:
                           "client-dp-adversary = 'server' or secagg-mechanism = 'gaussian'")
 
 
-def check_federation_size(cfg: Mapping[str, Any], num_clients: int, source: str = "") -> None:
+def check_federation_size(general: GeneralConfig, training: TrainingConfig, num_clients: int, source: str = "") -> None:
     """Keys that count or name clients must fit a federation of ``num_clients``; ``source`` says where that number
     comes from in the message ('num-clients', the launcher's --num-supernodes; '' = the clients of the run)."""
     n = int(num_clients)
     where = f" ({source})" if source else ""
-    r = int(cfg["clients-per-round"])
+    r = general.clients_per_round
     if r > n:
         raise ConfigError(f"run-config 'clients-per-round' = {r} exceeds the {n} clients of this federation{where}: "
                           f"every round would sample all {n} (q = 1) instead; set it to at most {n} (0 = every client "
                           "every round)")
-    falsify = int(cfg["falsify-client"])
+    falsify = training.falsify_client
     if falsify >= n:
         raise ConfigError(f"run-config 'falsify-client' = {falsify} is not a client of this federation{where}: "
                           f"partition ids are 0..{n - 1} (-1 = no client falsifies its ε)")

@@ -41,7 +41,7 @@ class _NodeProxy(ClientProxy):
     def _client(self) -> Client:
         cfg = resolve_config(self.context.run_config, self.overrides)
         inner = get_spec(cfg.general.strategy).client_factory()(self.context, self.overrides)
-        return guard_client(inner, self.context, cfg)
+        return guard_client(inner, self.context, cfg.general, cfg.data, cfg.training, cfg.deployment)
 
     def fit(self, ins, timeout, group_id):
         return self._client().fit(ins)

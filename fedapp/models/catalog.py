@@ -3,6 +3,8 @@ checks and the launcher read them; the classes are in :mod:`fedapp.models.zoo`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 MODEL_NAMES: tuple[str, ...] = ("cnn-mnist", "cnn-fmnist", "cnn-cifar", "mlp-sigmoid", "logreg", "resnet18-gn",
                                 "cnn-digits", "mlp-digits")
 
@@ -103,3 +105,13 @@ def check_model_input(model_name: str, input_shape: tuple[int, ...]) -> None:
     problem = model_input_problem(model_name, input_shape)
     if problem is not None:
         raise ValueError(f"model {model_name!r} does not fit inputs of shape {tuple(input_shape)}: {problem}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The run's model: a catalog name (``model``, with ``auto`` resolved for the dataset), the seed its initial
+    weights are drawn from (identical on the server and every client) and SoteriaFL's nonconvex regularizer λ."""
+
+    name: str
+    seed: int
+    nonconvex_lambda: float = 0.0

@@ -22,7 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from fedapp.config import ClientDPConfig, ConfigError, DataConfig, RunConfig, check_federation_size, parse_int_list
+from fedapp.config import (
+    ClientDPConfig,
+    ConfigError,
+    DataConfig,
+    GeneralConfig,
+    TrainingConfig,
+    check_federation_size,
+    parse_int_list,
+)
 from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, default_count_noise
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ftrl_accounting import FTRLMechanism
@@ -122,14 +130,17 @@ def _train_size(data: DataConfig, seed: int, num_clients: int, client_id: int) -
         return None
 
 
-def federation_profiles(cfg: RunConfig, num_clients: int) -> list[ClientProfile]:
+def federation_profiles(general: GeneralConfig, training: TrainingConfig, data: DataConfig,
+                        num_clients: int) -> list[ClientProfile]:
     """Profiles of all clients of a simulated federation (no node-config overrides). The run-config keys that
     count or name clients (clients-per-round, falsify-client) must fit the federation's ``num_clients``."""
-    check_federation_size(cfg, num_clients)
-    return [client_profile(cfg, {"partition-id": i, "num-partitions": num_clients}) for i in range(num_clients)]
+    check_federation_size(general, training, num_clients)
+    return [client_profile(general, training, data, {"partition-id": i, "num-partitions": num_clients})
+            for i in range(num_clients)]
 
 
-def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProfile:
+def client_profile(general: GeneralConfig, training: TrainingConfig, data: DataConfig,
+                   node_config: Mapping[str, Any]) -> ClientProfile:
     """Resolve client profile from run-config (simulation) and node-config (deployment overrides)."""
     if "partition-id" not in node_config or "num-partitions" not in node_config:
         raise ConfigError(f"node-config needs 'partition-id' and 'num-partitions', got {dict(node_config)}")
@@ -139,18 +150,18 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
         raise ConfigError(f"node-config 'num-partitions' = {n}: a federation needs at least 2 clients")
     if not 0 <= cid < n:
         raise ConfigError(f"node-config 'partition-id' = {cid} is outside 0..{n - 1}")
-    seed = cfg.general.seed
-    if cfg.training.privacy_dist == "fixed":
-        epsilon = cfg.training.epsilon
+    seed = general.seed
+    if training.privacy_dist == "fixed":
+        epsilon = training.epsilon
     else:
-        epsilon = float(sample_epsilons(cfg.training.privacy_dist, n, seed, cfg.training.epsilon_floor)[cid])
-    if cfg.training.batch_size > 0:
-        batch = cfg.training.batch_size
+        epsilon = float(sample_epsilons(training.privacy_dist, n, seed, training.epsilon_floor)[cid])
+    if training.batch_size > 0:
+        batch = training.batch_size
     else:
-        batch = int(sample_batch_sizes(parse_int_list("batch-size-choices", cfg.training.batch_size_choices), n, seed)[cid])
-        batch = min(batch, _train_size(cfg.data, cfg.general.seed, n, cid) or batch)  # a drawn b_i never exceeds N_i
-    delta = cfg.training.delta
-    epochs = cfg.training.local_epochs
+        batch = int(sample_batch_sizes(parse_int_list("batch-size-choices", training.batch_size_choices), n, seed)[cid])
+        batch = min(batch, _train_size(data, seed, n, cid) or batch)  # a drawn b_i never exceeds N_i
+    delta = training.delta
+    epochs = training.local_epochs
     if "epsilon" in node_config:
         epsilon = _node_value(node_config, "epsilon", float)
     if "delta" in node_config:
@@ -160,8 +171,8 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
     if "local-epochs" in node_config:
         epochs = _node_value(node_config, "local-epochs", int)
     reported = epsilon
-    if cfg.training.falsify_client == cid:
-        reported = cfg.training.falsify_epsilon
+    if training.falsify_client == cid:
+        reported = training.falsify_epsilon
     if "reported-epsilon" in node_config:
         reported = _node_value(node_config, "reported-epsilon", float)
     if not (epsilon > 0 and np.isfinite(epsilon)):
@@ -175,23 +186,25 @@ def client_profile(cfg: RunConfig, node_config: Mapping[str, Any]) -> ClientProf
     return ClientProfile(cid, n, epsilon, delta, batch, epochs, reported)
 
 
-def _client_level_setting(cfg: RunConfig, num_clients: int) -> tuple[int, int, float]:
+def _client_level_setting(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig,
+                          num_clients: int) -> tuple[int, int, float]:
     """(n, T, δ) of a client-level mechanism, checked: n ≥ 2, r ≤ n, T = ``dp-rounds`` (0 → ``num-server-rounds``),
     δ = ``client-delta`` (0 → 1/(10 n); larger than that only with ``allow-large-delta``)."""
     n = int(num_clients)
     if n < 2:
         raise ConfigError(f"client-level DP needs at least 2 clients, got {n}")
-    if cfg.general.clients_per_round > n:
-        raise ConfigError(f"run-config 'clients-per-round' = {cfg.general.clients_per_round} exceeds the {n} clients of this "
+    if general.clients_per_round > n:
+        raise ConfigError(f"run-config 'clients-per-round' = {general.clients_per_round} exceeds the {n} clients of this "
                           f"federation: set it to at most {n} (0 = every client every round)")
-    given = cfg.client_dp.client_delta
-    if given > max_delta(n) and not cfg.training.allow_large_delta:
+    given = client_dp.client_delta
+    if given > max_delta(n) and not training.allow_large_delta:
         raise ConfigError(f"run-config 'client-delta' = {given:g} is above 1/(10 n) = {max_delta(n):.3g} for n = {n} "
                           "clients; set 'allow-large-delta' = true to run with it anyway")
-    return n, cfg.training.dp_rounds or cfg.general.num_server_rounds, given or default_client_delta(n)
+    return n, training.dp_rounds or general.num_server_rounds, given or default_client_delta(n)
 
 
-def client_level_mechanism(cfg: RunConfig, num_clients: int) -> ClientLevelDP:
+def client_level_mechanism(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig,
+                           num_clients: int) -> ClientLevelDP:
     """The run's client-level mechanism (DP-FedAvg, Fed-SMP, DP2-FedSAM) from its run-config keys.
 
     r = ``clients-per-round`` (0 → all n), T = ``dp-rounds`` (0 → ``num-server-rounds``), δ =
@@ -202,16 +215,16 @@ def client_level_mechanism(cfg: RunConfig, num_clients: int) -> ClientLevelDP:
     release. Server and clients call this with the same
     inputs, so they agree on σ (the server also sends it and clients cross-check).
     """
-    n, rounds, delta = _client_level_setting(cfg, num_clients)
-    r = cfg.general.clients_per_round or n
+    n, rounds, delta = _client_level_setting(general, training, client_dp, num_clients)
+    r = general.clients_per_round or n
     try:
-        return _client_level(cfg.client_dp.noise_multiplier, cfg.client_dp.target_epsilon, cfg.training.clip_norm,
-                             r, n, rounds, delta, cfg.training.accountant,
-                             cfg.client_dp.secure_aggregation, cfg.client_dp.client_dp_adversary)
+        return _client_level(client_dp.noise_multiplier, client_dp.target_epsilon, training.clip_norm,
+                             r, n, rounds, delta, training.accountant,
+                             client_dp.secure_aggregation, client_dp.client_dp_adversary)
     except ValueError as exc:
-        raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={cfg.client_dp.target_epsilon}, "
-                          f"noise-multiplier={cfg.client_dp.noise_multiplier}, client-delta={cfg.client_dp.client_delta}, "
-                          f"clients-per-round={cfg.general.clients_per_round} of {n}: {exc}") from None
+        raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={client_dp.target_epsilon}, "
+                          f"noise-multiplier={client_dp.noise_multiplier}, client-delta={client_dp.client_delta}, "
+                          f"clients-per-round={general.clients_per_round} of {n}: {exc}") from None
 
 
 @functools.lru_cache(maxsize=64)
@@ -243,25 +256,26 @@ def adaptive_clip_config(cd: ClientDPConfig, dp: ClientLevelDP) -> AdaptiveClipC
     return AdaptiveClipConfig(cd.adaptive_clip_quantile, cd.adaptive_clip_lr, count_noise, dp.clip)
 
 
-def ftrl_mechanism(cfg: RunConfig, num_clients: int) -> FTRLMechanism:
+def ftrl_mechanism(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig,
+                   num_clients: int) -> FTRLMechanism:
     """DP-FTRL's mechanism of the run (``dp-ftrl``): the factorization of ``ftrl-mechanism`` for T = ``dp-rounds``
     (0 → ``num-server-rounds``), δ as :func:`client_level_mechanism`, z = ``noise-multiplier`` or, when 0,
     calibrated so that the whole run (every client in every round, no amplification) spends ``target-epsilon``.
     Server and clients call this with the same inputs, so they agree on z, C and the band."""
-    n, rounds, delta = _client_level_setting(cfg, num_clients)
+    n, rounds, delta = _client_level_setting(general, training, client_dp, num_clients)
     kwargs: dict[str, Any] = {
-        "kind": cfg.client_dp.ftrl_mechanism, "rounds": rounds, "clip": cfg.training.clip_norm, "num_clients": n,
-        "delta": delta, "bands": cfg.client_dp.ftrl_bands,
-        "restart_every": cfg.client_dp.ftrl_restart_every, "clients_per_round": cfg.general.clients_per_round,
-        "secure_aggregation": cfg.client_dp.secure_aggregation}
+        "kind": client_dp.ftrl_mechanism, "rounds": rounds, "clip": training.clip_norm, "num_clients": n,
+        "delta": delta, "bands": client_dp.ftrl_bands,
+        "restart_every": client_dp.ftrl_restart_every, "clients_per_round": general.clients_per_round,
+        "secure_aggregation": client_dp.secure_aggregation}
     try:
-        if cfg.client_dp.noise_multiplier > 0:
-            return FTRLMechanism(noise_multiplier=cfg.client_dp.noise_multiplier, **kwargs)
-        return _ftrl_calibrated(cfg.client_dp.target_epsilon, tuple(sorted(kwargs.items())))
+        if client_dp.noise_multiplier > 0:
+            return FTRLMechanism(noise_multiplier=client_dp.noise_multiplier, **kwargs)
+        return _ftrl_calibrated(client_dp.target_epsilon, tuple(sorted(kwargs.items())))
     except ValueError as exc:
-        raise ConfigError(f"dp-ftrl: cannot set up the mechanism for ftrl-mechanism={cfg.client_dp.ftrl_mechanism!r}, "
-                          f"ftrl-bands={cfg.client_dp.ftrl_bands}, rounds={rounds}, target-epsilon="
-                          f"{cfg.client_dp.target_epsilon}, noise-multiplier={cfg.client_dp.noise_multiplier}: "
+        raise ConfigError(f"dp-ftrl: cannot set up the mechanism for ftrl-mechanism={client_dp.ftrl_mechanism!r}, "
+                          f"ftrl-bands={client_dp.ftrl_bands}, rounds={rounds}, target-epsilon="
+                          f"{client_dp.target_epsilon}, noise-multiplier={client_dp.noise_multiplier}: "
                           f"{exc}") from None
 
 
@@ -290,23 +304,23 @@ def _ddg(sigma: float, clip: float, cohort: int, dim: int, bits: int) -> Distrib
     return DistributedDiscreteGaussian.calibrated(sigma, clip=clip, max_cohort=cohort, dim=dim, bits=bits)
 
 
-def check_record_delta(cfg: RunConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
+def check_record_delta(general: GeneralConfig, training: TrainingConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
     """Record-level DP before round 1: every client's δ_i must be at most 1/(10·N_i) unless ``allow-large-delta``,
     and the noise calibration of DP-SGD clients must reach their ε_i (:func:`check_dpsgd_calibration`)."""
-    if not cfg.training.allow_large_delta:
+    if not training.allow_large_delta:
         for profile, n_i in zip(profiles, sizes):
             if n_i > 0 and profile.delta > max_delta(n_i):
                 raise ConfigError(f"client {profile.client_id}: delta = {profile.delta:g} is above 1/(10 N_i) = "
                                   f"{max_delta(n_i):.3g} for its N_i = {n_i} records (run-config 'delta' or node-config); "
                                   "set 'allow-large-delta' = true to run with it anyway")
-    check_dpsgd_calibration(cfg, profiles, sizes)
+    check_dpsgd_calibration(general, training, profiles, sizes)
 
 
 #: clients whose noise multiplier the run calibrates with DP-SGD's accountant (fedapp.clients.dpsgd)
 _DPSGD_CLIENTS = ("fedapp.apps.factories:make_dpsgd_client", "fedapp.apps.factories:make_min_eps_client")
 
 
-def check_dpsgd_calibration(cfg: RunConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
+def check_dpsgd_calibration(general: GeneralConfig, training: TrainingConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
     """Refuse an ε_i that no noise multiplier achieves, before any client starts.
 
     A DP-SGD client calibrates z_i on its first round (``DPSGDClient.calibrate``); a target below what the
@@ -318,12 +332,12 @@ def check_dpsgd_calibration(cfg: RunConfig, profiles: list[ClientProfile], sizes
     n = 1,000)."""
     from fedapp.registry import get_spec
 
-    if get_spec(cfg.general.strategy).client not in _DPSGD_CLIENTS or not profiles:
+    if get_spec(general.strategy).client not in _DPSGD_CLIENTS or not profiles:
         return
     from fedapp.state.cache import calibrated_noise_multiplier
     from strategies.privacy.accountants import record_accountant
 
-    rounds = cfg.training.dp_rounds or cfg.general.num_server_rounds
+    rounds = training.dp_rounds or general.num_server_rounds
     hardest = min(range(len(profiles)), key=lambda i: (profiles[i].epsilon, profiles[i].delta))
     p, n_i = profiles[hardest], int(sizes[hardest])
     if n_i <= 0:
@@ -332,15 +346,15 @@ def check_dpsgd_calibration(cfg: RunConfig, profiles: list[ClientProfile], sizes
     q, steps = dpsgd_sample_rate(n_i, b), rounds * p.local_epochs * steps_per_epoch(n_i, b)
     try:
         calibrated_noise_multiplier(p.epsilon, p.delta, q, steps,
-                                    record_accountant(cfg.training.accountant, cfg.training.record_neighbours))
+                                    record_accountant(training.accountant, training.record_neighbours))
     except (ValueError, ArithmeticError) as exc:
-        if cfg.training.privacy_dist == "fixed":
+        if training.privacy_dist == "fixed":
             source, fix = f"run-config 'epsilon' = {p.epsilon:g}", "a larger 'epsilon'"
         else:
             source = (f"client {p.client_id}'s ε_i = {p.epsilon:g} (drawn from run-config 'privacy-dist' = "
-                      f"{cfg.training.privacy_dist!r}, at least 'epsilon-floor' = {cfg.training.epsilon_floor:g})")
+                      f"{training.privacy_dist!r}, at least 'epsilon-floor' = {training.epsilon_floor:g})")
             fix = "a privacy-dist with larger ε_i or a larger 'epsilon-floor'"
         raise ConfigError(f"{source} cannot be reached: no noise multiplier achieves ε = {p.epsilon:g} at δ = "
                           f"{p.delta:g} (client {p.client_id}: N_i = {n_i} records, batch {b}, {steps} DP-SGD steps over "
-                          f"{rounds} rounds, {cfg.training.accountant} accountant; the run's noise calibration: {exc}); "
+                          f"{rounds} rounds, {training.accountant} accountant; the run's noise calibration: {exc}); "
                           f"choose {fix} (or a larger 'delta')") from None

@@ -58,7 +58,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
-from fedapp.config import RunConfig
+from fedapp.config import ClientDPConfig, DeploymentConfig
 
 #: SecAgg+ weights each masked update by num_examples / max_weight; clients send 1 (a uniform sum)
 MAX_WEIGHT = 1.0
@@ -275,11 +275,11 @@ def _residue_payload(arrays: list[np.ndarray], bits: int, ctxt: Context) -> Any:
 
 
 def run_with_secure_aggregation(grid: Grid, context: Context, strategy: Any, config: ServerConfig,
-                                cfg: RunConfig) -> None:
+                                client_dp: ClientDPConfig, deployment: DeploymentConfig) -> None:
     """Flower's default workflow with SecAgg+ as the fit step (evaluation unchanged)."""
-    shares = cfg.client_dp.secagg_num_shares
+    shares = client_dp.secagg_num_shares
     workflow = DefaultWorkflow(fit_workflow=DPSecAggPlusWorkflow(
         strategy, num_shares=int(shares) if shares > 1 else shares,
-        reconstruction_threshold=cfg.client_dp.secagg_threshold, max_weight=MAX_WEIGHT,
-        timeout=cfg.deployment.round_timeout or None))
+        reconstruction_threshold=client_dp.secagg_threshold, max_weight=MAX_WEIGHT,
+        timeout=deployment.round_timeout or None))
     workflow(grid, LegacyContext(context=context, config=config, strategy=strategy))

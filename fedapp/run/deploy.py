@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedapp.config import ConfigError, RunConfig, resolve_config
+from fedapp.config import ConfigError, DataConfig, GeneralConfig, TrainingConfig, resolve_config
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
     CONNECTION,
@@ -101,17 +101,18 @@ def node_configs(num: int, per_node: Sequence[str] = ()) -> list[dict[str, Any]]
     return configs
 
 
-def validate_nodes(cfg: RunConfig, configs: Sequence[Mapping[str, Any]]) -> None:
+def validate_nodes(general: GeneralConfig, training: TrainingConfig, data: DataConfig,
+                   configs: Sequence[Mapping[str, Any]]) -> None:
     """Each SuperNode's profile resolves and matches the run (before any process starts)."""
     from fedapp.data.client_data import client_train_sizes
     from fedapp.privacy.profiles import client_profile
 
-    sizes = client_train_sizes(cfg.data, cfg.general.seed, len(configs))
+    sizes = client_train_sizes(data, general.seed, len(configs))
     for node in configs:
-        if "dataset" in node and node["dataset"] != cfg.data.dataset:
+        if "dataset" in node and node["dataset"] != data.dataset:
             raise ConfigError(f"SuperNode {node['partition-id']}: node-config dataset {node['dataset']!r} differs "
-                              f"from run-config dataset {cfg.data.dataset!r}")
-        profile = client_profile(cfg, node)
+                              f"from run-config dataset {data.dataset!r}")
+        profile = client_profile(general, training, data, node)
         if profile.batch_size > sizes[profile.client_id]:
             raise ConfigError(f"SuperNode {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                               f"N_i = {sizes[profile.client_id]}")
@@ -250,8 +251,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
     if (unauthorized or outsider) and not auth:
         raise ConfigError("--unauthorized/--outsider need SuperNode authentication (drop --no-auth)")
     nodes = node_configs(num_supernodes, node_overrides)
-    validate_nodes(cfg, nodes)
-    output_dir = absolutize_paths(cfg, overrides, app)
+    validate_nodes(cfg.general, cfg.training, cfg.data, nodes)
+    output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
 
     work = Path(work_dir or tempfile.mkdtemp(prefix="dpfl-deploy-")).resolve()
     work.mkdir(parents=True, exist_ok=True)

@@ -29,7 +29,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_federation_size, resolve_config
 from fedapp.run.fab import stage_app
@@ -62,7 +64,7 @@ def resolve_flwr_home(app: Path, flwr_home: Path | None = None) -> Path:
     return Path(chosen).expanduser().resolve()
 
 
-def dry_run_in_child(cfg, num_clients: int) -> list[str]:
+def dry_run_in_child(run_config: Mapping[str, Any], num_clients: int) -> list[str]:
     """:func:`fedapp.apps.server_app.dry_run` in a freshly spawned child process, so the dataset, model, accountant
     and client it builds (and torch itself) are freed when it exits instead of staying resident in the
     launcher for the whole run (~230 MB of the run's peak). Its errors (``ConfigError`` …) are raised here
@@ -72,7 +74,7 @@ def dry_run_in_child(cfg, num_clients: int) -> list[str]:
 
     ctx = mp.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    child = ctx.Process(target=_dry_run_child, args=(send, cfg, num_clients), daemon=True)
+    child = ctx.Process(target=_dry_run_child, args=(send, run_config, num_clients), daemon=True)
     child.start()
     send.close()
     try:
@@ -92,11 +94,11 @@ def dry_run_in_child(cfg, num_clients: int) -> list[str]:
 DRY_RUN_TIMEOUT_S = 900.0
 
 
-def _dry_run_child(send, cfg, num_clients: int) -> None:
+def _dry_run_child(send, run_config: Mapping[str, Any], num_clients: int) -> None:
     from fedapp.apps.server_app import dry_run
 
     try:
-        send.send((True, dry_run(cfg, num_clients)))
+        send.send((True, dry_run(run_config, num_clients)))
     except BaseException as exc:  # noqa: BLE001 — every failure goes back to the launcher
         try:
             send.send((False, exc))
@@ -119,7 +121,7 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
         raise ConfigError(f"--engine run-simulation runs this project's apps from {PROJECT_ROOT}; --app {app} needs "
                           "--engine superlink")
     cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
-    output_dir = absolutize_paths(cfg, overrides, app)
+    output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
     before = list_runs(output_dir)
     if engine == "run-simulation":
         log_hint = "the output above"
@@ -151,7 +153,7 @@ def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tu
     merged = {**pyproject_run_config(app), **overrides}
     cfg = resolve_config(merged)  # raises ConfigError before anything starts
     if num_supernodes >= 2:  # before num-clients is set from it below, so that the error names --num-supernodes
-        check_federation_size(cfg, num_supernodes, f"--num-supernodes {num_supernodes}")
+        check_federation_size(cfg.general, cfg.training, num_supernodes, f"--num-supernodes {num_supernodes}")
     if num_supernodes >= 2 and not cfg.general.num_clients:
         overrides["num-clients"] = num_supernodes
         if cfg.general.min_available_clients == SCHEMA["min-available-clients"].default:

@@ -157,16 +157,16 @@ def to_toml_assignments(values: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def absolutize_paths(cfg: Any, overrides: dict[str, Any], app: Path) -> Path:
+def absolutize_paths(output_dir: str, data_dir: str, overrides: dict[str, Any], app: Path) -> Path:
     """Make ``output-dir`` and ``data-dir`` absolute (relative to ``app``) in ``overrides``: the ServerApp and
     ClientApps run in other working directories. Returns the absolute output folder."""
-    output_dir = Path(cfg.general.output_dir)
-    if not output_dir.is_absolute():
-        output_dir = (app / output_dir).resolve()
-    overrides["output-dir"] = str(output_dir)
-    if cfg.data.data_dir and not Path(cfg.data.data_dir).is_absolute():
-        overrides["data-dir"] = str((app / cfg.data.data_dir).resolve())
-    return output_dir
+    out = Path(output_dir)
+    if not out.is_absolute():
+        out = (app / out).resolve()
+    overrides["output-dir"] = str(out)
+    if data_dir and not Path(data_dir).is_absolute():
+        overrides["data-dir"] = str((app / data_dir).resolve())
+    return out
 
 
 def list_runs(output_dir: Path) -> set[Path]:

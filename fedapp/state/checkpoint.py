@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fedapp.config import ConfigError, RunConfig
+from fedapp.config import ConfigError, DeploymentConfig, GeneralConfig
 from fedapp.state.results import write_json_atomic
 
 CHECKPOINT_FILE = "checkpoint.npz"
@@ -142,18 +142,19 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return out
 
 
-def check_resumable(cfg: RunConfig, ckpt: Mapping[str, Any]) -> None:
-    """Raise ``ConfigError`` unless ``cfg`` may continue ``ckpt`` (same experiment, rounds left)."""
+def check_resumable(run_values: Mapping[str, Any], rounds: int, ckpt: Mapping[str, Any]) -> None:
+    """Raise ``ConfigError`` unless a run with these run-config values (by key, the form a checkpoint stores) and
+    ``rounds`` server rounds may continue ``ckpt`` (same experiment, rounds left)."""
     saved = dict(ckpt.get("config") or {})
     for key, value in sorted(saved.items()):
-        if key in RESUME_MAY_DIFFER or key not in cfg:
+        if key in RESUME_MAY_DIFFER or key not in run_values:
             continue
-        if cfg[key] != value:
-            raise ConfigError(f"run-config {key!r} = {cfg[key]!r} differs from the checkpoint's {value!r} "
+        if run_values[key] != value:
+            raise ConfigError(f"run-config {key!r} = {run_values[key]!r} differs from the checkpoint's {value!r} "
                               f"({ckpt['path']}); a resumed run must be the same experiment")
     done = int(ckpt["state"]["round"])
-    if done >= cfg.rounds:
-        raise ConfigError(f"run-config 'num-server-rounds' = {cfg.rounds}: the checkpoint {ckpt['path']} already "
+    if done >= rounds:
+        raise ConfigError(f"run-config 'num-server-rounds' = {rounds}: the checkpoint {ckpt['path']} already "
                           f"completed round {done}; nothing left to resume")
 
 
@@ -173,13 +174,14 @@ class CheckpointingRecorder:
     sends every client with each round (the lineage and the committed round).
     """
 
-    def __init__(self, inner: Any, cfg: RunConfig, strategy: Any = None,
+    def __init__(self, inner: Any, run_values: Mapping[str, Any], rounds: int, every: int, strategy: Any = None,
                  resumed: Mapping[str, Any] | None = None) -> None:
         self.inner = inner
-        self.cfg = cfg
+        self.run_values = dict(run_values)  # what the checkpoint stores and a resume compares
+        self.num_rounds = rounds
         self.strategy = strategy
         self.resumed = resumed
-        self.every = cfg.deployment.checkpoint_every
+        self.every = every  # checkpoint-every
         self.lineage = str(resumed["lineage"]) if resumed else ""
         self.uncommitted: list[dict[str, Any]] = []  # records of rounds after the last checkpoint
         #: the round clients may commit up to (None: no checkpoints, clients are not told)
@@ -218,7 +220,7 @@ class CheckpointingRecorder:
             return
         rnd = int(record["round"])
         self.uncommitted.append(record)
-        if rnd % self.every and rnd < self.cfg.rounds and not record["metrics"].get("aborted"):
+        if rnd % self.every and rnd < self.num_rounds and not record["metrics"].get("aborted"):
             return  # not a checkpoint round: its record waits for the next checkpoint
         self.save()  # (1) the commit point
         for pending in self.uncommitted:  # (2) the results files follow the checkpoint
@@ -236,7 +238,7 @@ class CheckpointingRecorder:
     def save(self) -> Path:
         assert self.run_dir is not None and self.strategy is not None
         return save_checkpoint(Path(self.run_dir) / CHECKPOINT_FILE, {
-            "lineage": self.lineage, "config": dict(self.cfg), "state": self.strategy.state_dict(),
+            "lineage": self.lineage, "config": self.run_values, "state": self.strategy.state_dict(),
             "rounds": list(self.rounds) + list(self.uncommitted),
         })
 
@@ -249,26 +251,29 @@ class CheckpointingRecorder:
             path = Path(self.run_dir) / "summary.json"
             summary = json.loads(path.read_text(encoding="utf-8"))
             summary.update(finished=False, stopped_reason=f"the resumed run aggregated no client update in rounds "
-                           f"{done + 1}..{self.cfg.rounds} (every client refused or failed, e.g. privacy state lost)")
+                           f"{done + 1}..{self.num_rounds} (every client refused or failed, e.g. privacy state lost)")
             write_json_atomic(path, summary)
 
 
-def attach(strategy: Any, cfg: RunConfig, recorder: Any) -> int:
+def attach(strategy: Any, recorder: Any, *, run_values: Mapping[str, Any], general: GeneralConfig,
+           deployment: DeploymentConfig) -> int:
     """Wire checkpointing and resume into a built strategy; returns the number of rounds Flower must
-    still run. Raises ``ConfigError`` before anything is written. (The fault keys are checked by
-    :func:`fedapp.clients.guard.check_fault_config`, called by the caller.)"""
+    still run. ``run_values``: the run-config by key (what a checkpoint stores). Raises ``ConfigError`` before
+    anything is written. (The fault keys are checked by :func:`fedapp.clients.guard.check_fault_config`, called
+    by the caller.)"""
     from strategies.base import DPFLStrategy
 
+    rounds = general.num_server_rounds
     resumed = None
-    if cfg.deployment.resume_from:
-        resumed = load_checkpoint(cfg.deployment.resume_from)
-        check_resumable(cfg, resumed)
+    if deployment.resume_from:
+        resumed = load_checkpoint(deployment.resume_from)
+        check_resumable(run_values, rounds, resumed)
         remove_stale_temp(resumed["path"])  # left by a write the crash interrupted
     if not isinstance(strategy, DPFLStrategy):
         if resumed is not None:
-            raise ConfigError(f"strategy {cfg.general.strategy!r} does not support resume-from (not a DPFLStrategy)")
-        return cfg.rounds
-    strategy.require_fit_clients(cfg.deployment.min_fit_clients)
+            raise ConfigError(f"strategy {general.strategy!r} does not support resume-from (not a DPFLStrategy)")
+        return rounds
+    strategy.require_fit_clients(deployment.min_fit_clients)
     if resumed is not None:
         try:
             strategy.load_state_dict(resumed["state"])
@@ -276,6 +281,7 @@ def attach(strategy: Any, cfg: RunConfig, recorder: Any) -> int:
             raise ConfigError(f"run-config 'resume-from' = {resumed['path']!r}: cannot restore the strategy: "
                               f"{exc}") from None
     if recorder is not None:
-        checkpointer = CheckpointingRecorder(recorder, cfg, strategy, resumed)
+        checkpointer = CheckpointingRecorder(recorder, run_values, rounds, deployment.checkpoint_every, strategy,
+                                             resumed)
         strategy.record_with(checkpointer, checkpointer.fit_config)
-    return cfg.rounds - strategy.round_offset
+    return rounds - strategy.round_offset

@@ -66,13 +66,12 @@ class UniformAvg(DPFLStrategy):
 '''
 
 TOY_FACTORY = '''
-"""File 2 (a builder in fedapp/apps/factories.py): run-config keys -> constructor arguments."""
-from fedapp.apps.factories import common_kwargs
+"""File 2 (a builder in fedapp/apps/factories.py): run-config sections -> constructor arguments."""
 from toy_family import UniformAvg
 
 
-def build_toy(cfg, ctx):
-    return UniformAvg(**common_kwargs(cfg, ctx))
+def build_toy(ctx, engine):  # declares no section: it reads only the settings every strategy shares
+    return UniformAvg(**engine.kwargs(ctx))
 '''
 
 

@@ -22,7 +22,7 @@ def _start_server(overrides: dict[str, Any], num_clients: int = 3) -> None:
     """Everything the server does before round 1: resolve, build (incl. resume/fault checks), prevalidate."""
     cfg = resolve_config(overrides=overrides)
     build_components(cfg)
-    make_prevalidate(cfg)(num_clients)
+    make_prevalidate(cfg.general, cfg.data, cfg.training, cfg.client_dp)(num_clients)
 
 
 def _checkpoint(tmp_path: Path, **config: Any) -> str:
@@ -134,8 +134,9 @@ def test_invalid_config_fails_before_anything_is_written(case: str, tmp_path: Pa
     ({"partition-id": 0, "num-partitions": 1}, r"'num-partitions' = 1: a federation needs at least 2"),
 ])
 def test_invalid_node_config_names_the_key(node: dict[str, Any], pattern: str) -> None:
+    cfg = resolve_config()
     with pytest.raises(ConfigError, match=pattern):
-        client_profile(resolve_config(), node)
+        client_profile(cfg.general, cfg.training, cfg.data, node)
 
 
 def test_invalid_payloads_are_rejected_with_named_reasons() -> None:
@@ -176,7 +177,8 @@ def test_a_tiny_target_epsilon_calibrates_to_a_non_negative_epsilon() -> None:
     """target-epsilon 1e-6 once gave ε = -0.113 (RDP conversion below 0) and every client was rejected."""
     from fedapp.privacy.profiles import client_level_mechanism
 
-    dp = client_level_mechanism(resolve_config(None, {"strategy": "dp-fedavg", "target-epsilon": 1e-6}), 4)
+    cfg = resolve_config(None, {"strategy": "dp-fedavg", "target-epsilon": 1e-6})
+    dp = client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, 4)
     assert 0.0 <= dp.epsilon() <= 1e-6 and dp.epsilon(1) >= 0.0
 
 

@@ -83,7 +83,7 @@ def test_stale_temporary_file_is_removed_before_writing_and_on_resume(tmp_path, 
     state["round"] = 1
     save_checkpoint(target, {"config": dict(cfg), "state": state, "rounds": [], "lineage": "x"})
     stale.write_bytes(b"")
-    assert attach(_strategy(), cfg, None) == 2 and not stale.exists()
+    assert attach(_strategy(), None, run_values=cfg, general=cfg.general, deployment=cfg.deployment) == 2 and not stale.exists()
 
     store = ClientStateStore(tmp_path / "clients", 4)  # client-side state: its own leftover on start
     leftover = temp_path(store.path("runA") / "pending-3.npz")
@@ -214,12 +214,12 @@ def test_bad_checkpoints_give_clear_errors(tmp_path) -> None:
 def test_check_resumable_names_the_differing_key() -> None:
     cfg = resolve_config(overrides={"num-server-rounds": 4})
     ckpt = {"path": "x/checkpoint.npz", "config": dict(cfg), "state": {"round": 2}}
-    check_resumable(cfg, ckpt)  # same experiment, rounds left: fine
-    check_resumable(resolve_config(overrides={"num-server-rounds": 6, "output-dir": "elsewhere"}), ckpt)
+    check_resumable(cfg, cfg.rounds, ckpt)  # same experiment, rounds left: fine
+    check_resumable(resolve_config(overrides={"num-server-rounds": 6, "output-dir": "elsewhere"}), 6, ckpt)
     with pytest.raises(ConfigError, match="'seed' = 7 differs from the checkpoint's 42"):
-        check_resumable(resolve_config(overrides={"num-server-rounds": 4, "seed": 7}), ckpt)
+        check_resumable(resolve_config(overrides={"num-server-rounds": 4, "seed": 7}), 4, ckpt)
     with pytest.raises(ConfigError, match="already completed round 2"):
-        check_resumable(resolve_config(overrides={"num-server-rounds": 2}), ckpt)
+        check_resumable(resolve_config(overrides={"num-server-rounds": 2}), 2, ckpt)
 
 
 @pytest.mark.slow

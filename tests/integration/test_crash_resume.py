@@ -47,7 +47,7 @@ def test_checkpoint_is_written_before_rounds_jsonl_and_before_clients_are_told(t
     cfg = resolve_config(overrides={"num-server-rounds": 5, "checkpoint-every": 2})
     strategy = DPFLStrategy(initial_weights=[np.zeros((2, 2), np.float32)], num_rounds=5)
     writer = _Writer(tmp_path / "run")
-    rec = CheckpointingRecorder(writer, cfg, strategy)
+    rec = CheckpointingRecorder(writer, cfg, cfg.rounds, cfg.deployment.checkpoint_every, strategy)
     strategy.record_with(rec, rec.fit_config)
     assert strategy.round_fit_config(1)[COMMITTED_ROUND_KEY] == 0
     events: list[tuple] = []
@@ -74,11 +74,12 @@ def test_default_batch_sizes_fit_sixty_clients_on_digits() -> None:
     from fedapp.privacy.profiles import federation_profiles
 
     cfg = resolve_config(overrides={"num-clients": 60})
-    make_prevalidate(cfg)(60)  # the pre-round checks pass
+    make_prevalidate(cfg.general, cfg.data, cfg.training, cfg.client_dp)(60)  # the pre-round checks pass
     sizes = client_train_sizes(cfg.data, cfg.general.seed, 60)
-    batches = [p.batch_size for p in federation_profiles(cfg, 60)]
+    batches = [p.batch_size for p in federation_profiles(cfg.general, cfg.training, cfg.data, 60)]
     assert all(b <= n for b, n in zip(batches, sizes)) and min(sizes) < 32  # the cap was needed
-    assert federation_profiles(resolve_config(), 3)[0].batch_size in (8, 16, 24, 32)  # small federations: as drawn
+    default = resolve_config()
+    assert federation_profiles(default.general, default.training, default.data, 3)[0].batch_size in (8, 16, 24, 32)  # small federations: as drawn
 
 
 def test_ca_private_key_is_never_in_the_superlink_folder(tmp_path) -> None:

@@ -48,7 +48,8 @@ def test_node_configs_parse_and_validate() -> None:
     assert nodes[0] == {"partition-id": 0, "num-partitions": 3, "epsilon": 0.5, "batch-size": 16}
     assert nodes[2]["dataset"] == "digits" and nodes[2]["delta"] == 1e-5
     assert node_config_arg(nodes[0]) == "partition-id=0 num-partitions=3 epsilon=0.5 batch-size=16"
-    validate_nodes(resolve_config(overrides={"batch-size": 8}), nodes)
+    cfg = resolve_config(overrides={"batch-size": 8})
+    validate_nodes(cfg.general, cfg.training, cfg.data, nodes)
     with pytest.raises(ConfigError, match="unknown node-config key 'epsilom'"):
         parse_node_config("epsilom=1")
     with pytest.raises(ConfigError, match="node-config 'batch-size' expects int, got 'big'"):
@@ -57,10 +58,11 @@ def test_node_configs_parse_and_validate() -> None:
         node_configs(3, ["5:epsilon=1"])
     with pytest.raises(ConfigError, match="at least 2 SuperNodes"):
         node_configs(1)
+    default = resolve_config()
     with pytest.raises(ConfigError, match="dataset 'mnist' differs from run-config dataset 'digits'"):
-        validate_nodes(resolve_config(), node_configs(2, ["1:dataset=mnist"]))
+        validate_nodes(default.general, default.training, default.data, node_configs(2, ["1:dataset=mnist"]))
     with pytest.raises(ConfigError, match="client 1: epsilon = -1.0 must be > 0"):
-        validate_nodes(resolve_config(), node_configs(2, ["1:epsilon=-1"]))
+        validate_nodes(default.general, default.training, default.data, node_configs(2, ["1:epsilon=-1"]))
 
 
 def test_simulation_backend_fractional_gpus_and_ray_cluster() -> None:

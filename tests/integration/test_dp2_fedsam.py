@@ -58,7 +58,7 @@ def test_head_spec_errors_name_the_value():
         head_parameter_names(LogisticRegression(64, 10), "auto")
     cfg = resolve_config(None, {"strategy": "dp2-fedsam", "dp2-head": "features.9"})
     with pytest.raises(ConfigError, match="dp2-head"):
-        shared_weights(cfg, [np.zeros(1)] * 8, personalized=True)
+        shared_weights(cfg.dp2_fedsam.dp2_head, cfg.data, cfg.model_spec, [np.zeros(1)] * 8, personalized=True)
 
 
 # ---------------------------------------------------------------- SAM (Eq. 11–12)
@@ -172,12 +172,13 @@ def test_clipping_bound_holds():
 def test_noise_is_calibrated_on_the_sum_of_r_updates():
     n = 40  # q = 2/40 = 0.05 (the paper's sampling ratio); cheap for the RDP accountant
     cfg = resolve_config(None, {**BASE, "strategy": "dp2-fedsam", "noise-multiplier": 0.0, "target-epsilon": 2.0})
-    dp = client_level_mechanism(cfg, n)  # σ calibrated by the accountant
+    dp = client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, n)  # σ calibrated by the accountant
     assert dp.clients_per_round == 2 and dp.sample_rate == 0.05 and dp.rounds == 3
     assert dp.delta == pytest.approx(1 / (10 * n))
     assert dp.per_client_std == pytest.approx(0.5 * dp.noise_multiplier / np.sqrt(2))  # Cσ/√r each, σC on the sum
     assert 2.0 * 0.999 <= dp.epsilon() <= 2.0
-    fixed = client_level_mechanism(resolve_config(None, {**BASE, "strategy": "dp2-fedsam", "noise-multiplier": 3.0}), n)
+    given = resolve_config(None, {**BASE, "strategy": "dp2-fedsam", "noise-multiplier": 3.0})
+    fixed = client_level_mechanism(given.general, given.training, given.client_dp, n)
     assert fixed.noise_multiplier == 3.0 and fixed.epsilon() < dp.epsilon()
 
 
@@ -194,7 +195,7 @@ def test_client_refuses_beyond_planned_rounds_and_node_budget():
 
 def test_server_rejects_update_beyond_clip_plus_noise_bound():
     cfg = resolve_config(None, {**BASE, "strategy": "dp2-fedsam"})
-    dp = client_level_mechanism(cfg, N_CLIENTS)
+    dp = client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, N_CLIENTS)
     strat = DP2FedSAMStrategy(name="dp2-fedsam", mechanism_factory=lambda n: dp,
                               initial_weights=[np.zeros(100, np.float32)], num_rounds=3, clients_per_round=2)
     strat.setup_privacy(N_CLIENTS)

@@ -267,7 +267,7 @@ def test_unsupported_settings_are_refused_naming_the_value():
         resolve_config({}, {"strategy": "dp-fedavg", "ftrl-mechanism": "tree"})
     central = resolve_config({}, {**base, "secure-aggregation": False, "client-dp-adversary": "release",
                                   "clients-per-round": 2, "ftrl-mechanism": "tree", "target-epsilon": 2.0})
-    m = ftrl_mechanism(central, 4)
+    m = ftrl_mechanism(central.general, central.training, central.client_dp, 4)
     assert m.kind == "tree" and not m.secure_aggregation and m.epsilon() == pytest.approx(2.0, rel=2e-3)
 
 
@@ -288,7 +288,8 @@ def rounds_of(run: Path) -> list[dict]:
 
 def recomputed(cfg_overrides: dict, n: int, t: int, present: int | None = None) -> float:
     """ε after t rounds from scratch: the factorization's encoder, its all-ones participation, Balle–Wang."""
-    m = ftrl_mechanism(resolve_config({}, {**BASE, **cfg_overrides}), n)
+    cfg = resolve_config({}, {**BASE, **cfg_overrides})
+    m = ftrl_mechanism(cfg.general, cfg.training, cfg.client_dp, n)
     f = run_factorization(m.kind, m.rounds, m.bands, m.restart_every)
     c = f.encoder[f.row_round < t][:, :t]
     z = m.noise_multiplier * math.sqrt((present or n) / n)

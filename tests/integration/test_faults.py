@@ -64,7 +64,7 @@ def test_raise_fault_happens_before_training_and_names_the_client() -> None:
     rnd = next(r for r in range(1, 50) if 2 in failing_clients(3, r, 5, 0.2))
     ctx = _ctx()
     inner = FakeClient(ctx)
-    client = guard_client(inner, ctx, cfg)
+    client = guard_client(inner, ctx, cfg.general, cfg.data, cfg.training, cfg.deployment)
     with pytest.raises(InjectedFault, match=f"client_id=2 round={rnd}"):
         client.fit(_ins(rnd))
     assert inner.calls == 0 and "acct" not in ctx.state  # no training, no ε spent
@@ -77,14 +77,14 @@ def test_timeout_fault_sleeps_then_trains(monkeypatch) -> None:
     slept: list[float] = []
     monkeypatch.setattr("fedapp.clients.guard.time.sleep", slept.append)
     ctx = _ctx()
-    res = guard_client(FakeClient(ctx), ctx, cfg).fit(_ins(rnd))
+    res = guard_client(FakeClient(ctx), ctx, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(_ins(rnd))
     assert slept == [9.0] and res.metrics["status"] == "ok" and res.metrics["epsilon_spent"] == 0.25
 
 
 def test_client_that_lost_its_accountant_refuses_and_stays_refused() -> None:
     cfg = resolve_config()
     ctx = _ctx()  # fresh Context.state: the accountant of 3 earlier rounds (ε = 0.75) is gone
-    client = guard_client(FakeClient(ctx), ctx, cfg)
+    client = guard_client(FakeClient(ctx), ctx, cfg.general, cfg.data, cfg.training, cfg.deployment)
     res = client.fit(_ins(4, ledger={2: 0.75}))
     assert res.metrics["status"] == "refused" and "privacy state lost" in res.metrics["reason"]
     assert res.parameters.tensors == [] and res.num_examples == 0  # the update is withheld
@@ -97,7 +97,8 @@ def test_client_that_lost_its_accountant_refuses_and_stays_refused() -> None:
 
 def test_intact_accountant_passes_the_guard() -> None:
     ctx = _ctx()
-    client = guard_client(FakeClient(ctx), ctx, resolve_config())
+    cfg = resolve_config()
+    client = guard_client(FakeClient(ctx), ctx, cfg.general, cfg.data, cfg.training, cfg.deployment)
     eps = [client.fit(_ins(r, ledger={2: 0.25 * (r - 1)} if r > 1 else None)).metrics for r in (1, 2, 3)]
     assert [m["status"] for m in eps] == ["ok"] * 3 and eps[-1]["epsilon_spent"] == 0.75
 
@@ -105,14 +106,14 @@ def test_intact_accountant_passes_the_guard() -> None:
 def test_client_state_dir_restores_the_accountant(tmp_path) -> None:
     cfg = resolve_config(overrides={"client-state-dir": str(tmp_path)})
     ctx = _ctx()
-    client = guard_client(FakeClient(ctx), ctx, cfg)
+    client = guard_client(FakeClient(ctx), ctx, cfg.general, cfg.data, cfg.training, cfg.deployment)
     for r in (1, 2):
         client.fit(_ins(r, ledger={2: 0.25 * (r - 1)} if r > 1 else None, lineage="runA"))
     fresh = _ctx()  # a restarted process / resumed run: empty Context.state, same lineage
-    res = guard_client(FakeClient(fresh), fresh, cfg).fit(_ins(3, ledger={2: 0.5}, lineage="runA"))
+    res = guard_client(FakeClient(fresh), fresh, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(_ins(3, ledger={2: 0.5}, lineage="runA"))
     assert res.metrics["status"] == "ok" and res.metrics["epsilon_spent"] == 0.75
     other = _ctx()  # another run (lineage) never inherits this state
-    res = guard_client(FakeClient(other), other, cfg).fit(_ins(1, lineage="runB"))
+    res = guard_client(FakeClient(other), other, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(_ins(1, lineage="runB"))
     assert res.metrics["epsilon_spent"] == 0.25
 
 
@@ -162,16 +163,16 @@ def test_family_strategies_aggregate_the_returned_subset(name: str) -> None:
 
     from flwr.common import Code, FitRes, Status
 
+    from fedapp.apps.factories import build_strategy
     from fedapp.clients.common import make_model
     from fedapp.clients.training import get_weights
     from fedapp.data.datasets import load_dataset
-    from fedapp.registry import get_spec
     from strategies.base import StrategyContext
 
     cfg = resolve_config(overrides={"strategy": name})
     _, test = load_dataset("digits", "")
-    weights = get_weights(make_model(cfg, test))
-    strat = get_spec(name).strategy_factory()(cfg, StrategyContext(initial_weights=weights))
+    weights = get_weights(make_model(cfg.model_spec, test))
+    strat = build_strategy(cfg, StrategyContext(initial_weights=weights))
     strat.round_log.start(1)
     rng = np.random.default_rng(0)
     results = []
@@ -216,7 +217,7 @@ def _journal_client(tmp_path, ctx: Context | None = None):
         return real_fit(ins)
 
     inner.fit = fit
-    return guard_client(inner, ctx, cfg), inner, ctx
+    return guard_client(inner, ctx, cfg.general, cfg.data, cfg.training, cfg.deployment), inner, ctx
 
 
 def test_journal_replays_released_rounds_and_keeps_the_spend_of_discarded_ones(tmp_path) -> None:
@@ -263,12 +264,13 @@ def test_training_records_name_the_families_state_keys() -> None:
 def test_default_state_dir_lives_under_the_output_dir(tmp_path) -> None:
     cfg = resolve_config(overrides={"output-dir": str(tmp_path / "out")})
     ctx = _ctx()
-    client = guard_client(FakeClient(ctx), ctx, cfg)
+    client = guard_client(FakeClient(ctx), ctx, cfg.general, cfg.data, cfg.training, cfg.deployment)
     client.fit(_ins(1, lineage="runD"))
     assert (tmp_path / "out" / ".client-state" / "runD" / "client-2" / "pending-1.npz").is_file()
     blocked = tmp_path / "file"
     blocked.write_text("")  # not a folder: the default journal is best effort, an explicit one is not
     ctx = _ctx()
-    res = guard_client(FakeClient(ctx), ctx, resolve_config(overrides={"output-dir": str(blocked / "o")})).fit(
+    cfg = resolve_config(overrides={"output-dir": str(blocked / "o")})
+    res = guard_client(FakeClient(ctx), ctx, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(
         _ins(1, lineage="runD"))
     assert res.metrics["status"] == "ok"

@@ -11,7 +11,7 @@ import pytest
 from conftest import client_manager
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
-from fedapp.apps.factories import build_fed_smp_topk
+from fedapp.apps.factories import build_strategy
 from fedapp.config import ConfigError, resolve_config
 from fedapp.models.zoo import FmnistCNN
 from strategies.base import StrategyContext
@@ -187,7 +187,7 @@ def test_topk_needs_public_samples():
     cfg = resolve_config({}, {"strategy": "fed-smp-topk"})
     weights = [np.zeros(s, np.float32) for s in SHAPES]
     with pytest.raises(ConfigError, match="public-samples"):
-        build_fed_smp_topk(cfg, StrategyContext(initial_weights=weights))
+        build_strategy(cfg, StrategyContext(initial_weights=weights))
 
 
 # ---------------------------------------------------------------------------- Flower simulation
@@ -213,7 +213,7 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
     cfg = resolve_config({}, ov)
     from fedapp.privacy.profiles import client_level_mechanism
 
-    dp = client_level_mechanism(cfg, 4)
+    dp = client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, 4)
     k = rounds[0]["metrics"]["k"]
     assert rounds[0]["metrics"]["compression_ratio"] == pytest.approx(0.05, rel=0.01)
     for r in rounds:

@@ -133,6 +133,7 @@ def test_min_fit_clients_aborts_with_clear_message() -> None:
 @pytest.mark.slow
 def test_every_registered_strategy_rejects_nan_and_wrong_arrays() -> None:
     """Family strategies (custom decoders included) never average a NaN or mis-shaped payload."""
+    from fedapp.apps.factories import build_strategy
     from fedapp.clients.common import make_model
     from fedapp.clients.training import get_weights
     from fedapp.config import resolve_config
@@ -145,10 +146,10 @@ def test_every_registered_strategy_rejects_nan_and_wrong_arrays() -> None:
     families = {}
     for spec in REGISTRY.values():  # one strategy per family keeps this under a few seconds
         families.setdefault(spec.family, spec)
-    for name, spec in ((s.name, s) for s in families.values()):
+    for name in (s.name for s in families.values()):
         cfg = resolve_config(overrides={"strategy": name, "dataset": "digits"})
-        weights = get_weights(make_model(cfg, test))
-        strat = spec.strategy_factory()(cfg, StrategyContext(initial_weights=weights))
+        weights = get_weights(make_model(cfg.model_spec, test))
+        strat = build_strategy(cfg, StrategyContext(initial_weights=weights))
         if not isinstance(strat, DPFLStrategy):
             continue
         before = [w.copy() for w in strat.current_weights]

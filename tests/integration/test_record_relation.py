@@ -225,7 +225,7 @@ def _run(tmp_path, inner: Client, lineage: str, node: dict | None = None, **cfg)
     config = resolve_config(None, {"output-dir": str(tmp_path / "out"), **cfg})
     node_config = {"partition-id": 0, "num-partitions": 2, "state-dir": str(tmp_path / "node0"), **(node or {})}
     ctx = Context(run_id=1, node_id=1, node_config=node_config, state=RecordDict(), run_config={})
-    return guard_client(inner, ctx, config).fit(FitIns(ndarrays_to_parameters([np.zeros(2, np.float32)]),
+    return guard_client(inner, ctx, config.general, config.data, config.training, config.deployment).fit(FitIns(ndarrays_to_parameters([np.zeros(2, np.float32)]),
                                                        {"server-round": 1, "run-lineage": lineage}))
 
 

@@ -12,7 +12,7 @@ import torch
 from conftest import client_context
 from flwr.common import Code, Context, FitRes, Status, ndarrays_to_parameters
 
-from fedapp.apps.factories import build_soteriafl
+from fedapp.apps.factories import build_strategy
 from fedapp.clients.common import setup_client
 from fedapp.clients.soteriafl import ARRAYS_KEY, SoteriaFLClient
 from fedapp.config import ConfigError
@@ -260,7 +260,7 @@ def _strategy(ov: dict, weights):
     from fedapp.config import resolve_config
 
     cfg = resolve_config(overrides={**ov, "soteriafl-utility": False})
-    return build_soteriafl(cfg, StrategyContext(initial_weights=weights))
+    return build_strategy(cfg, StrategyContext(initial_weights=weights))
 
 
 def _fitres(values, metrics):

@@ -173,7 +173,7 @@ def test_a_count_noise_that_would_spend_the_budget_is_refused_before_the_run():
     # the default σ_b = r/20 = 0.1 is far too small for z = 1.3 at r = 2: named as such
     cfg = resolve_config({}, {**BASE, "strategy": "dp-fedavg", "adaptive-clip-count-noise": 0.0})
     with pytest.raises(ConfigError, match=r"= 0 \(r/20 = 0.1 for r = 2\) must exceed"):
-        adaptive_clip_config(cfg.client_dp, client_level_mechanism(cfg, 4))
+        adaptive_clip_config(cfg.client_dp, client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, 4))
     ok = resolve_config({}, {**BASE, "strategy": "dp-fedavg"})
     plan = privacy_plan(ok, 4)["mechanism"]["adaptive_clipping"]
     assert plan["update_noise_multiplier"] == pytest.approx(2 * 1.3 / math.sqrt(3))

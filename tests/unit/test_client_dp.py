@@ -50,11 +50,12 @@ def test_theorem1_rejects_out_of_range_epsilon():
 def test_mechanism_from_config_calibrates_and_defaults():
     cfg = resolve_config({}, {**BASE, "noise-multiplier": 0.0, "target-epsilon": 2.0, "clients-per-round": 0,
                               "num-server-rounds": 20})
-    dp = mechanism_from_config(cfg, 50)
+    dp = mechanism_from_config(cfg.general, cfg.training, cfg.client_dp, 50)
     assert dp.clients_per_round == 50 and dp.sample_rate == 1.0  # r = 0 means full participation
     assert dp.delta == pytest.approx(1 / (10 * 50))  # δ ≤ 1/(10 n) by default
     assert 2.0 * (1 - 2e-3) <= dp.epsilon() <= 2.0
-    given = mechanism_from_config(resolve_config({}, BASE), 4)
+    cfg = resolve_config({}, BASE)
+    given = mechanism_from_config(cfg.general, cfg.training, cfg.client_dp, 4)
     assert given.noise_multiplier == 1.3 and given.clients_per_round == 2 and given.clip == 0.5
 
 
@@ -77,7 +78,7 @@ def test_client_refuses_beyond_budget():
     cfg = {"server-round": 3, CFG_SIGMA: 1.3}
     arrays, n, metrics = client.fit(weights, cfg)
     assert metrics["status"] == "ok" and n > 0
-    dp = mechanism_from_config(client.s.cfg, 4)
+    dp = mechanism_from_config(client.s.cfg.general, client.s.cfg.training, client.s.cfg.client_dp, 4)
     assert metrics["epsilon_spent"] == pytest.approx(dp.epsilon(3))
     arrays, n, metrics = client.fit(weights, {**cfg, "server-round": 4})
     assert metrics["status"] == "refused" and arrays == [] and n == 0

@@ -130,7 +130,7 @@ def test_unknown_strategy_lists_valid_names():
 def test_batch_larger_than_local_dataset_fails_before_round_one():
     cfg = resolve_config(overrides={"batch-size": 500})
     with pytest.raises(ConfigError, match="batch-size 500 > its dataset size"):
-        make_prevalidate(cfg)(4)
+        make_prevalidate(cfg.general, cfg.data, cfg.training, cfg.client_dp)(4)
 
 
 @pytest.mark.parametrize("node_config,needle", [
@@ -142,8 +142,9 @@ def test_batch_larger_than_local_dataset_fails_before_round_one():
     ({"partition-id": 0, "num-partitions": 3, "batch-size": "big"}, "'batch-size' expects int, got 'big'"),
 ])
 def test_bad_node_config(node_config, needle):
+    cfg = resolve_config()
     with pytest.raises(ConfigError) as err:
-        client_profile(resolve_config(), node_config)
+        client_profile(cfg.general, cfg.training, cfg.data, node_config)
     assert needle in str(err.value)
 
 
@@ -160,9 +161,9 @@ def test_privacy_distributions_are_deterministic_positive_and_table7_shaped():
 
 def test_falsified_epsilon_is_reported_not_trained_with():
     cfg = resolve_config(overrides={"falsify-client": 2, "falsify-epsilon": 9.0})
-    p = client_profile(cfg, {"partition-id": 2, "num-partitions": 5})
+    p = client_profile(cfg.general, cfg.training, cfg.data, {"partition-id": 2, "num-partitions": 5})
     assert p.reported_epsilon == 9.0 and p.epsilon != 9.0
-    q = client_profile(cfg, {"partition-id": 1, "num-partitions": 5})
+    q = client_profile(cfg.general, cfg.training, cfg.data, {"partition-id": 1, "num-partitions": 5})
     assert q.reported_epsilon == q.epsilon
 
 

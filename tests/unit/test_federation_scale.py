@@ -23,7 +23,7 @@ def test_federation_profiles_split_each_partition_once(monkeypatch: pytest.Monke
     monkeypatch.setattr(client_data, "train_test_split_local", counting)
     client_data._train_sizes.cache_clear()
     _epsilon_draws.cache_clear()
-    profiles = federation_profiles(cfg, n)
+    profiles = federation_profiles(cfg.general, cfg.training, cfg.data, n)
     assert len(profiles) == n and calls["split"] == n  # was n * n
     sizes = client_data.client_train_sizes(cfg.data, cfg.general.seed, n)
     assert all(p.batch_size <= sizes[p.client_id] for p in profiles)

@@ -113,7 +113,7 @@ def test_run_config_default_solver_gives_the_pcp_optimum_weights():
     from fedapp.config import resolve_config
 
     m, _ = _heterogeneous_updates()
-    opts = rpca_options(resolve_config())
+    opts = rpca_options(resolve_config().robust_hdp)
     assert opts["dtype"] == np.float32
     optimum = inverse_variance_weights(column_noise_variances(m, tol=1e-10, max_iter=5000, rho=1.01).sigma2)
     fast = column_noise_variances(m, **opts)
