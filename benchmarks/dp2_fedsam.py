@@ -84,8 +84,9 @@ class LocalProxy(ClientProxy):
 def run_one(strategy: str, overrides: dict, num_clients: int) -> dict:
     cfg = resolve_config(None, {**overrides, "strategy": strategy})
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
-    # In-process stand-in for SecAgg+ (the same sum, equal within quantization: tests/integration/test_secure_aggregation.py):
-    # the paper's aggregate budget applies to the utility measured here; the guarantee needs the real protocol.
+    # In-process stand-in for SecAgg+ (the same sum, equal within quantization:
+    # tests/integration/fedapp/privacy/test_secure_aggregation.py): the paper's aggregate budget applies to the utility
+    # measured here; the guarantee needs the real protocol.
     ctx = StrategyContext(initial_weights=get_weights(make_model(cfg, test)), evaluate_fn=make_evaluate_fn(cfg),
                           secure_aggregation=cfg.client_dp.secure_aggregation)
     strat = build_dp2_variant(strategy, cfg, ctx)
