@@ -6,7 +6,8 @@ The cohort is the 20-client MNIST federation of benchmarks/speed.py (shards, bat
 dist2, clip 3, one local epoch; ``digits`` when ../shared/data has no MNIST). Both paths start from the same
 global model with the same per-client seeds; the script prints the per-round time of each path, their
 ratio measured within this run, and the largest weight difference between the paths (they compute the same
-DP-SGD: ``fedapp.clients.batched_dpsgd``, tests/unit/test_batched_dpsgd.py). σ does not change the work, so it is fixed.
+DP-SGD: ``fedapp.clients.batched_dpsgd``, tests/unit/fedapp/clients/test_batched_dpsgd.py). σ does not change the work,
+so it is fixed.
 """
 
 from __future__ import annotations

@@ -80,8 +80,9 @@ class LocalProxy(ClientProxy):
 def run_one(strategy: str, overrides: dict, num_clients: int) -> dict:
     cfg = resolve_config(None, {**overrides, "strategy": strategy})
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
-    # In-process stand-in for SecAgg+ (the same sum, equal within quantization: tests/integration/test_secure_aggregation.py):
-    # the paper's aggregate budget applies to the utility measured here; the guarantee needs the real protocol.
+    # In-process stand-in for SecAgg+ (the same sum, equal within quantization:
+    # tests/integration/fedapp/privacy/test_secure_aggregation.py): the paper's aggregate budget applies to the utility
+    # measured here; the guarantee needs the real protocol.
     inputs = load_server_inputs(cfg.data, cfg.model_spec)
     ctx = StrategyContext(initial_weights=inputs.initial_weights, evaluate_fn=make_evaluate_fn(cfg.general, inputs),
                           secure_aggregation=cfg.client_dp.secure_aggregation)

@@ -6,7 +6,8 @@ client's ``fit`` runs on the global weights, its arrays are serialized with Flow
 ``ndarrays_to_parameters`` into a ``FitRes`` (so ``uplink_bytes`` are real serialized bytes) and
 ``aggregate_fit`` decodes, validates, aggregates and writes the ledger. Only the transport (Ray
 actors / gRPC) is skipped, because a Flower simulation of hundreds of supernodes does not fit the
-2 shared CPU cores. ``tests/integration/test_fed_smp.py`` runs the same strategies in a real Flower simulation.
+2 shared CPU cores. ``tests/integration/strategies/test_fed_smp.py`` runs the same strategies in a real Flower
+simulation.
 
     python benchmarks/fed_smp.py --quick            # minutes on CPU (scaled down, see the report)
     python benchmarks/fed_smp.py                    # larger: cnn-fmnist, n=2000, r=100 (hours on CPU)
@@ -107,8 +108,9 @@ def run_in_process(overrides: dict[str, Any], num_clients: int, log_every: int =
     _, test = load_dataset(cfg["dataset"], cfg["data-dir"])
     recorder = MemoryRecorder()
     # In-process stand-in for SecAgg+: this loop computes the same sum the secure aggregation would (equal within
-    # quantization, tests/integration/test_secure_aggregation.py), so the paper's aggregate budget applies to the utility
-    # measured here; the guarantee itself needs the real protocol (`flwr run`, fedapp.privacy.secure_aggregation).
+    # quantization, tests/integration/fedapp/privacy/test_secure_aggregation.py), so the paper's aggregate budget
+    # applies to the utility measured here; the guarantee itself needs the real protocol (`flwr run`,
+    # fedapp.privacy.secure_aggregation).
     ctx = StrategyContext(initial_weights=get_weights(make_model(cfg.model_spec, test)),
                           evaluate_fn=subset_evaluate_fn(cfg, eval_samples), recorder=recorder,
                           secure_aggregation=cfg.client_dp.secure_aggregation)

@@ -6,7 +6,7 @@ LDP-SGD, LDP-SVRG (uncompressed) under record-level local DP, n = 10 clients, la
 
 It drives the framework-free core of ``strategies/soteriafl.py`` (``client_step``, ``ServerState``,
 ``GradientOracle``, ``calibrate_sigma``) in-process — the very functions the Flower client and
-strategy call (their glue is covered by ``tests/integration/test_soteriafl.py``) — because 10 clients × 100+
+strategy call (their glue is covered by ``tests/integration/strategies/test_soteriafl.py``) — because 10 clients × 100+
 rounds × 5 methods × several ε through a Flower simulation would not fit the 2 shared CPU cores.
 
     python benchmarks/soteriafl.py --quick     # a9a ε ∈ {1, 5, 10} (T = 100) + MNIST ε = 4 (T = 100, 20k samples)

@@ -176,8 +176,8 @@ def rpca(m: np.ndarray, *, lam: float | None = None, tol: float = 1e-7, max_iter
     with Y₀ = M / max(‖M‖₂, ‖M‖_∞/λ), μ₀ = 1.25/‖M‖₂ (or ``mu``), μ̄ = 10⁷·μ₀.
 
     ρ = 1.1: a faster μ growth meets ``tol`` early at a point that is *not* the PCP optimum (ρ = 1.5 stopped
-    0.2 % above the optimal objective with per-client weights 33 % off on tests/unit/test_rpca.py's matrix, the
-    noisiest clients' variance under-recovered); ρ = 1.1 is within 0.4 % of a ρ = 1.01 solve in ~3× the
+    0.2 % above the optimal objective with per-client weights 33 % off on tests/unit/strategies/test_rpca.py's matrix,
+    the noisiest clients' variance under-recovered); ρ = 1.1 is within 0.4 % of a ρ = 1.01 solve in ~3× the
     iterations (docs/benchmarks/reference_comparison.md compares it with the paper's published solver).
     """
     if svd not in SVD_METHODS:

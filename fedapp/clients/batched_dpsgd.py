@@ -9,8 +9,8 @@ Each client's randomness is its own ``torch.Generator`` drawn in Opacus' order �
 (``torch.rand(N_k) < q_k``), then one normal draw per parameter in registration order — and its noisy sum
 is divided by Opacus' expected batch size ``int(N_k q_k)`` (the one draw a ``DataLoader`` iterator takes for
 its base seed at each epoch's start is kept too). A client therefore trains exactly as Opacus'
-``DPDataLoader`` + ``DPOptimizer`` would with that generator (tests/unit/test_batched_dpsgd.py compares both
-paths step by step), so its guarantee and accounting are unchanged: record-level (ε_k, δ_k)-DP of client
+``DPDataLoader`` + ``DPOptimizer`` would with that generator (tests/unit/fedapp/clients/test_batched_dpsgd.py compares
+both paths step by step), so its guarantee and accounting are unchanged: record-level (ε_k, δ_k)-DP of client
 k's data, q_k and T_k steps composed by the RDP accountant as for the per-client path. Batching changes
 only where the arithmetic runs, not what any client releases.
 

@@ -1,6 +1,6 @@
 """``grad-sample-mode = "auto"``: the fastest Opacus per-sample-gradient mode for this model, batch and device.
 
-Every mode a model supports computes the same clipped, noised gradient (``tests/unit/test_dp_models.py``
+Every mode a model supports computes the same clipped, noised gradient (``tests/unit/fedapp/models/test_dp_models.py``
 checks each against per-sample clipping done one sample at a time), so the choice only affects
 speed; which is fastest depends on the model's layers, the batch size and the device (measured in
 docs/benchmarks.md: ``ew`` for the CIFAR CNN on CPU, ``functorch`` for the MNIST CNN). "auto" times

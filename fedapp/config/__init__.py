@@ -2,8 +2,8 @@
 
 ``sections.py`` declares the keys (:func:`~fedapp.config.keys.setting` fields), ``schema.py`` reads them into
 :data:`SCHEMA`, ``run_config.py`` resolves and validates a run's values into a :class:`RunConfig` once per
-process, and ``docs.py`` generates docs/config.md. ``tests/unit/test_config.py`` checks that ``pyproject.toml`` and
-the schema agree key by key.
+process, and ``docs.py`` generates docs/config.md. ``tests/unit/fedapp/config/test_config.py`` checks that
+``pyproject.toml`` and the schema agree key by key.
 """
 
 from fedapp.config.docs import CONFIG_DOC, TABLE_END, TABLE_START, doc_with_table, markdown_table

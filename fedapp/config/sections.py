@@ -2,7 +2,7 @@
 
 A field ``foo_bar`` is the run-config key ``foo-bar`` (``[tool.flwr.app.config]`` in pyproject.toml, ``flwr run
 --run-config``). :mod:`fedapp.config.schema` reads the keys from these classes, docs/config.md is generated from
-them, and ``tests/unit/test_config.py`` checks that pyproject.toml agrees key by key.
+them, and ``tests/unit/fedapp/config/test_config.py`` checks that pyproject.toml agrees key by key.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ DEFAULT_MODEL: dict[str, str] = {
 
 A9A_FEATURES = 123
 #: the shape of one example (without the batch dimension) of every named dataset, known before loading it: the
-#: run-config check matches it against the model's inputs (``tests/unit/test_config.py`` checks it against the loaders)
+#: run-config check matches it against the model's inputs (``tests/unit/fedapp/config/test_config.py`` checks it against
+#: the loaders)
 INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "digits": (1, 8, 8),
     "mnist": (1, 28, 28),
@@ -33,8 +34,8 @@ GRAD_SAMPLE_MODES: tuple[str, ...] = ("hooks", "ew", "functorch")
 """Opacus per-sample gradient modes ``fedapp.clients.training`` runs (Opacus' ``ghost`` needs a wrapped criterion: not run)."""
 
 UNSUPPORTED_GRAD_SAMPLE_MODES: dict[tuple[str, str], str] = {}
-"""(model, mode) pairs that cannot train with DP-SGD, with the reason; ``tests/unit/test_dp_models.py`` keeps it honest
-(every pair not listed runs one real private step)."""
+"""(model, mode) pairs that cannot train with DP-SGD, with the reason; ``tests/unit/fedapp/models/test_dp_models.py``
+keeps it honest (every pair not listed runs one real private step)."""
 
 
 def check_grad_sample_mode(model_name: str, mode: str) -> None:
@@ -77,8 +78,8 @@ def _spatial_out(size: int, layers: tuple[tuple[str, int, int, int], ...]) -> in
 def model_input_problem(model_name: str, input_shape: tuple[int, ...]) -> str | None:
     """Why model ``model_name`` cannot take inputs of ``input_shape`` (without the batch dimension), or None when
     it can. Decided from the architecture alone (no torch, no data), so the run-config check can refuse a
-    model/dataset pair before anything is loaded; ``tests/unit/test_config.py`` compares every verdict with a real
-    forward pass."""
+    model/dataset pair before anything is loaded; ``tests/unit/fedapp/config/test_config.py`` compares every verdict
+    with a real forward pass."""
     if model_name not in MODEL_NAMES:
         return f"unknown model {model_name!r}; valid: {sorted(MODEL_NAMES)}"
     shape = tuple(int(d) for d in input_shape)

@@ -1,8 +1,8 @@
 """Model zoo: the papers' architectures plus small variants for 8x8 digits.
 
 Every model is Opacus-compatible in every grad-sample mode (no BatchNorm, no in-place ops; ResNet-18 uses
-GroupNorm) — ``tests/unit/test_dp_models.py`` takes one real private step per (model x mode).
-Parameter counts are checked in ``tests/integration/test_models.py`` against the papers.
+GroupNorm) — ``tests/unit/fedapp/models/test_dp_models.py`` takes one real private step per (model x mode).
+Parameter counts are checked in ``tests/integration/fedapp/models/test_models.py`` against the papers.
 """
 
 from __future__ import annotations

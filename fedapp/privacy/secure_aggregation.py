@@ -15,7 +15,7 @@ How the pieces fit:
 * the clipping range of the quantizer follows the round's mechanism, C + 12 noise stds
   (:meth:`strategies.client_level.ClientLevelDPStrategy.secagg_clipping_range`), so clipping by the
   quantizer is a < e⁻⁷² event and the quantization error (unbiased, ≤ 2·range/2²² per coordinate) is far
-  below the DP noise — ``tests/integration/test_secure_aggregation.py`` measures it;
+  below the DP noise — ``tests/integration/fedapp/privacy/test_secure_aggregation.py`` measures it;
 * the strategy receives every survivor's metrics in the clear (client id, status, declared σ) with the
   same aggregate as parameters; it validates the metrics, charges the ledger for r' of r_t and, when any
   contribution is invalid (it cannot be separated from the sum), withholds the whole round.

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import REPO
 
 from fedapp.run.processes import free_port, stop_process_tree, terminate_processes, venv_bin
 
-REPO = Path(__file__).resolve().parents[2]
 READY = "block forever"  # what `ray start --block` prints once its node is up and registered
 
 

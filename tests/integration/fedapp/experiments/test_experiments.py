@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from fedapp.config import ConfigError
 from fedapp.experiments.report import ReportError, interval, main, paired_verdict, tuned_groups, write_report
@@ -93,7 +94,7 @@ def test_variants_multiply_the_grid_and_never_overlap_it(tmp_path: Path):
         load_sweep(path)
 
 
-@pytest.mark.parametrize("path", sorted((Path(__file__).parents[2] / "configs").glob("*/*.toml")),
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*/*.toml")),
                          ids=lambda p: p.stem)
 def test_every_paper_sweep_file_loads_at_every_scale(path: Path, tmp_path: Path):
     import tomllib

@@ -12,12 +12,10 @@ from typing import Any
 import numpy as np
 import psutil
 import pytest
-from conftest import ledger_rows, read_rounds
+from conftest import REPO, ledger_rows, read_rounds
 
 from fedapp.config import resolve_config
 from fedapp.state.checkpoint import COMMITTED_ROUND_KEY, CheckpointingRecorder, load_checkpoint
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 # ----------------------------------------------------------------------------- commit order (fast)

@@ -24,7 +24,7 @@ BASE = {"dataset": "digits", "privacy-dist": "fixed", "batch-size": 16, "local-s
 
 
 def make_client(overrides: dict, private: bool = True, cid: int = 0, n: int = 4) -> ClientLevelDPClient:
-    """A client sending continuous Gaussian shares (the discrete Gaussian's: tests/integration/test_ddg_secure_sum.py)."""
+    """A client sending continuous Gaussian shares (the discrete Gaussian's: tests/integration/fedapp/privacy/test_ddg_secure_sum.py)."""
     if overrides.get("secure-aggregation", True):
         overrides = {"secagg-mechanism": "gaussian", **overrides}
     ctx = client_context(cid, n, run_id=0, node_id=cid + 1)

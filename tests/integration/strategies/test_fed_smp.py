@@ -201,7 +201,7 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
     ov = {"strategy": "fed-smp-topk", "num-server-rounds": 2, "output-dir": str(tmp_path), "compression-ratio": 0.05,
           "public-samples": 100, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 1.0,
           "clients-per-round": 3, "noise-multiplier": 1.0, "fraction-evaluate": 0.0,
-          "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/integration/test_secure_aggregation.py)
+          "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/integration/fedapp/privacy/test_secure_aggregation.py)
           "client-dp-adversary": "release",  # amplified by the Poisson sampling, as recomputed below
           "seeded-noise": True}  # reproducible draws: a secret Poisson draw of 0 of 4 (1/256 a round) left a round unsampled
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=4,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 
 

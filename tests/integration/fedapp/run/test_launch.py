@@ -12,12 +12,11 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import REPO
 
 from fedapp.config import ConfigError
 from fedapp.run.launch import resolve_flwr_home, run
 from fedapp.run.processes import free_port
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _flower_processes(marker: str = "") -> set[int]:

@@ -30,7 +30,7 @@ BASE = {"partitioner": "pathological", "classes-per-client": 2, "batch-size": 16
 
 def make_client(strategy: str, cid: int, node: dict | None = None, **extra) -> tuple[DP2FedSAMClient, Context]:
     """A client on its own Flower Context (state persists across calls, as in a simulation), sending continuous
-    Gaussian shares (the discrete Gaussian's wire format: tests/integration/test_ddg_secure_sum.py)."""
+    Gaussian shares (the discrete Gaussian's wire format: tests/integration/fedapp/privacy/test_ddg_secure_sum.py)."""
     ov = {**BASE, "strategy": strategy, "secagg-mechanism": "gaussian", **extra}
     node_config = {"partition-id": cid, "num-partitions": N_CLIENTS, **(node or {})}
     ctx = Context(run_id=0, node_id=cid, node_config=node_config, state=RecordDict(), run_config={})
@@ -217,7 +217,7 @@ def test_simulation_dp2_fedsam_shares_phi_only(tmp_path: Path):
     from fedapp.apps.server_app import build_server_app
 
     ov = {**BASE, "strategy": "dp2-fedsam", "num-server-rounds": 2, "output-dir": str(tmp_path), "max-samples": 0,
-          "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/integration/test_secure_aggregation.py)
+          "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/integration/fedapp/privacy/test_secure_aggregation.py)
           "client-dp-adversary": "release"}  # amplified by the Poisson sampling, as recomputed below
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=N_CLIENTS,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},

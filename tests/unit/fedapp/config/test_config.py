@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import tomllib
+from conftest import REPO
 
 from fedapp.apps.server_app import make_prevalidate
 from fedapp.config import SCHEMA, ConfigError, resolve_config
 from fedapp.privacy.profiles import client_profile, sample_epsilons
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_pyproject_defaults_equal_schema_defaults():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from conftest import REPO
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, padding
@@ -14,8 +14,6 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding
 from fedapp.config import ConfigError, resolve_config
 from fedapp.run.deploy import node_config_arg, node_configs, parse_node_config, validate_nodes
 from fedapp.run.processes import simulation_backend
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _make_certs():

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from conftest import client_context
+from conftest import REPO, client_context
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -33,7 +32,6 @@ from fedapp.clients.training import SAM, LocalTraining, PerSampleDP, evaluate_mo
 from fedapp.data.datasets import ArrayDataset
 from fedapp.models.zoo import build_model
 
-REPO = Path(__file__).resolve().parents[2]
 META = torch.device("meta")
 META_READ = r"meta tensor"  # "Tensor.item() cannot be called on meta tensors", "Cannot copy out of meta tensor"
 

@@ -9,12 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.config import resolve_config
 from strategies.privacy.accountants import epsilon_of
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def launch_plan(tmp_path: Path, run_config: str, n: int = 20) -> subprocess.CompletedProcess:

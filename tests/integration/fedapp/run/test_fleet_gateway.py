@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
 from fedapp.run.fleet_gateway import ALLOWED, FLEET_RPCS, allowed
 from fedapp.run.processes import free_port, stop_process_tree
 
-REPO = Path(__file__).resolve().parents[2]
 CONTROL = ["/v1/control/list-runs", "/v1/control/register-node", "/v1/control/start-run",
            "/v1/runtime/acquire-task", "/docs", "/openapi.json", "/", "/v1/fleet", "/v1/fleet/", "/v1/fleetx"]
 #: request targets sent verbatim after ``POST``; each must be refused by the gateway itself

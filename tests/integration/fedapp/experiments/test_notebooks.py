@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import REPO as ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED = {"quickstart", "robust_hdp", "fed_smp", "soteriafl", "dp2_fedsam"}
 

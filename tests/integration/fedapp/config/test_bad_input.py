@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import REPO
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from fedapp.apps.server_app import build_components, make_prevalidate
@@ -262,7 +263,7 @@ def test_the_launcher_refuses_a_bad_config_before_starting_anything(run_config: 
     home, out = tmp_path / "flwr-home", tmp_path / "out"
     cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", "4", "--run-config",
            f"{run_config} output-dir='{out}'"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(Path(__file__).resolve().parents[2]),
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=str(REPO),
                           env={**os.environ, "FLWR_HOME": str(home)})
     assert done.returncode == 2, done.stderr
     assert f"[dpfl] configuration error: run-config {key}" in done.stderr
