@@ -2,7 +2,8 @@
 
 Entries name their factories as ``"module:attribute"`` and are imported lazily, so a
 family's heavy dependencies load only when it is used. A server factory has signature
-``(cfg, StrategyContext) -> flwr Strategy``; a client factory ``(context, cfg) -> flwr Client``.
+``(StrategyContext, EngineSettings, *, <the run-config sections it reads>) -> flwr Strategy``
+(:func:`fedapp.apps.factories.build_strategy` calls it); a client factory ``(context, overrides) -> flwr Client``.
 
 To add a strategy: write ``strategies/<family>.py`` (math + Strategy subclass), its builders in
 :mod:`fedapp.apps.factories` (and a client in ``fedapp/clients/<family>.py`` if no existing one fits), then

@@ -165,6 +165,9 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
     """Opacus' wrapped module, optimizer and Poisson loader for ``spec.dp``."""
     from opacus import PrivacyEngine
 
+    dp = spec.dp
+    if dp is None:
+        raise ValueError("Opacus training needs a DP spec (LocalTraining.dp)")
     loader = DataLoader(TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y)),
                         batch_size=spec.batch_size, shuffle=False)
     torch.manual_seed(spec.seed)
@@ -172,8 +175,8 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
         warnings.simplefilter("ignore")  # Opacus' secure-RNG notice (secure_mode is a documented option)
         engine = PrivacyEngine(accountant="rdp", secure_mode=False)
         return engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
-                                   noise_multiplier=spec.dp.noise_multiplier, max_grad_norm=spec.dp.clip,  # type: ignore[union-attr]
-                                   poisson_sampling=True, grad_sample_mode=spec.dp.grad_sample_mode)  # type: ignore[union-attr]
+                                   noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
+                                   poisson_sampling=True, grad_sample_mode=dp.grad_sample_mode)
 
 
 def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,

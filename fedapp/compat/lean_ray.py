@@ -103,7 +103,7 @@ def lean_local_ray_head() -> Iterator[bool]:
     else:
         original_init = node_cls.__init__
 
-        def lean_init(self, ray_params, head=False, *args, **kwargs):  # type: ignore[no-untyped-def]
+        def lean_init(self: Any, ray_params: Any, head: bool = False, *args: Any, **kwargs: Any) -> None:
             if head and kwargs.get("ray_init_cluster"):
                 ray_params.no_monitor = True
                 ray_params.include_log_monitor = False

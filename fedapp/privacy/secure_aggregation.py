@@ -89,6 +89,9 @@ class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
         self.strategy = strategy
         super().__init__(**kwargs)
 
+    # Flower declares the three ranges as plain attributes its __init__ assigns; here each is a property derived
+    # from the round's mechanism (with a setter that ignores the base class's assignment). mypy flags a property
+    # overriding an attribute, hence the three ``type: ignore[override]``.
     @property  # type: ignore[override]
     def clipping_range(self) -> float:
         ddg = getattr(self.strategy, "ddg", None)
