@@ -14,10 +14,20 @@ conditionally rounded update plus discrete Gaussian noise modulo 2^b, the server
 multiplier 1/(a + τ√d) (Kairouz et al., Prop. 14: an upper bound of its RDP at every order, so the RDP ledger never
 claims less than the mechanism gives), unamplified for every view.
 
-Adaptive clipping (``adaptive-clip-quantile`` > 0, dp-fedavg without SecAgg+; Andrew et al. 2021): the server holds
-C_t, sends it in the fit config (``dp-clip-norm``) and sets C_{t+1} = C_t · exp(−η_C (b̄_t − γ)) from the accepted
-replies' count shares b_i − ½ + N(0, σ_b²/r) (:meth:`ClientLevelDPStrategy.adapt_clip`). Each update carries z_Δ·C_t
-with z_Δ⁻² = z⁻² − (2σ_b)⁻², so update and share together are one Gaussian at the run's z (Thm 1), charged as such.
+Adaptive clipping (``adaptive-clip-quantile`` > 0, dp-fedavg; Andrew et al. 2021, Alg. 1): the server holds C_t,
+sends it in the fit config (``dp-clip-norm``) and sets C_{t+1} = C_t · exp(−η_C (b̄_t − γ)) from the clients' count
+shares b_i − ½ + N(0, σ_b²/r) (:meth:`ClientLevelDPStrategy.adapt_clip`). Each update carries z_Δ·C_t with
+z_Δ⁻² = z⁻² − (2σ_b)⁻², so update and share together are one Gaussian at the run's z (Thm 1), charged as such.
+Without SecAgg+ each share is a metric (r the expected clients, b̄ = Σ/r + ½). Under SecAgg+ with continuous Gaussian
+shares (``secagg-mechanism = 'gaussian'``) no share is sent in the clear: each client adds N(0, σ_b²/r_t) to its
+centred bit and appends it, times :func:`~strategies.privacy.adaptive_clipping.count_share_scale`, as coordinate d+1
+of the vector it masks; the server splits that coordinate off the decoded sum and sets b̄ = Σ/r' + ½ over the r'
+survivors (:meth:`ClientLevelDPStrategy.split_count_sum`). Threat model: against an honest-but-curious server that
+follows the protocol — the assumption SecAgg+'s ``epsilon_vs_server`` already rests on — it learns only the noisy sum
+of bits and the budget z holds against it. A server that sends different C_t to different clients is NOT covered: a
+large C_t to one target leaves the other clients' noise, scaled by their smaller C_j, small next to the target's
+sensitivity. The distributed discrete Gaussian (``ddg``) is refused with adaptive clipping: its RDP bound covers the
+rotated update alone, not a count coordinate inside the rotation.
 
 Sampling: every registered client independently with q = r/n (Poisson, secret randomness), fixed for the
 run; an unavailable or excluded client counts as sampled and dropped, so the realized rate never exceeds
@@ -60,9 +70,12 @@ from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
 from strategies.privacy.adaptive_clipping import (
     AdaptiveClipConfig,
+    count_share_scale,
     fraction_from_noisy_sum,
     geometric_clip_update,
     round_mechanism,
+    secagg_update_range,
+    split_count_coordinate,
     update_noise_multiplier,
 )
 from strategies.privacy.budget import exceeds_budget
@@ -75,7 +88,8 @@ CFG_SIGMA = "dp-noise-multiplier"  # fit-config: the mechanism's σ (clients cro
 CFG_ROUND_CLIENTS = "dp-round-clients"  # fit-config: r_t, the number of clients sampled this round
 CFG_ROTATION_SEED = "ddg-rotation-seed"  # fit-config: the round's public seed of the DDG's random rotation
 CFG_CLIP = "dp-clip-norm"  # fit-config: the round's clip norm C_t under adaptive clipping (clients check it)
-#: client metric under adaptive clipping: its share of the noisy count, b_i − ½ + N(0, σ_b²/r)
+#: client metric under adaptive clipping without SecAgg+: its share of the noisy count, b_i − ½ + N(0, σ_b²/r)
+#: (under SecAgg+ the share is coordinate d+1 of the secure sum instead, never a metric)
 METRIC_UNCLIPPED_SHARE = "unclipped_share"
 
 MechanismFactory = Callable[[int], ClientLevelDP]
@@ -132,6 +146,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
         self.budget_exhausted = False
         self._contributors = 0  # replies inside this round's secure sum
         self._unreleased: str | None = None  # why this round's secure sum was not reconstructed
+        #: under SecAgg+ with adaptive clipping: Σ of this round's survivors' count shares (from the sum's last
+        #: coordinate), or why the sum could not be split
+        self._count_sum: float | None = None
+        self._sum_problem: str | None = None
 
     @property
     def payload_is_shared(self) -> bool:
@@ -150,10 +168,14 @@ class ClientLevelDPStrategy(DPFLStrategy):
                 self.ddg = self.secure_sum_factory(self.dp, self.payload_dim())
             if self.adaptive_clip_factory is not None:
                 self.adaptive = self.adaptive_clip_factory(self.dp)
+            if self.adaptive is not None and self.ddg is not None:
+                raise ConfigError("adaptive clipping with secagg-mechanism = 'ddg' is not supported: the distributed "
+                                  "discrete Gaussian's privacy bound covers the rotated update alone, not a count "
+                                  "coordinate inside it; use secagg-mechanism = 'gaussian'")
+            if self.count_in_secure_sum and self.adaptive is None:
+                raise ConfigError("this server sized the secure sum for adaptive clipping's count coordinate, but "
+                                  "its adaptive clipping is off (adaptive-clip-quantile = 0)")
             if self.adaptive is not None:
-                if self.dp.secure_aggregation:
-                    raise ConfigError("adaptive clipping under secure aggregation is not supported: the unclipped "
-                                      "count is not carried through the secure sum")
                 self.update_multiplier = update_noise_multiplier(self.dp.noise_multiplier,
                                                                  self.adaptive.count_noise_std)
                 if self.clip_t is None:  # a resumed run keeps the checkpointed C_t
@@ -175,9 +197,20 @@ class ClientLevelDPStrategy(DPFLStrategy):
         r = round_clients if self.dp.secure_aggregation else self.dp.clients_per_round
         return self.adaptive.count_noise_std / math.sqrt(max(int(r), 1))
 
+    @property
+    def count_in_secure_sum(self) -> bool:
+        """Whether each client's count share rides in the secure sum as coordinate d+1 (adaptive clipping under
+        SecAgg+; known before the mechanism is built, so that every place sizing the payload agrees)."""
+        return self.secure_aggregation and self.private and self.adaptive_clip_factory is not None
+
+    def count_coordinates(self) -> int:
+        """1 when the secure sum carries the count share after the update's coordinates, else 0."""
+        return 1 if self.count_in_secure_sum else 0
+
     def payload_dim(self) -> int:
-        """*hook*: the length of the vector each client privatizes (the model's parameters, dense)."""
-        return self.num_params
+        """*hook*: the length of the vector each client privatizes and sends (the model's parameters, dense, plus
+        the count coordinate under :attr:`count_in_secure_sum`)."""
+        return self.num_params + self.count_coordinates()
 
     def payload_arrays(self, values: np.ndarray) -> list[np.ndarray]:
         """*hook*: a privatized vector of :meth:`payload_dim` entries as the arrays a client sends."""
@@ -260,26 +293,37 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if self.dp is None:
             return float(self.clip or 1.0)
         noise = self.noise_mechanism()
-        return noise.clip + 12.0 * noise.noise_std(self.round_clients())
+        return secagg_update_range(noise.clip, noise.noise_std(self.round_clients()))
+
+    def count_share_scale(self) -> float:
+        """The factor by which this round's count shares enter the secure sum (:func:`count_share_scale`)."""
+        return count_share_scale(self.secagg_clipping_range(), self.count_share_std(self.round_clients()))
 
     def validate_update(self, update: np.ndarray, metrics: Mapping[str, Scalar]) -> None:
         self.check_sigma(metrics)
         self.check_count_share(metrics)
 
     def check_count_share(self, metrics: Mapping[str, Scalar]) -> None:
-        """Under adaptive clipping: reject a reply clipped at another C_t, or whose count share lies outside
-        ½ + 12 stds of its noise (a legitimate one does so with probability < e⁻⁷²; it would steer the clip)."""
+        """Under adaptive clipping: reject a reply clipped at another C_t, or (without SecAgg+) whose count share
+        lies outside ½ + 12 stds of its noise (a legitimate one does so with probability < e⁻⁷²; it would steer the
+        clip). Under SecAgg+ the share is inside the sum and any metric of that name is ignored."""
         if self.adaptive is None:
             return
-        used = metrics.get("clip_norm")
-        if (isinstance(used, bool) or not isinstance(used, (int, float)) or self.clip_t is None
-                or not math.isclose(float(used), self.clip_t, rel_tol=1e-9)):
-            raise RejectedUpdate(f"client clip norm {used!r} != this round's adaptive clip C_t = {self.clip_t}")
+        self.check_clip_used(metrics)
+        if self.secure_aggregation:
+            return
         share = metrics.get(METRIC_UNCLIPPED_SHARE)
         bound = 0.5 + 12.0 * self.count_share_std(self.round_clients())
         if (isinstance(share, bool) or not isinstance(share, (int, float)) or not math.isfinite(float(share))
                 or abs(float(share)) > bound):
             raise RejectedUpdate(f"{METRIC_UNCLIPPED_SHARE} {share!r} is not a number within ±{bound:.4g}")
+
+    def check_clip_used(self, metrics: Mapping[str, Scalar]) -> None:
+        """Reject a reply clipped at another clip than this round's adaptive C_t."""
+        used = metrics.get("clip_norm")
+        if (isinstance(used, bool) or not isinstance(used, (int, float)) or self.clip_t is None
+                or not math.isclose(float(used), self.clip_t, rel_tol=1e-9)):
+            raise RejectedUpdate(f"client clip norm {used!r} != this round's adaptive clip C_t = {self.clip_t}")
 
     def check_sigma(self, metrics: Mapping[str, Scalar]) -> None:
         """Reject a reply whose declared σ is not the mechanism's (the client ran another mechanism)."""
@@ -318,6 +362,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
                 if problem is None:
                     try:
                         self.check_sigma(metrics)
+                        if self.adaptive is not None:
+                            self.check_clip_used(metrics)
                     except RejectedUpdate as exc:
                         problem = str(exc)
             if problem is not None:
@@ -346,9 +392,38 @@ class ClientLevelDPStrategy(DPFLStrategy):
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
         self._contributors = len(results)
+        self._count_sum, self._sum_problem = None, None
         if self.ddg is not None and self.secure_aggregation and results and self._unreleased is None:
             self.decode_secure_sum(server_round, results)
+        if self.adaptive is not None and self.count_in_secure_sum and results and self._unreleased is None:
+            self.split_count_sum(results)
         return super().aggregate_fit(server_round, results, failures)
+
+    def split_count_sum(self, results: list[tuple[ClientProxy, FitRes]]) -> None:
+        """Under SecAgg+ with adaptive clipping: take the count coordinate off the survivors' mean (every reply
+        carries it; Flower divides the secure sum by the r' survivors) and keep Σ_i (b_i − ½ + N(0, σ_b²/r_t)) for
+        :meth:`adapt_clip`; the replies then carry the update part only. A mean of any other layout than the update's
+        arrays plus one (1,) array is not split: every reply is then rejected (and the round withheld)."""
+        arrays = parameters_to_ndarrays(results[0][1].parameters)
+        update_shapes = [tuple(a.shape) for a in self.payload_arrays(np.zeros(self.payload_dim() - 1))]
+        shapes = [tuple(a.shape) for a in arrays]
+        if shapes != update_shapes + [(1,)]:
+            self._sum_problem = (f"the secure sum has shapes {shapes}, expected the update's {update_shapes} and one "
+                                 "count coordinate (1,)")
+            return
+        flat = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays])
+        try:
+            update_mean, count_mean = split_count_coordinate(flat, self.payload_dim() - 1, self.count_share_scale())
+        except ValueError as exc:
+            self._sum_problem = str(exc)
+            return
+        if not math.isfinite(count_mean):
+            self._sum_problem = f"the secure sum's count coordinate is not finite ({count_mean})"
+            return
+        self._count_sum = count_mean * len(results)
+        mean = ndarrays_to_parameters(self.payload_arrays(update_mean))
+        for _, res in results:
+            res.parameters = mean
 
     def decode_secure_sum(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> None:
         """Replace the reconstructed sum modulo 2^b (one array of the padded length, every reply carries it) by
@@ -367,6 +442,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
     def decode_update(self, server_round: int, reply: Reply, metrics: Mapping[str, Scalar]) -> np.ndarray:
         if self._unreleased is not None:
             raise RejectedUpdate(f"not reconstructed: {self._unreleased}")
+        if self._sum_problem is not None:
+            raise RejectedUpdate(self._sum_problem)
         return super().decode_update(server_round, reply, metrics)
 
     def population_charge(self, server_round: int, accepted: list[ClientUpdate],
@@ -464,14 +541,22 @@ class ClientLevelDPStrategy(DPFLStrategy):
         return rec
 
     def adapt_clip(self, accepted: list[ClientUpdate]) -> dict[str, Any]:
-        """C_{t+1} = C_t · exp(−η_C (b̄_t − γ)) from the accepted replies' noisy count shares (Andrew et al. 2021,
-        Alg. 1); b̄_t = (Σ shares) / r + ½, r the expected clients per round. A round with nothing accepted keeps C_t.
-        Post-processing of privatized shares: it costs nothing beyond the round's charge."""
+        """C_{t+1} = C_t · exp(−η_C (b̄_t − γ)) from the noisy count shares (Andrew et al. 2021, Alg. 1): without
+        SecAgg+ the accepted replies' metrics, b̄_t = (Σ shares) / r + ½, r the expected clients per round; under
+        SecAgg+ the sum's count coordinate over its r' survivors, b̄_t = Σ / r' + ½. A round with nothing accepted
+        keeps C_t. Post-processing of privatized shares: it costs nothing beyond the round's charge."""
         assert self.adaptive is not None and self.dp is not None and self.clip_t is not None
         out: dict[str, Any] = {"clip_norm": self.clip_t, "adaptive_clip_quantile": self.adaptive.target_quantile,
                                "count_noise_std": self.adaptive.count_noise_std,
                                "update_noise_multiplier": self.update_multiplier}
-        if accepted:
+        if accepted and self.count_in_secure_sum:
+            if self._count_sum is None:  # the sum's shapes were checked in split_count_sum: nothing is accepted
+                raise RuntimeError("an accepted secure sum without its count coordinate")
+            fraction = fraction_from_noisy_sum(self._count_sum, self._contributors)
+            self.clip_t = geometric_clip_update(self.clip_t, fraction, self.adaptive.target_quantile,
+                                                self.adaptive.learning_rate)
+            out.update(unclipped_fraction=fraction, count_sum_clients=self._contributors)
+        elif accepted:
             noisy_sum = sum(float(u.metrics[METRIC_UNCLIPPED_SHARE]) for u in accepted)
             fraction = fraction_from_noisy_sum(noisy_sum, self.dp.clients_per_round)
             self.clip_t = geometric_clip_update(self.clip_t, fraction, self.adaptive.target_quantile,

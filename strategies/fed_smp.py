@@ -185,8 +185,9 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
         return cfg
 
     def payload_dim(self) -> int:
-        """The k values of the round's mask (all d without sparsification)."""
-        return self.k
+        """The k values of the round's mask (all d without sparsification), plus the count coordinate of adaptive
+        clipping under SecAgg+ (:attr:`count_in_secure_sum`)."""
+        return self.k + self.count_coordinates()
 
     def payload_arrays(self, values: np.ndarray) -> list[np.ndarray]:
         return super().payload_arrays(values) if self.sparsifier == "none" else encode_sparse(values)

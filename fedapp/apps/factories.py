@@ -187,7 +187,8 @@ def _fed_smp(ctx: StrategyContext, engine: EngineSettings, *, general: GeneralCo
              training: TrainingConfig, client_dp: ClientDPConfig, model_spec: ModelSpec, name: str, sparsifier: str,
              private: bool) -> ClientLevelStrategy:
     kwargs = _client_level_kwargs(ctx, engine, general, training, client_dp, private)
-    if private and name in ADAPTIVE_CLIP_STRATEGIES:
+    if private and name in ADAPTIVE_CLIP_STRATEGIES and client_dp.adaptive_clip_quantile > 0:
+        # given only when adaptive clipping is on: under SecAgg+ it adds the count coordinate to the payload
         kwargs["adaptive_clip_factory"] = lambda dp: adaptive_clip_config(client_dp, dp)
     return ClientLevelStrategy(
         sparsifier=sparsifier, compression_ratio=client_dp.compression_ratio if sparsifier != "none" else 1.0,

@@ -47,7 +47,8 @@ def privacy_plan(run_config: Mapping[str, Any], num_clients: int, payload_dim: i
 
 def secure_payload_dim(run_config: Mapping[str, Any], initial_weights: Sequence[np.ndarray] | None = None) -> int:
     """The length of the vector each client of the run's client-level strategy privatizes (the strategy's own
-    :meth:`~strategies.client_level.ClientLevelDPStrategy.payload_dim`, built from the run's initial model)."""
+    :meth:`~strategies.client_level.ClientLevelDPStrategy.payload_dim`, built from the run's initial model; under
+    SecAgg+ with adaptive clipping it counts the count coordinate)."""
     from fedapp.apps.factories import build_strategy
     from strategies.base import StrategyContext
     from strategies.client_level import ClientLevelDPStrategy
@@ -60,7 +61,9 @@ def secure_payload_dim(run_config: Mapping[str, Any], initial_weights: Sequence[
 
         _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
         initial_weights = get_weights(make_model(cfg.model_spec, test))
-    strategy = build_strategy(cfg, StrategyContext(initial_weights=list(initial_weights)))
+    # built as the ServerApp builds it under SecAgg+, so that the payload includes adaptive clipping's count coordinate
+    strategy = build_strategy(cfg, StrategyContext(initial_weights=list(initial_weights),
+                                                   secure_aggregation=cfg.client_dp.secure_aggregation))
     if not isinstance(strategy, ClientLevelDPStrategy):
         raise ConfigError(f"strategy {cfg.general.strategy!r} sends no client-level DP payload to a secure sum")
     return strategy.payload_dim()
@@ -87,7 +90,11 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
             "initial_clip": adaptive.initial_clip, "target_quantile": adaptive.target_quantile,
             "learning_rate": adaptive.learning_rate, "count_noise_std": adaptive.count_noise_std,
             "update_noise_multiplier": update_noise_multiplier(dp.noise_multiplier, adaptive.count_noise_std),
-            "count_noise_added_by": "each client, σ_b/√r on its centred bit"}
+            "count_noise_added_by": "each client, σ_b/√r on its centred bit" + (
+                ", sent as one extra coordinate of the secure sum (the server learns only the sum; against a server "
+                "that sends every client the same C_t)" if secagg else ", sent as a metric")}
+        if secagg and payload_dim is not None:  # the update's coordinates and the count coordinate
+            mechanism["payload_dim"] = int(payload_dim)
     ddg = secure_sum_mechanism(client_dp, dp, payload_dim) if secagg and client_dp.secagg_mechanism == "ddg" and \
         payload_dim is not None else None
     if ddg is not None:

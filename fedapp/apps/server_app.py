@@ -145,6 +145,18 @@ def privacy_meta(general: GeneralConfig, training: TrainingConfig, client_dp: Cl
             "amplified view" if client_dp.client_dp_adversary == "server" else
             "observers of the released models only (client-dp-adversary = release): amplified by secret Poisson "
             "sampling at q = r/n; against the server itself see epsilon_vs_server, which this run does not bound")
+        if client_dp.adaptive_clip_quantile > 0:
+            out["adaptive_clipping"] = (
+                "Andrew et al. 2021: the server sets each round's clip C_t from the noisy count of unclipped updates; "
+                "update noise z_Δ and count noise σ_b compose to the budget's z (Thm 1), which each client derives "
+                "from its own run-config. " + (
+                    "Under SecAgg+ each client's noised bit is one extra coordinate of the secure sum: the server "
+                    "learns only the sum. This holds against an honest-but-curious server that follows the protocol "
+                    "(sends every client the same C_t), the assumption epsilon_vs_server already rests on; a server "
+                    "that sends different C_t to different clients is NOT covered (a large C_t to one target leaves "
+                    "the other clients' noise, scaled by their smaller C_j, small next to its sensitivity)"
+                    if client_dp.secure_aggregation else
+                    "Without SecAgg+ each client sends its noised bit as a metric, next to its noised update"))
     return out
 
 

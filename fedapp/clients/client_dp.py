@@ -9,9 +9,14 @@ client runs τ local momentum-SGD steps from the global model θ (momentum reset
   only the k masked values (``strategies.fed_smp.encode_sparse``);
 * non-private (``fedavg-randk/topk``): the same sparsify + clip, no noise.
 
-With adaptive clipping (dp-fedavg, ``adaptive-clip-quantile`` > 0, no SecAgg+; Andrew et al. 2021) the clip
-is the server's C_t, the noise z_Δ·C_t/√r with z_Δ from this client's run-config, and the client also sends its
-noised count share b_i − ½ + N(0, σ_b²/r) (:func:`adaptive_round`).
+With adaptive clipping (dp-fedavg, ``adaptive-clip-quantile`` > 0; Andrew et al. 2021, Alg. 1 / Thm 1) the clip
+is the server's C_t, the noise z_Δ·C_t/√r with z_Δ from this client's run-config (:func:`adaptive_round`), and the
+client also releases its noised count share b_i − ½ + N(0, σ_b²/r): as a metric without SecAgg+; under SecAgg+
+(``secagg-mechanism = 'gaussian'`` only) never as a metric, but scaled as one extra coordinate of the vector it
+masks (:func:`secure_count_coordinate`), so the server learns only the survivors' sum. That holds against an
+honest-but-curious server that follows the protocol (as SecAgg+'s ``epsilon_vs_server`` does); a server that sends
+different C_t to different clients is not covered: the other clients' noise, scaled by their smaller C_j, then hides
+little of a target sent a large C_t.
 
 The noise is sized so that the *sum* over the r_t clients sampled this round (``dp-round-clients``)
 carries σC; see ``strategies/client_level.py`` for the threat model and the server's ledger. σ comes
@@ -68,8 +73,10 @@ from strategies.dp_ftrl import advance_to
 from strategies.fed_smp import dp_dense, dp_spar, mask_from_config
 from strategies.privacy.adaptive_clipping import (
     AdaptiveClipConfig,
+    count_share_scale,
     noisy_centred_bit,
     round_mechanism,
+    secagg_update_range,
     update_noise_multiplier,
 )
 from strategies.privacy.budget import budget_refusal
@@ -86,14 +93,15 @@ def discrete_share(ddg: DistributedDiscreteGaussian, clipped: np.ndarray, config
     return [ddg.encode(clipped, int(config[CFG_ROTATION_SEED]), rng, round_clients=round_clients)]
 
 
-def adaptive_round(dp: ClientLevelDP, adaptive: AdaptiveClipConfig,
-                   config: dict[str, Any]) -> tuple[ClientLevelDP | None, str | None]:
+def adaptive_round(dp: ClientLevelDP, adaptive: AdaptiveClipConfig, config: dict[str, Any],
+                   secagg_mechanism: str = "gaussian") -> tuple[ClientLevelDP | None, str | None]:
     """(the mechanism this client's update carries this round, or None with the reason it refuses). The clip C_t is
-    the server's (``dp-clip-norm``, refused unless a finite number > 0, and under SecAgg+ at all); the multiplier is
-    z_Δ, derived here from the run-config's z and σ_b, never from the server, and checked to compose with the count
-    share back to z (Andrew et al. 2021, Thm 1), the multiplier the budget is charged for."""
-    if dp.secure_aggregation:
-        return None, "adaptive clipping is not supported under secure aggregation"
+    the server's (``dp-clip-norm``, refused unless a finite number > 0; under SecAgg+ only with continuous Gaussian
+    shares); the multiplier is z_Δ, derived here from the run-config's z and σ_b, never from the server, and checked
+    to compose with the count share back to z (Andrew et al. 2021, Thm 1), the multiplier the budget is charged for."""
+    if dp.secure_aggregation and secagg_mechanism != "gaussian":
+        return None, (f"adaptive clipping under secagg-mechanism = {secagg_mechanism!r} is not supported (only "
+                      "'gaussian': the discrete Gaussian's bound does not cover a count coordinate)")
     raw = config.get(CFG_CLIP)
     if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not (math.isfinite(raw) and raw > 0):
         return None, f"server sent adaptive clip {CFG_CLIP!r} = {raw!r}; it must be a finite number > 0"
@@ -103,6 +111,19 @@ def adaptive_round(dp: ClientLevelDP, adaptive: AdaptiveClipConfig,
         return None, f"update multiplier {z_delta} and count noise {adaptive.count_noise_std} compose to {composed}, " \
                      f"not the budget's z = {dp.noise_multiplier}"
     return round_mechanism(dp, float(raw), z_delta), None
+
+
+def secure_count_coordinate(norm: float, noise_dp: ClientLevelDP, adaptive: AdaptiveClipConfig,
+                            config: dict[str, Any], noise_clients: int, rng: np.random.Generator) -> float:
+    """The count coordinate this client appends to its SecAgg+ vector: count_share_scale · (b_i − ½ + N(0, σ_b²/r)),
+    b_i = 1[``norm`` ≤ C_t], C_t = ``noise_dp.clip``. The noise is sized for ``noise_clients`` (its own r_t, capped
+    by ``min-round-clients``) as its update's; the scale uses the server's r_t of the fit config, the same for every
+    client and for the server (:func:`~strategies.privacy.adaptive_clipping.count_share_scale`), so the sum decodes."""
+    share = noisy_centred_bit(norm, noise_dp.clip, adaptive.count_noise_std / math.sqrt(noise_clients), rng)
+    r_cfg = round_clients(config, noise_dp)
+    scale = count_share_scale(secagg_update_range(noise_dp.clip, noise_dp.noise_std(r_cfg)),
+                              adaptive.count_noise_std / math.sqrt(r_cfg))
+    return scale * share
 
 
 def local_steps(client_dp: ClientDPConfig, training: TrainingConfig, num_examples: int, batch_size: int) -> int:
@@ -200,7 +221,7 @@ class ClientLevelDPClient(NumPyClient):
                 except ConfigError as exc:
                     reason = str(exc)
                 if adaptive is not None:
-                    noise_dp, reason = adaptive_round(dp, adaptive, config)
+                    noise_dp, reason = adaptive_round(dp, adaptive, config, cfg.client_dp.secagg_mechanism)
                     if noise_dp is not None:
                         metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
             if reason is not None:
@@ -227,7 +248,12 @@ class ClientLevelDPClient(NumPyClient):
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
             return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
         metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps, **extra})
-        if adaptive is not None and noise_dp is not None:  # its share of the count: σ_b/√r, as the update's z_Δ C_t/√r
+        if adaptive is not None and noise_dp is not None and noise_dp.secure_aggregation:
+            # its share of the count, σ_b/√r_t as the update's z_Δ C_t/√r_t, only inside the secure sum
+            r_t = round_clients(config, noise_dp, self.floors)
+            count = secure_count_coordinate(float(extra["update_norm"]), noise_dp, adaptive, config, r_t, rng)
+            arrays = [*arrays, np.array([count], dtype=np.float64)]
+        elif adaptive is not None and noise_dp is not None:  # its share of the count: σ_b/√r, as the update's z_Δ C_t/√r
             share_std = adaptive.count_noise_std / math.sqrt(noise_dp.clients_per_round)
             metrics[METRIC_UNCLIPPED_SHARE] = noisy_centred_bit(float(extra["update_norm"]), noise_dp.clip, share_std,
                                                                 rng)

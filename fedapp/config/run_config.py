@@ -239,7 +239,8 @@ ADAPTIVE_CLIP_STRATEGIES = ("dp-fedavg",)
 
 
 def check_adaptive_clip(cfg: Mapping[str, Any]) -> None:
-    """Adaptive clipping runs with dp-fedavg and without SecAgg+ only: refuse the settings it would not serve."""
+    """Adaptive clipping runs with dp-fedavg, without SecAgg+ or under SecAgg+ with continuous Gaussian shares (the
+    count share rides in the secure sum): refuse the settings it would not serve."""
     quantile = cfg["adaptive-clip-quantile"]
     if quantile == 0:
         return
@@ -247,10 +248,11 @@ def check_adaptive_clip(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"run-config 'adaptive-clip-quantile' = {quantile!r} with strategy {cfg['strategy']!r}: "
                           f"adaptive clipping is supported by strategy in {list(ADAPTIVE_CLIP_STRATEGIES)} only; set "
                           "adaptive-clip-quantile = 0 (a fixed clip-norm) or pick a supported strategy")
-    if cfg["secure-aggregation"]:
-        raise ConfigError(f"run-config 'secure-aggregation' = true with adaptive-clip-quantile = {quantile!r}: the "
-                          "unclipped-count bit is not carried through the SecAgg+ sum here; set secure-aggregation = "
-                          "false (each client then noises its update and its bit itself) or adaptive-clip-quantile = 0")
+    if cfg["secure-aggregation"] and cfg["secagg-mechanism"] != "gaussian":
+        raise ConfigError(f"run-config 'secagg-mechanism' = {cfg['secagg-mechanism']!r} with adaptive-clip-quantile = "
+                          f"{quantile!r}: the distributed discrete Gaussian's privacy bound covers the rotated update "
+                          "alone, not the count coordinate adaptive clipping adds to the secure sum; set "
+                          "secagg-mechanism = 'gaussian' or adaptive-clip-quantile = 0")
 
 
 def check_secure_sum(cfg: Mapping[str, Any]) -> None:

@@ -32,7 +32,11 @@ Two mechanisms ride on it (run-config ``secagg-mechanism``):
   server set up before they send (a wider field would reveal how often the shares wrapped);
 * ``gaussian``: continuous Gaussian noise, then Flower's stochastic quantizer (2^22 levels, clipping range C plus
   12 noise stds, a field wide enough for the cohort). The rounding noise is far below the DP noise, but the
-  privacy of that rounded sum is not analysed.
+  privacy of that rounded sum is not analysed. Under adaptive clipping (Andrew et al. 2021) each client's vector has
+  one more coordinate, its noised centred bit times
+  :func:`~strategies.privacy.adaptive_clipping.count_share_scale` (which maps the bit's range ½ + 12 stds onto the
+  same clipping range, so it is quantized with the same relative precision); the strategy splits it off the sum
+  (:meth:`~strategies.client_level.ClientLevelDPStrategy.split_count_sum`). Not with ``ddg``.
 
 Metadata SecAgg+ does not hide: who took part (the server samples and talks to each client), timing,
 and the clients' metrics.

@@ -6,9 +6,14 @@ the noisy fraction b̄ = (Σ (b_i − ½) + N(0, σ_b²)) / r + ½, r the *expec
 the bits gives the sum sensitivity ½, the source of the 2 in Thm 1), and updates geometrically
 C_{t+1} = C_t · exp(−η_C (b̄ − γ)). Here each client adds its share N(0, σ_b²/r) to its own b_i − ½ (as it adds
 N(0, (z_Δ C_t)²/r) to its update), so no bit leaves a client un-noised and the shares' sum carries N(0, σ_b²)
-(wired for dp-fedavg without secure aggregation: ``strategies.client_level``). By Thm 1 the pair (noisy update sum with
+(wired for dp-fedavg: ``strategies.client_level``). By Thm 1 the pair (noisy update sum with
 multiplier z_Δ, noisy count with σ_b) is one Gaussian mechanism with multiplier z, z⁻² = z_Δ⁻² + (2σ_b)⁻²:
 :func:`update_noise_multiplier` gives z_Δ for a target z.
+
+Under SecAgg+ (continuous Gaussian shares) the share is not a metric: it rides as one extra coordinate of the vector
+each client masks, scaled by :func:`count_share_scale` so that SecAgg+'s quantizer treats it with the same relative
+precision as the update coordinates, and the server learns only the sum of the r' survivors' shares
+(:func:`split_count_coordinate`).
 """
 
 from __future__ import annotations
@@ -137,3 +142,40 @@ def noisy_centred_bit(norm: float, clip: float, noise_std: float, rng: np.random
 def fraction_from_noisy_sum(noisy_sum: float, expected_clients: float) -> float:
     """b̄ = (Σ (b_i − ½) + N(0, σ_b²)) / r + ½ from the already noised sum of centred bits (Sec. 3)."""
     return noisy_unclipped_fraction(np.zeros(0), expected_clients, float(noisy_sum))
+
+
+#: SecAgg+'s quantizer clips every coordinate to ±(range); the range is the coordinate's bound plus this many stds of
+#: its noise, so the quantizer clips a legitimate value with probability < e⁻⁷²
+SECAGG_RANGE_STDS = 12.0
+
+
+def secagg_update_range(clip: float, noise_std: float) -> float:
+    """SecAgg+'s per-coordinate clipping range for an update clipped to C with per-client noise std s: C + 12 s."""
+    return float(clip) + SECAGG_RANGE_STDS * float(noise_std)
+
+
+def count_share_scale(update_range: float, count_share_std: float) -> float:
+    """The factor the centred noisy bit is multiplied by before it enters SecAgg+'s sum as the extra coordinate.
+
+    The share b_i − ½ + N(0, s_b²) lies within ½ + 12 s_b (s_b = σ_b/√r_t) as the update coordinates lie within
+    ``update_range`` = C_t + 12·z_Δ C_t/√r_t; the scale maps the first range onto the second, so the quantizer
+    (2^22 levels over ±``update_range``) rounds the share with step 2(½ + 12 s_b)/2^22, the same fraction of its
+    range as an update coordinate, and clips it with the same negligible probability. Server and clients compute
+    it from the round's public C_t, r_t and the run-config's z_Δ, σ_b; it is post-processing of the noised share."""
+    if not (update_range > 0 and math.isfinite(update_range)):
+        raise ValueError(f"update_range must be a finite number > 0, got {update_range}")
+    if not (count_share_std >= 0 and math.isfinite(count_share_std)):
+        raise ValueError(f"count_share_std must be a finite number >= 0, got {count_share_std}")
+    return float(update_range) / (0.5 + SECAGG_RANGE_STDS * float(count_share_std))
+
+
+def split_count_coordinate(total: FloatArray, update_dim: int, scale: float) -> tuple[FloatArray, float]:
+    """(the update part, Σ_i (b_i − ½ + noise)) of a secure sum of ``update_dim`` + 1 coordinates whose last one is
+    the clients' shares times ``scale`` (:func:`count_share_scale`); ``ValueError`` for any other length."""
+    values = np.asarray(total, dtype=np.float64)
+    if values.ndim != 1 or values.shape[0] != int(update_dim) + 1:
+        raise ValueError(f"the secure sum has shape {values.shape}, expected ({int(update_dim) + 1},): the update's "
+                         f"{int(update_dim)} coordinates and one count coordinate")
+    if not (scale > 0 and math.isfinite(scale)):
+        raise ValueError(f"scale must be a finite number > 0, got {scale}")
+    return values[:-1], float(values[-1]) / float(scale)

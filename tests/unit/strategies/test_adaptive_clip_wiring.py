@@ -157,8 +157,8 @@ def test_client_refuses_a_nonsensical_clip_from_the_server(bad):
 def test_adaptive_clipping_is_refused_where_it_is_not_supported():
     with pytest.raises(ConfigError, match="'adaptive-clip-quantile' = 0.5 with strategy 'fed-smp-randk'.*dp-fedavg"):
         resolve_config({}, {**BASE, "strategy": "fed-smp-randk"})
-    with pytest.raises(ConfigError, match="'secure-aggregation' = true with adaptive-clip-quantile = 0.5"):
-        resolve_config({}, {**BASE, "strategy": "dp-fedavg", "secure-aggregation": True})
+    with pytest.raises(ConfigError, match="'secagg-mechanism' = 'ddg' with adaptive-clip-quantile = 0.5"):
+        resolve_config({}, {**BASE, "strategy": "dp-fedavg", "secure-aggregation": True})  # ddg, the default
     with pytest.raises(ConfigError, match="'adaptive-clip-lr' = 0.5 would have no effect"):
         resolve_config({}, {**BASE, "strategy": "dp-fedavg", "adaptive-clip-quantile": 0.0, "adaptive-clip-lr": 0.5,
                             "adaptive-clip-count-noise": 0.0})
