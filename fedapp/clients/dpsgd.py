@@ -103,8 +103,8 @@ class DPSGDClient(NumPyClient):
 
     def grad_sample_mode(self) -> str:
         cfg = self.s.cfg
-        return resolve_grad_sample_mode(cfg.training.grad_sample_mode, cfg.model_spec.name, self.s.new_model, self.s.train,
-                                        self.s.profile.batch_size, self.s.device)
+        return resolve_grad_sample_mode(cfg.training.grad_sample_mode, cfg.model_spec.name, self.s.new_model,
+                                        self.s.train, self.s.profile.batch_size, self.s.device)
 
     # ---- Flower API ------------------------------------------------------------------
     def get_parameters(self, config: dict[str, Any]) -> list[np.ndarray]:

@@ -304,7 +304,8 @@ def _ddg(sigma: float, clip: float, cohort: int, dim: int, bits: int) -> Distrib
     return DistributedDiscreteGaussian.calibrated(sigma, clip=clip, max_cohort=cohort, dim=dim, bits=bits)
 
 
-def check_record_delta(general: GeneralConfig, training: TrainingConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
+def check_record_delta(general: GeneralConfig, training: TrainingConfig, profiles: list[ClientProfile],
+                       sizes: list[int]) -> None:
     """Record-level DP before round 1: every client's δ_i must be at most 1/(10·N_i) unless ``allow-large-delta``,
     and the noise calibration of DP-SGD clients must reach their ε_i (:func:`check_dpsgd_calibration`)."""
     if not training.allow_large_delta:
@@ -320,7 +321,8 @@ def check_record_delta(general: GeneralConfig, training: TrainingConfig, profile
 _DPSGD_CLIENTS = ("fedapp.apps.factories:make_dpsgd_client", "fedapp.apps.factories:make_min_eps_client")
 
 
-def check_dpsgd_calibration(general: GeneralConfig, training: TrainingConfig, profiles: list[ClientProfile], sizes: list[int]) -> None:
+def check_dpsgd_calibration(general: GeneralConfig, training: TrainingConfig, profiles: list[ClientProfile],
+                            sizes: list[int]) -> None:
     """Refuse an ε_i that no noise multiplier achieves, before any client starts.
 
     A DP-SGD client calibrates z_i on its first round (``DPSGDClient.calibrate``); a target below what the

@@ -110,10 +110,12 @@ def test_client_state_dir_restores_the_accountant(tmp_path) -> None:
     for r in (1, 2):
         client.fit(_ins(r, ledger={2: 0.25 * (r - 1)} if r > 1 else None, lineage="runA"))
     fresh = _ctx()  # a restarted process / resumed run: empty Context.state, same lineage
-    res = guard_client(FakeClient(fresh), fresh, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(_ins(3, ledger={2: 0.5}, lineage="runA"))
+    res = guard_client(FakeClient(fresh), fresh, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(
+        _ins(3, ledger={2: 0.5}, lineage="runA"))
     assert res.metrics["status"] == "ok" and res.metrics["epsilon_spent"] == 0.75
     other = _ctx()  # another run (lineage) never inherits this state
-    res = guard_client(FakeClient(other), other, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(_ins(1, lineage="runB"))
+    res = guard_client(FakeClient(other), other, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(
+        _ins(1, lineage="runB"))
     assert res.metrics["epsilon_spent"] == 0.25
 
 

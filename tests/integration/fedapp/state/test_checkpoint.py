@@ -83,7 +83,8 @@ def test_stale_temporary_file_is_removed_before_writing_and_on_resume(tmp_path, 
     state["round"] = 1
     save_checkpoint(target, {"config": dict(cfg), "state": state, "rounds": [], "lineage": "x"})
     stale.write_bytes(b"")
-    assert attach(_strategy(), None, run_values=cfg, general=cfg.general, deployment=cfg.deployment) == 2 and not stale.exists()
+    remaining = attach(_strategy(), None, run_values=cfg, general=cfg.general, deployment=cfg.deployment)
+    assert remaining == 2 and not stale.exists()
 
     store = ClientStateStore(tmp_path / "clients", 4)  # client-side state: its own leftover on start
     leftover = temp_path(store.path("runA") / "pending-3.npz")
