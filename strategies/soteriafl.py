@@ -40,7 +40,7 @@ from strategies.compression import rand_k_compress, rand_k_decompress
 from strategies.errors import ConfigError
 from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
-from strategies.privacy.calibration import calibrate
+from strategies.privacy.calibration import calibrate, noise_floor
 from strategies.server.validation import number_metrics
 
 # ---------------------------------------------------------------------------------- methods
@@ -149,6 +149,11 @@ def calibrate_sigma(estimator: str, epsilon: float, delta: float, clip: float, b
 
     For SVRG/SAGA the split of σ_p² between the two terms is chosen from a small grid (the one
     with the smallest σ_p); the paper's proof uses 2/3.
+
+    The search starts at, and never probes below, :func:`~strategies.privacy.calibration.noise_floor`: a
+    closed-form σ_p under which ε certainly exceeds the target. Starting at σ_p = G/m instead (z = b/m ≈ 0.007
+    for SVRG's subsampled term at m = 2930, b = m^{2/3}/4 of Corollary 2) made dp_accounting's PLD allocate
+    more than 6 GB in one accountant call.
     """
     if not epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and delta in (0, 1), got {epsilon}, {delta}")
@@ -160,7 +165,11 @@ def calibrate_sigma(estimator: str, epsilon: float, delta: float, clip: float, b
         def epsilon_at(s: float, split: float = split) -> float:
             return epsilon_of(noise_history(estimator, s, clip, batch_size, m, rounds, split), delta, accountant)
 
-        sigma = calibrate(epsilon_at, epsilon, start=clip / m, rtol=rtol, what="noise std sigma_p")
+        floor = noise_floor(noise_history(estimator, 1.0, clip, batch_size, m, rounds, split), epsilon, delta)
+        if not math.isfinite(floor):
+            raise ValueError(f"cannot reach epsilon {epsilon} at delta {delta} with any noise std sigma_p")
+        sigma = calibrate(epsilon_at, epsilon, start=max(floor, clip / m), rtol=rtol, what="noise std sigma_p",
+                          lower=floor)
         if best is None or sigma < best[0]:
             best = (sigma, split)
     assert best is not None

@@ -16,9 +16,12 @@ from strategies.privacy.accountants import REPLACE_ONE, compact_history, epsilon
 
 
 def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: float = 1.0, rtol: float = 1e-3,
-              max_scale: float = 1e6, what: str = "noise") -> float:
+              max_scale: float = 1e6, what: str = "noise", lower: float = 0.0) -> float:
     """Smallest x (to relative precision ``rtol``) with ``epsilon_fn(x) <= target``; raises ``ValueError``
     when even ``start · max_scale`` cannot reach it.
+
+    ``lower`` (≤ ``start``): the caller knows ``epsilon_fn(x) > target`` for every x < ``lower``
+    (e.g. :func:`noise_floor`), so ``epsilon_fn`` is never called below it.
 
     Root-finding on g(u) = log ε(eᵘ) − log target: expand from ``start`` with slope-(−1) steps (ε ≈ c/x
     for a Gaussian mechanism in its usual regime) until a bracket holds, then Illinois regula falsi aimed
@@ -29,6 +32,8 @@ def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: flo
         raise ValueError(f"target epsilon must be a finite number > 0, got {target}")
     if not start > 0:
         raise ValueError(f"start must be > 0, got {start}")
+    if not 0 <= lower <= start:
+        raise ValueError(f"lower must be in [0, start={start}], got {lower}")
     accept = math.log1p(-rtol)  # g in [accept, 0]: target·(1 − rtol) <= ε <= target
     aim = math.log1p(-rtol / 2)
 
@@ -37,6 +42,8 @@ def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: flo
         return math.log(eps / target) if eps > 0 else -math.inf
 
     u_min, u_max = math.log(start / max_scale), math.log(start * max_scale)
+    if lower > 0:
+        u_min = max(u_min, math.log(lower))
     u, gu = math.log(start), g(math.log(start))
     if accept <= gu <= 0:
         return start
@@ -93,6 +100,59 @@ def calibrate(epsilon_fn: Callable[[float], float], target: float, *, start: flo
                 glo = aim + (glo - aim) / 2
             side = 1
     return math.exp(hi[0])
+
+
+def gaussian_delta(epsilon: float, noise_multiplier: float) -> float:
+    """Exact δ(ε) of one Gaussian mechanism with noise std / sensitivity = z (Balle & Wang 2018, Thm 8):
+    Φ(1/(2z) − εz) − e^ε Φ(−1/(2z) − εz), in log space so that neither term underflows."""
+    from scipy import special
+
+    a = float(special.log_ndtr(0.5 / noise_multiplier - epsilon * noise_multiplier))
+    b = epsilon + float(special.log_ndtr(-0.5 / noise_multiplier - epsilon * noise_multiplier))
+    return math.exp(a) * -math.expm1(min(b - a, 0.0)) if a > -math.inf else 0.0
+
+
+def delta_lower_bound(epsilon: float, noise_multiplier: float, sample_rate: float, steps: int) -> float:
+    """A lower bound on the true δ(ε) of ``steps`` Poisson-subsampled Gaussian steps (z, q), any neighbouring
+    relation that contains add/remove-one (replace-one does: swap a record for one whose clipped contribution is 0).
+
+    q = 1: the T steps are one Gaussian mechanism with multiplier z/√T (exact). q < 1: the first step alone,
+    removal direction, where subsampling amplifies by an identity (Balle, Barthe, Gaboardi 2018):
+    (1 − q)μ₀ + qμ₁ − e^ε μ₀ = q(μ₁ − e^ε′ μ₀) with e^ε′ = 1 + (e^ε − 1)/q, so δ = q·δ_Gauss(ε′).
+    Composition never lowers δ(ε), and every accountant of
+    :mod:`strategies.privacy.accountants` reports an ε at least the true one, so δ > δ_target here means the
+    accountant's ε exceeds ε_target."""
+    if sample_rate >= 1:
+        return gaussian_delta(epsilon, noise_multiplier / math.sqrt(steps))
+    eps_inner = math.log1p(math.expm1(epsilon) / sample_rate)
+    return sample_rate * gaussian_delta(eps_inner, noise_multiplier)
+
+
+def noise_floor(unit_history: Iterable[Sequence[float]], target: float, delta: float) -> float:
+    """A noise scale x₀ such that every x ≤ x₀ spends more than ``target`` at ``delta``, given the history at
+    x = 1 (each z proportional to x, as for σ_p in SoteriaFL's ``noise_history``); 0 when none is found.
+
+    Each entry alone bounds the composition from below (:func:`delta_lower_bound`), so x₀ is the largest of
+    the entries' floors. Closed form only: no accountant call. A calibration that starts from x₀ never asks
+    an accountant about tiny noise, where dp_accounting's PLD grid grows like 1/z² (3 GB at z = q = 0.016, 100 steps)."""
+    floor = 0.0
+    for z1, q, steps in compact_history(unit_history):
+        if not z1 > 0:
+            continue
+
+        def misses(z: float, q: float = q, steps: int = steps) -> bool:  # true ε at z certainly > target
+            return delta_lower_bound(target, z, q, steps) > delta
+
+        lo, hi = 1e-6, 1e6  # in z; keep lo with misses(lo)
+        if not misses(lo):
+            continue
+        if misses(hi):
+            return math.inf
+        while hi / lo > 1.0 + 1e-6:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (mid, hi) if misses(mid) else (lo, mid)
+        floor = max(floor, lo / z1)
+    return floor
 
 
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, steps: int,
