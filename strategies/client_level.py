@@ -14,7 +14,8 @@ conditionally rounded update plus discrete Gaussian noise modulo 2^b, the server
 multiplier 1/(a + τ√d) (Kairouz et al., Prop. 14: an upper bound of its RDP at every order, so the RDP ledger never
 claims less than the mechanism gives), unamplified for every view.
 
-Adaptive clipping (``adaptive-clip-quantile`` > 0, dp-fedavg; Andrew et al. 2021, Alg. 1): the server holds C_t,
+Adaptive clipping (``adaptive-clip-quantile`` > 0: dp-fedavg, fed-smp-randk/topk and the DP2-FedSAM family, each
+counting the bit of the vector it clips; not dp-ftrl; Andrew et al. 2021, Alg. 1): the server holds C_t,
 sends it in the fit config (``dp-clip-norm``) and sets C_{t+1} = C_t · exp(−η_C (b̄_t − γ)) from the clients' count
 shares b_i − ½ + N(0, σ_b²/r) (:meth:`ClientLevelDPStrategy.adapt_clip`). Each update carries z_Δ·C_t with
 z_Δ⁻² = z⁻² − (2σ_b)⁻², so update and share together are one Gaussian at the run's z (Thm 1), charged as such.

@@ -18,6 +18,13 @@ accountant with q = rN/N over T rounds (Theorem 2's closed form is only a suffic
 like ``client_dp.py`` it is the guarantee of the aggregate (secure aggregation assumed); a server
 seeing single updates gets multiplier σ/√(rN) (reported as ``epsilon_individual``).
 
+Adaptive clipping (``adaptive-clip-quantile`` > 0, every variant; Andrew et al., NeurIPS 2021, Alg. 1 / Thm 1):
+the machinery of :class:`~strategies.client_level.ClientLevelDPStrategy` (C_t in the fit config, the noise split
+z_Δ/σ_b charged at z, the count as a metric or, under SecAgg+ with continuous Gaussian shares, as coordinate d_φ+1
+of the secure sum). The vector clipped at C_t and noised is the shared-part update Δφ (the whole model's update for
+the non-personalized variants), so each client's bit is b_i = 1[‖Δφ_i‖ ≤ C_t]: the head's update never leaves the
+client and is neither clipped nor counted.
+
 Framework-free math (numpy/torch only): φ/h split by parameter-name prefix
 (:func:`head_parameter_names`) and the SAM/ASAM step of Eq. 11–12 (:func:`sam_gradient`); the local
 training loop that uses them is ``fedapp.clients.training``. The Flower server strategy aggregates only φ
@@ -161,12 +168,19 @@ class DP2FedSAMStrategy(ClientLevelDPStrategy):
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         extra: dict[str, Any] = {}
-        if self.dp is not None:
+        if self.dp is not None and self.adaptive is None:  # adaptive: adapt_clip reports the round's C_t
             extra["clip_norm"] = self.dp.clip
-        norms = [float(u.metrics["local_update_norm"]) for u in updates if "local_update_norm" in u.metrics]
+
+        def clip_of(u: ClientUpdate) -> float:  # the clip it was clipped at (adaptive: the C_t checked on acceptance)
+            if self.dp is None:
+                return math.inf
+            return float(u.metrics["clip_norm"]) if self.adaptive is not None else self.dp.clip
+
+        reported = [u for u in updates if "local_update_norm" in u.metrics]
+        norms = [float(u.metrics["local_update_norm"]) for u in reported]
         if norms:  # Figure 5 diagnostic, only present when clients opt in (dp2-report-norms)
             extra.update(mean_local_update_norm=float(np.mean(norms)), std_local_update_norm=float(np.std(norms)),
-                         clipped_fraction=float(np.mean([n > (self.dp.clip if self.dp else math.inf) for n in norms])))
+                         clipped_fraction=float(np.mean([n > clip_of(u) for n, u in zip(norms, reported)])))
         return np.ones(len(updates)), extra  # uniform 1/r (Alg. 1 line 13, Alg. 2 line 25)
 
     def evaluates(self, server_round: int) -> bool:

@@ -84,7 +84,10 @@ def advance_to(stream: BandedNoise | TreeNoise, index: int) -> np.ndarray:
 
 
 class DPFTRLStrategy(ClientLevelStrategy):
-    """DP-FTRL server (see the module docstring): dense DP-FedAvg rounds, correlated noise, one-Gaussian ledger."""
+    """DP-FTRL server (see the module docstring): dense DP-FedAvg rounds, correlated noise, one-Gaussian ledger.
+
+    No adaptive clipping (Andrew et al. 2021): the correlated noise's sensitivity is analysed for one fixed clip C
+    across rounds, and a changing C_t breaks the prefix-sum structure that analysis rests on."""
 
     name = "dp-ftrl"
     privacy = threat_models.CLIENT_LEVEL_FTRL

@@ -16,6 +16,14 @@ Registry strategies (all share :class:`ClientLevelStrategy`):
 * ``fedavg-randk`` / ``fedavg-topk``  the same sparsify + clip without noise (σ = 0): non-private
                      baselines that differ from Fed-SMP only in the DP noise (paper Sec. 6.3.2).
 
+Adaptive clipping (``adaptive-clip-quantile`` > 0, dp-fedavg and both private Fed-SMP variants; Andrew et al.,
+NeurIPS 2021, Alg. 1 / Thm 1; :mod:`strategies.client_level` holds C_t, the noise split and the count): DP-spar
+sparsifies *first* and clips the k transmitted values (rand_k: after the d/k scaling), so that is the vector clipped
+at C_t and noised with z_Δ·C_t/√r, and each client's bit is b_i = 1[‖Δ'‖ ≤ C_t] of that sparsified Δ', not of the
+full Δ (whose norm may lie on the other side of C_t): the count then estimates the quantile of the norms the clip
+actually acts on, and its sensitivity stays ½ per client whatever Δ is. Under SecAgg+ (continuous Gaussian shares)
+the payload is the k mask values plus the count coordinate (:meth:`ClientLevelStrategy.payload_dim`).
+
 Wire format of a sparse update: a single float32 array of the k kept values in mask order
 (ascending coordinate index) — no zeros and no index list; the server knows the mask.
 Sign convention: this library's Δ is θ_local − θ (the paper's is θ − θ_local), so the server
@@ -65,7 +73,9 @@ def dp_spar(update: np.ndarray, indices: np.ndarray, sparsifier: str, *, clip: f
 
     rand_k: Δ' = (d/k) Δ⊙m (unbiased); top_k: Δ' = Δ⊙m. Then Δ̂ = Δ'·min(1, C/‖Δ'‖) and, if ``dp``
     is given, N(0, C²σ²/r_t) on the k masked coordinates only (the others are never sent).
-    ``dp=None`` (FedAvg-randk/topk) clips to ``clip`` (if not None) and adds no noise.
+    ``dp=None`` (FedAvg-randk/topk) clips to ``clip`` (if not None) and adds no noise. The returned norm is ‖Δ'‖,
+    the norm of the vector that is clipped: adaptive clipping's bit 1[‖Δ'‖ ≤ C_t] is taken on it (Andrew et al.
+    2021, Alg. 1 applied to what the mechanism clips).
     """
     if sparsifier not in ("randk", "topk"):
         raise ValueError(f"sparsifier must be 'randk' or 'topk', got {sparsifier!r}")

@@ -172,7 +172,8 @@ def public_update_fn(general: GeneralConfig, data: DataConfig, training: Trainin
 
 
 def _client_level_kwargs(ctx: StrategyContext, engine: EngineSettings, general: GeneralConfig,
-                         training: TrainingConfig, client_dp: ClientDPConfig, private: bool) -> dict[str, Any]:
+                         training: TrainingConfig, client_dp: ClientDPConfig, private: bool,
+                         name: str) -> dict[str, Any]:
     kwargs = engine.kwargs(ctx)
     kwargs["clip"] = training.clip_norm
     if private:
@@ -180,16 +181,16 @@ def _client_level_kwargs(ctx: StrategyContext, engine: EngineSettings, general: 
                                                                        general.num_clients or n)
         kwargs["secure_sum_factory"] = lambda dp, dim: secure_sum_mechanism(client_dp, dp, dim)
         kwargs["secure_aggregation"] = ctx.secure_aggregation
+        if name in ADAPTIVE_CLIP_STRATEGIES and client_dp.adaptive_clip_quantile > 0:
+            # given only when adaptive clipping is on: under SecAgg+ it adds the count coordinate to the payload
+            kwargs["adaptive_clip_factory"] = lambda dp: adaptive_clip_config(client_dp, dp)
     return kwargs
 
 
 def _fed_smp(ctx: StrategyContext, engine: EngineSettings, *, general: GeneralConfig, data: DataConfig,
              training: TrainingConfig, client_dp: ClientDPConfig, model_spec: ModelSpec, name: str, sparsifier: str,
              private: bool) -> ClientLevelStrategy:
-    kwargs = _client_level_kwargs(ctx, engine, general, training, client_dp, private)
-    if private and name in ADAPTIVE_CLIP_STRATEGIES and client_dp.adaptive_clip_quantile > 0:
-        # given only when adaptive clipping is on: under SecAgg+ it adds the count coordinate to the payload
-        kwargs["adaptive_clip_factory"] = lambda dp: adaptive_clip_config(client_dp, dp)
+    kwargs = _client_level_kwargs(ctx, engine, general, training, client_dp, private, name)
     return ClientLevelStrategy(
         sparsifier=sparsifier, compression_ratio=client_dp.compression_ratio if sparsifier != "none" else 1.0,
         public_update_fn=public_update_fn(general, data, training, client_dp, model_spec) if sparsifier == "topk"
@@ -247,7 +248,7 @@ def build_dp2_variant(ctx: StrategyContext, engine: EngineSettings, *, general: 
                       training: TrainingConfig, client_dp: ClientDPConfig, dp2_fedsam: DP2FedSAMConfig,
                       model_spec: ModelSpec, name: str) -> DP2FedSAMStrategy:
     variant = get_variant(name)
-    kwargs = _client_level_kwargs(ctx, engine, general, training, client_dp, private=True)
+    kwargs = _client_level_kwargs(ctx, engine, general, training, client_dp, private=True, name=name)
     kwargs["initial_weights"] = shared_weights(dp2_fedsam.dp2_head, data, model_spec, ctx.initial_weights,
                                                variant.personalized)
     if variant.personalized:

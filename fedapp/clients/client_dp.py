@@ -9,8 +9,9 @@ client runs τ local momentum-SGD steps from the global model θ (momentum reset
   only the k masked values (``strategies.fed_smp.encode_sparse``);
 * non-private (``fedavg-randk/topk``): the same sparsify + clip, no noise.
 
-With adaptive clipping (dp-fedavg, ``adaptive-clip-quantile`` > 0; Andrew et al. 2021, Alg. 1 / Thm 1) the clip
-is the server's C_t, the noise z_Δ·C_t/√r with z_Δ from this client's run-config (:func:`adaptive_round`), and the
+With adaptive clipping (dp-fedavg, fed-smp-randk/topk, ``adaptive-clip-quantile`` > 0; Andrew et al. 2021, Alg. 1 /
+Thm 1) the clip is the server's C_t (for Fed-SMP: of the sparsified vector DP-spar clips, so b_i is that vector's
+norm against C_t, not the full Δ's), the noise z_Δ·C_t/√r with z_Δ from this client's run-config (:func:`adaptive_round`), and the
 client also releases its noised count share b_i − ½ + N(0, σ_b²/r): as a metric without SecAgg+; under SecAgg+
 (``secagg-mechanism = 'gaussian'`` only) never as a metric, but scaled as one extra coordinate of the vector it
 masks (:func:`secure_count_coordinate`), so the server learns only the survivors' sum. That holds against an
@@ -124,6 +125,27 @@ def secure_count_coordinate(norm: float, noise_dp: ClientLevelDP, adaptive: Adap
     scale = count_share_scale(secagg_update_range(noise_dp.clip, noise_dp.noise_std(r_cfg)),
                               adaptive.count_noise_std / math.sqrt(r_cfg))
     return scale * share
+
+
+def release_count_share(arrays: list[np.ndarray], metrics: dict[str, Any], norm: float, noise_dp: ClientLevelDP,
+                        adaptive: AdaptiveClipConfig, config: dict[str, Any], floors: ClientFloors | None,
+                        rng: np.random.Generator) -> list[np.ndarray]:
+    """Release this client's share of adaptive clipping's noisy count (Andrew et al. 2021, Alg. 1), b_i − ½ + noise
+    with b_i = 1[``norm`` ≤ C_t], C_t = ``noise_dp.clip``; returns the arrays to send.
+
+    ``norm`` must be the pre-clip norm of exactly the vector the round clips at C_t and noises (dense Δ for
+    dp-fedavg, the sparsified and, for rand_k, d/k-scaled k values for Fed-SMP, the shared part Δφ for the
+    DP2-FedSAM family): the bit is then the one Thm 1's noise split covers (sensitivity ½ per client). Under SecAgg+
+    the share, σ_b/√r_t as the update's z_Δ C_t/√r_t, is appended as one extra coordinate of the secure sum
+    (:func:`secure_count_coordinate`) and never reported; without it the share, σ_b/√r as the update's z_Δ C_t/√r,
+    is the metric ``unclipped_share``."""
+    if noise_dp.secure_aggregation:
+        r_t = round_clients(config, noise_dp, floors)
+        count = secure_count_coordinate(float(norm), noise_dp, adaptive, config, r_t, rng)
+        return [*arrays, np.array([count], dtype=np.float64)]
+    share_std = adaptive.count_noise_std / math.sqrt(noise_dp.clients_per_round)
+    metrics[METRIC_UNCLIPPED_SHARE] = noisy_centred_bit(float(norm), noise_dp.clip, share_std, rng)
+    return arrays
 
 
 def local_steps(client_dp: ClientDPConfig, training: TrainingConfig, num_examples: int, batch_size: int) -> int:
@@ -248,15 +270,11 @@ class ClientLevelDPClient(NumPyClient):
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
             return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
         metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps, **extra})
-        if adaptive is not None and noise_dp is not None and noise_dp.secure_aggregation:
-            # its share of the count, σ_b/√r_t as the update's z_Δ C_t/√r_t, only inside the secure sum
-            r_t = round_clients(config, noise_dp, self.floors)
-            count = secure_count_coordinate(float(extra["update_norm"]), noise_dp, adaptive, config, r_t, rng)
-            arrays = [*arrays, np.array([count], dtype=np.float64)]
-        elif adaptive is not None and noise_dp is not None:  # its share of the count: σ_b/√r, as the update's z_Δ C_t/√r
-            share_std = adaptive.count_noise_std / math.sqrt(noise_dp.clients_per_round)
-            metrics[METRIC_UNCLIPPED_SHARE] = noisy_centred_bit(float(extra["update_norm"]), noise_dp.clip, share_std,
-                                                                rng)
+        if adaptive is not None and noise_dp is not None:
+            # the bit of the norm privatize clipped at C_t: the dense Δ, or Fed-SMP's sparsified (rand_k: d/k-scaled)
+            # k values, whose norm can fall on the other side of C_t than the full Δ's
+            arrays = release_count_share(arrays, metrics, float(extra["update_norm"]), noise_dp, adaptive, config,
+                                         self.floors, rng)
         if dp is None:  # non-private baselines only: loss and pre-clip norm of private data are not covered by DP
             metrics["train_loss"] = result.loss
         else:

@@ -12,6 +12,13 @@ the seeded model): τ_h epochs of SGD on h with φ fixed, then τ_φ epochs of S
 on φ with h fixed; only Δφ is sent. Evaluation uses (φ, h_i) on the local test split. FT variants
 fine-tune a local copy of the global model for ``ft-epochs`` before evaluating; it never leaves.
 
+Adaptive clipping (``adaptive-clip-quantile`` > 0; Andrew et al. 2021, Alg. 1 / Thm 1), as
+:class:`~fedapp.clients.client_dp.ClientLevelDPClient` does it and with its functions: the clip is the server's C_t
+(``dp-clip-norm``, :func:`~fedapp.clients.client_dp.adaptive_round`), the noise z_Δ·C_t/√r with z_Δ derived from
+this client's own run-config, and the count share b_i − ½ + N(0, σ_b²/r) with b_i = 1[‖Δφ‖ ≤ C_t] on the shared-part
+update it clips (:func:`~fedapp.clients.client_dp.release_count_share`): a metric without SecAgg+, one extra
+coordinate of the secure sum under it.
+
 The Gaussian noise draws from OS entropy unless ``seeded-noise`` is set: a server that knows the
 run seed could otherwise regenerate and subtract it.
 """
@@ -26,7 +33,7 @@ import torch
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, Context
 
-from fedapp.clients.client_dp import discrete_share
+from fedapp.clients.client_dp import adaptive_round, discrete_share, release_count_share
 from fedapp.clients.client_level_guard import (
     ClientFloors,
     accounted_rounds,
@@ -48,7 +55,7 @@ from fedapp.clients.training import SAM, LocalTraining, epochs_to_steps, get_wei
 from fedapp.config import ConfigError, DataConfig
 from fedapp.data.datasets import load_dataset
 from fedapp.models.catalog import ModelSpec
-from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
+from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, secure_sum_mechanism
 from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
 from strategies.dp2_fedsam import Variant, shared_mask
@@ -137,6 +144,17 @@ class DP2FedSAMClient(NumPyClient):
                         "epsilon_budget": budget, "reported_epsilon": budget, "steps": rounds - 1})
         reason = budget_refusal(rounds, eps_next, budget, f"client-level, sigma={dp.noise_multiplier:.4f}, "
                                 f"q={dp.sample_rate:.4f}, planned T={dp.rounds}") or floor_refusal(dp, floors)
+        noise_dp, adaptive = dp, None  # the mechanism the update carries (under adaptive clipping: C_t, z_Δ)
+        if reason is None:
+            try:
+                adaptive = adaptive_clip_config(cfg.client_dp, dp)
+            except ConfigError as exc:
+                reason = str(exc)
+            if adaptive is not None:
+                adapted, reason = adaptive_round(dp, adaptive, config, cfg.client_dp.secagg_mechanism)
+                if adapted is not None:
+                    noise_dp = adapted
+                    metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         start = time.perf_counter()
@@ -165,10 +183,10 @@ class DP2FedSAMClient(NumPyClient):
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
         rng = np.random.default_rng(noise_seed(cfg.general, p.client_id, rnd))
         r_t = round_clients(config, dp, floors)
-        ddg = secure_sum_mechanism(cfg.client_dp, dp, delta.size)
+        ddg = secure_sum_mechanism(cfg.client_dp, dp, delta.size)  # never with adaptive clipping (adaptive_round)
         try:
-            if ddg is None:  # Alg. 2 lines 18–19: clip, add N(0, C²σ²/r_t)
-                noisy, norm = dp.privatize(delta, rng, r_t)
+            if ddg is None:  # Alg. 2 lines 18–19: clip, add N(0, C²σ²/r_t) (adaptive: C_t, z_Δ)
+                noisy, norm = noise_dp.privatize(delta, rng, r_t)
                 arrays = unflatten(noisy, self.shared_shapes)
             else:  # clip, then the discrete Gaussian share of the secure sum
                 clipped, norm = clip_by_l2(delta, dp.clip)
@@ -176,6 +194,8 @@ class DP2FedSAMClient(NumPyClient):
                 metrics[SECAGG_BITS] = ddg.bits
         except ValueError as exc:  # malformed round config from the server: send nothing
             return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
+        if adaptive is not None:  # the bit of ‖Δφ‖, the shared-part update just clipped at C_t (never the head's)
+            arrays = release_count_share(arrays, metrics, norm, noise_dp, adaptive, config, floors, rng)
         record_release(self.context)
         if self.variant.personalized and not diverged:  # a diverged round keeps the previous head
             self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here

@@ -234,20 +234,27 @@ def check_ftrl(cfg: Mapping[str, Any]) -> None:
                           "client adds its noise stream) or client-dp-adversary = 'release' (a trusted server)")
 
 
-#: the strategies that run adaptive clipping (run-config adaptive-clip-*)
-ADAPTIVE_CLIP_STRATEGIES = ("dp-fedavg",)
+#: the strategies that run adaptive clipping (run-config adaptive-clip-*): every client-level strategy with independent
+#: Gaussian noise per round (DP-FedAvg, Fed-SMP's private variants, the DP2-FedSAM family); not dp-ftrl
+ADAPTIVE_CLIP_STRATEGIES = ("dp-fedavg", "fed-smp-randk", "fed-smp-topk", "dp2-fedsam", "centaur", "dp-fedsam",
+                            "dp-fedsam-ft", "dp-fedavg-ft")
 
 
 def check_adaptive_clip(cfg: Mapping[str, Any]) -> None:
-    """Adaptive clipping runs with dp-fedavg, without SecAgg+ or under SecAgg+ with continuous Gaussian shares (the
-    count share rides in the secure sum): refuse the settings it would not serve."""
+    """Adaptive clipping runs with the strategies of :data:`ADAPTIVE_CLIP_STRATEGIES`, without SecAgg+ or under
+    SecAgg+ with continuous Gaussian shares (the count share rides in the secure sum): refuse the settings it would
+    not serve. dp-ftrl is excluded: its correlated noise's sensitivity is analysed for one fixed clip across rounds,
+    and a changing C_t breaks the prefix-sum structure that analysis rests on."""
     quantile = cfg["adaptive-clip-quantile"]
     if quantile == 0:
         return
     if cfg["strategy"] not in ADAPTIVE_CLIP_STRATEGIES:
         raise ConfigError(f"run-config 'adaptive-clip-quantile' = {quantile!r} with strategy {cfg['strategy']!r}: "
-                          f"adaptive clipping is supported by strategy in {list(ADAPTIVE_CLIP_STRATEGIES)} only; set "
-                          "adaptive-clip-quantile = 0 (a fixed clip-norm) or pick a supported strategy")
+                          f"adaptive clipping is supported by strategy in {list(ADAPTIVE_CLIP_STRATEGIES)} only"
+                          + (" (dp-ftrl's correlated noise has its sensitivity analysed for one fixed clip across "
+                             "rounds: a changing C_t breaks the prefix-sum structure)"
+                             if cfg["strategy"] in FTRL_STRATEGIES else "")
+                          + "; set adaptive-clip-quantile = 0 (a fixed clip-norm) or pick a supported strategy")
     if cfg["secure-aggregation"] and cfg["secagg-mechanism"] != "gaussian":
         raise ConfigError(f"run-config 'secagg-mechanism' = {cfg['secagg-mechanism']!r} with adaptive-clip-quantile = "
                           f"{quantile!r}: the distributed discrete Gaussian's privacy bound covers the rotated update "

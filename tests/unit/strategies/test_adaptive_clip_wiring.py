@@ -155,8 +155,10 @@ def test_client_refuses_a_nonsensical_clip_from_the_server(bad):
 
 # ---------------------------------------------------------------------------- run-config
 def test_adaptive_clipping_is_refused_where_it_is_not_supported():
-    with pytest.raises(ConfigError, match="'adaptive-clip-quantile' = 0.5 with strategy 'fed-smp-randk'.*dp-fedavg"):
-        resolve_config({}, {**BASE, "strategy": "fed-smp-randk"})
+    with pytest.raises(ConfigError, match="'adaptive-clip-quantile' = 0.5 with strategy 'fedavg-randk'.*dp-fedavg"):
+        resolve_config({}, {**BASE, "strategy": "fedavg-randk"})  # non-private: nothing to adapt
+    with pytest.raises(ConfigError, match="'dp-ftrl'.*fixed clip across rounds: a changing C_t breaks the prefix-sum"):
+        resolve_config({}, {**BASE, "strategy": "dp-ftrl", "client-dp-adversary": "release", "clients-per-round": 0})
     with pytest.raises(ConfigError, match="'secagg-mechanism' = 'ddg' with adaptive-clip-quantile = 0.5"):
         resolve_config({}, {**BASE, "strategy": "dp-fedavg", "secure-aggregation": True})  # ddg, the default
     with pytest.raises(ConfigError, match="'adaptive-clip-lr' = 0.5 would have no effect"):
