@@ -91,7 +91,8 @@ def run_one(strategy: str, overrides: dict, num_clients: int) -> dict:
     for cid in range(num_clients):
         context = Context(run_id=0, node_id=cid, node_config={"partition-id": cid, "num-partitions": num_clients},
                           state=RecordDict(), run_config={})
-        client = DP2FedSAMClient(setup_client(context, {**overrides, "strategy": strategy}), context, VARIANTS[strategy])
+        ov = {**overrides, "strategy": strategy}
+        client = DP2FedSAMClient(setup_client(context, ov), cfg.client_dp, cfg.dp2_fedsam, context, VARIANTS[strategy])
         manager.register(LocalProxy(cid, client))
     records: list[dict] = []
 

@@ -131,7 +131,7 @@ def run_in_process(overrides: dict[str, Any], num_clients: int, log_every: int =
             cid = int(proxy.cid)
             context = Context(run_id=0, node_id=cid + 1, node_config={"partition-id": cid, "num-partitions": num_clients},
                               state=RecordDict(), run_config={})
-            client = ClientLevelDPClient(setup_client(context, overrides), context, private=private)
+            client = ClientLevelDPClient(setup_client(context, overrides), cfg.client_dp, context, private=private)
             arrays, n, metrics = client.fit(parameters_to_ndarrays(ins.parameters), dict(ins.config))
             results.append((proxy, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), n, metrics)))
         params, _ = strategy.aggregate_fit(rnd, results, [])

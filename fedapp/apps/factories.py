@@ -264,6 +264,8 @@ build_dp_fedavg_ft = functools.partial(build_dp2_variant, name="dp-fedavg-ft")
 
 
 # ----------------------------------------------------------------------------- clients
+# Client builders are composition roots: each resolves the run-config (memoized per process) and hands its client
+# the setup every client shares plus its family's section.
 def make_dpsgd_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Record-level DP-SGD client (Robust-HDP family, DPFedAvg)."""
     return DPSGDClient(setup_client(context, overrides), context, private=True).to_client()
@@ -281,25 +283,30 @@ def make_min_eps_client(context: Context, overrides: dict[str, Any] | None = Non
 
 def make_client_dp_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """DP-FedAvg / Fed-SMP client (client-level DP)."""
-    return ClientLevelDPClient(setup_client(context, overrides), context, private=True).to_client()
+    cfg = resolve_config(context.run_config, overrides)
+    return ClientLevelDPClient(setup_client(context, overrides), cfg.client_dp, context, private=True).to_client()
 
 
 def make_ftrl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """DP-FTRL client: clips; under SecAgg+ adds its share of the correlated noise from its own stream."""
-    return FTRLClient(setup_client(context, overrides), context, private=True).to_client()
+    cfg = resolve_config(context.run_config, overrides)
+    return FTRLClient(setup_client(context, overrides), cfg.client_dp, context, private=True).to_client()
 
 
 def make_compressed_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """FedAvg-randk / FedAvg-topk client (sparsified + clipped, no noise)."""
-    return ClientLevelDPClient(setup_client(context, overrides), context, private=False).to_client()
+    cfg = resolve_config(context.run_config, overrides)
+    return ClientLevelDPClient(setup_client(context, overrides), cfg.client_dp, context, private=False).to_client()
 
 
 def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Client of every SoteriaFL-family method."""
-    return SoteriaFLClient(setup_client(context, overrides), context).to_client()
+    cfg = resolve_config(context.run_config, overrides)
+    return SoteriaFLClient(setup_client(context, overrides), cfg.soteriafl, context).to_client()
 
 
 def make_dp2_fedsam_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Client of every DP2-FedSAM-family strategy; the variant comes from run-config ``strategy``."""
     cfg = resolve_config(context.run_config, overrides)
-    return DP2FedSAMClient(setup_client(context, overrides), context, get_variant(cfg.general.strategy)).to_client()
+    return DP2FedSAMClient(setup_client(context, overrides), cfg.client_dp, cfg.dp2_fedsam, context,
+                           get_variant(cfg.general.strategy)).to_client()

@@ -159,8 +159,10 @@ class ClientLevelDPClient(NumPyClient):
     #: whether this client runs adaptive clipping when the run-config asks for it (its privatize clips at dp.clip)
     adaptive_clipping: bool = True
 
-    def __init__(self, setup: ClientSetup, context: Context | None = None, private: bool = True) -> None:
+    def __init__(self, setup: ClientSetup, client_dp: ClientDPConfig, context: Context | None = None,
+                 private: bool = True) -> None:
         self.s = setup
+        self.client_dp = client_dp  # the run-config's client-level DP section
         self.context = context
         self.private = private
 
@@ -169,7 +171,7 @@ class ClientLevelDPClient(NumPyClient):
         """The run's client-level mechanism (None for the non-private baselines)."""
         if not self.private:
             return None
-        return client_level_mechanism(self.s.cfg.general, self.s.cfg.training, self.s.cfg.client_dp, self.s.profile.num_clients)
+        return client_level_mechanism(self.s.general, self.s.training, self.client_dp, self.s.profile.num_clients)
 
     @property
     def floors(self) -> ClientFloors:
@@ -189,21 +191,21 @@ class ClientLevelDPClient(NumPyClient):
 
     # ---- hooks -----------------------------------------------------------------------
     def local_steps(self) -> int:
-        return local_steps(self.s.cfg.client_dp, self.s.cfg.training, len(self.s.train), self.s.profile.batch_size)
+        return local_steps(self.client_dp, self.s.training, len(self.s.train), self.s.profile.batch_size)
 
     def local_train(self, model: nn.Module, *, lr: float, seed: int, config: dict[str, Any]) -> TrainResult:
         """*hook*: τ local steps in place on ``model``."""
         spec = LocalTraining(batch_size=self.s.profile.batch_size, steps=self.local_steps(), lr=lr,
-                             momentum=float(self.s.cfg.training.momentum), seed=seed)
+                             momentum=float(self.s.training.momentum), seed=seed)
         return local_train(model, self.s.train, spec, self.s.device)
 
     def privatize(self, update: np.ndarray, shapes: list[tuple[int, ...]], config: dict[str, Any],
                   dp: ClientLevelDP | None, rng: np.random.Generator) -> tuple[list[np.ndarray], dict[str, Any]]:
         """*hook*: Δ (flat) → wire arrays + metrics. Dense per-layer arrays, or the k masked values."""
         sparsifier, indices = mask_from_config(config, update.size)
-        clip = dp.clip if dp is not None else float(self.s.cfg.training.clip_norm)
+        clip = dp.clip if dp is not None else float(self.s.training.clip_norm)
         r_t = round_clients(config, dp, self.floors) if dp is not None else None
-        ddg = secure_sum_mechanism(self.s.cfg.client_dp, dp, update.size if indices is None else len(indices)) \
+        ddg = secure_sum_mechanism(self.client_dp, dp, update.size if indices is None else len(indices)) \
             if dp is not None else None
         if ddg is not None:  # clip here; the discrete Gaussian share replaces the continuous noise
             assert r_t is not None
@@ -224,7 +226,7 @@ class ClientLevelDPClient(NumPyClient):
         return get_weights(self.s.new_model())
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        p, cfg = self.s.profile, self.s.cfg
+        p, training = self.s.profile, self.s.training
         server_round = int(config["server-round"])
         metrics: dict[str, Any] = {"client_id": p.client_id, "batch_size": p.batch_size, "num_train": len(self.s.train)}
         dp = self.mechanism()
@@ -239,11 +241,11 @@ class ClientLevelDPClient(NumPyClient):
             reason = reason or floor_refusal(dp, self.floors)
             if reason is None and self.adaptive_clipping:
                 try:
-                    adaptive = adaptive_clip_config(cfg.client_dp, dp)
+                    adaptive = adaptive_clip_config(self.client_dp, dp)
                 except ConfigError as exc:
                     reason = str(exc)
                 if adaptive is not None:
-                    noise_dp, reason = adaptive_round(dp, adaptive, config, cfg.client_dp.secagg_mechanism)
+                    noise_dp, reason = adaptive_round(dp, adaptive, config, self.client_dp.secagg_mechanism)
                     if noise_dp is not None:
                         metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
             if reason is not None:
@@ -256,15 +258,15 @@ class ClientLevelDPClient(NumPyClient):
                            "reason": f"batch-size {p.batch_size} > local dataset size {len(self.s.train)}"}
         model = self.s.new_model()
         set_weights(model, parameters)
-        lr = round_lr(cfg.training.lr, cfg.training.lr_decay, server_round)
-        result = self.local_train(model, lr=lr, seed=round_seed(cfg.general.seed, p.client_id, server_round, stream=411),
+        lr = round_lr(training.lr, training.lr_decay, server_round)
+        result = self.local_train(model, lr=lr, seed=round_seed(self.s.general.seed, p.client_id, server_round, stream=411),
                                   config=config)
         update = flatten(get_weights(model)) - flatten(parameters)
         if dp is not None:
             update, _ = restart_if_diverged(update, p.client_id, server_round)
         elif not np.all(np.isfinite(update)):  # no DP here: the failure may be reported as it is
             return [], 0, {**metrics, "status": "failed", "reason": "local training diverged (non-finite update)"}
-        rng = np.random.default_rng(noise_seed(cfg.general, p.client_id, server_round))  # secret unless seeded-noise
+        rng = np.random.default_rng(noise_seed(self.s.general, p.client_id, server_round))  # secret unless seeded-noise
         try:
             arrays, extra = self.privatize(update, [tuple(a.shape) for a in parameters], config, noise_dp, rng)
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
@@ -281,7 +283,7 @@ class ClientLevelDPClient(NumPyClient):
             metrics.pop("update_norm", None)
             record_release(self.context)
         # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
-        return arrays, 1 if dp is not None and self.s.cfg.client_dp.secure_aggregation else len(self.s.train), metrics
+        return arrays, 1 if dp is not None and self.client_dp.secure_aggregation else len(self.s.train), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         return evaluate_on_local_test(self.s, parameters)
@@ -301,7 +303,7 @@ class FTRLClient(ClientLevelDPClient):
     adaptive_clipping = False
 
     def mechanism(self):  # an FTRLMechanism: duck-typed where the parent reads σ, q, δ and ε
-        return ftrl_mechanism(self.s.cfg.general, self.s.cfg.training, self.s.cfg.client_dp, self.s.profile.num_clients)
+        return ftrl_mechanism(self.s.general, self.s.training, self.client_dp, self.s.profile.num_clients)
 
     def budget_check(self, dp, server_round: int) -> tuple[float, str | None]:
         """Refuse past the T rounds C was built for, and a round whose noise this client already drew."""
@@ -316,7 +318,7 @@ class FTRLClient(ClientLevelDPClient):
         return dp.epsilon(rounds), None
 
     def privatize(self, update, shapes, config, dp, rng):
-        clipped, norm = dp_dense(update, clip=float(self.s.cfg.training.clip_norm), dp=None, rng=rng)
+        clipped, norm = dp_dense(update, clip=float(self.s.training.clip_norm), dp=None, rng=rng)
         if dp is not None and dp.secure_aggregation:
             stream = self._load_stream(dp, clipped.size)
             clipped = clipped + advance_to(stream, int(config["server-round"]) - 1)
@@ -324,7 +326,7 @@ class FTRLClient(ClientLevelDPClient):
         return unflatten(clipped, shapes), {"update_norm": norm, "k": update.size}
 
     def _load_stream(self, dp, dim: int):
-        stream = dp.noise_stream(dim, np.random.default_rng(noise_seed(self.s.cfg.general, self.s.profile.client_id, 0)))
+        stream = dp.noise_stream(dim, np.random.default_rng(noise_seed(self.s.general, self.s.profile.client_id, 0)))
         if self.context is None or FTRL_STREAM not in self.context.state:
             return stream
         saved = read_record(self.context, FTRL_STREAM)

@@ -12,7 +12,7 @@ import torch
 from flwr.common import ConfigRecord, Context, log
 
 from fedapp.clients.training import evaluate_model, resolve_device, set_weights
-from fedapp.config import GeneralConfig, RunConfig, resolve_config
+from fedapp.config import DataConfig, GeneralConfig, TrainingConfig, resolve_config
 from fedapp.data.client_data import load_client_data
 from fedapp.data.datasets import ArrayDataset
 from fedapp.models.catalog import ModelSpec
@@ -22,17 +22,27 @@ from fedapp.privacy.profiles import ClientProfile, client_profile
 
 @dataclass
 class ClientSetup:
-    """Everything a client needs, resolved from run-config and node-config."""
+    """What every client is built from, resolved from run-config and node-config: the general, data and training
+    sections, the run's model, this client's profile, its splits and device. A family's own section (client-level
+    DP, SoteriaFL, DP2-FedSAM) is a constructor argument of that family's client."""
 
-    cfg: RunConfig
+    general: GeneralConfig
+    data: DataConfig
+    training: TrainingConfig
+    model_spec: ModelSpec
     profile: ClientProfile
     train: ArrayDataset
     test: ArrayDataset
     device: torch.device
     validation: ArrayDataset | None = None  # ``validation-fraction`` of the training part, for tuning only
 
+    @property
+    def dp_rounds(self) -> int:
+        """T of the budget: ``dp-rounds``, 0 → ``num-server-rounds``."""
+        return self.training.dp_rounds or self.general.num_server_rounds
+
     def new_model(self) -> torch.nn.Module:
-        return make_model(self.cfg.model_spec, self.train)
+        return make_model(self.model_spec, self.train)
 
 
 def evaluate_on_local_test(setup: ClientSetup, parameters: list) -> tuple[float, int, dict[str, Any]]:
@@ -46,7 +56,7 @@ def evaluate_local_splits(setup: ClientSetup, model: torch.nn.Module) -> tuple[f
     """(loss, n, metrics) of ``model`` on the local test split; ``val_loss``/``val_accuracy`` on the local
     validation split when there is one (what ``fedapp.experiments.report`` tunes on; the test split is what it reports)."""
     metrics: dict[str, Any] = {"client_id": setup.profile.client_id}
-    batch = int(setup.cfg.general.eval_batch_size)
+    batch = int(setup.general.eval_batch_size)
     if setup.validation is not None and len(setup.validation) > 0:
         val_loss, val_acc = evaluate_model(model, setup.validation, batch_size=batch, device=setup.device)
         metrics.update({"val_loss": float(val_loss), "val_accuracy": float(val_acc)})
@@ -66,7 +76,8 @@ def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> C
     cfg = resolve_config(context.run_config, overrides)
     profile = client_profile(cfg.general, cfg.training, cfg.data, context.node_config)
     train, validation, test = load_client_data(cfg.data, cfg.general.seed, profile.client_id, profile.num_clients)
-    return ClientSetup(cfg, profile, train, test, resolve_device(cfg.general.device), validation)
+    return ClientSetup(cfg.general, cfg.data, cfg.training, cfg.model_spec, profile, train, test,
+                       resolve_device(cfg.general.device), validation)
 
 
 def round_seed(seed: int, client_id: int, server_round: int, stream: int = 401) -> int:

@@ -52,7 +52,7 @@ from fedapp.clients.common import (
     round_seed,
 )
 from fedapp.clients.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
-from fedapp.config import ConfigError, DataConfig
+from fedapp.config import ClientDPConfig, ConfigError, DataConfig, DP2FedSAMConfig
 from fedapp.data.datasets import load_dataset
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, secure_sum_mechanism
@@ -87,16 +87,19 @@ def shared_weights(head: str, data: DataConfig, model_spec: ModelSpec, weights: 
 class DP2FedSAMClient(NumPyClient):
     """Local update + clip + noise of one client; for personalized variants also the keeper of h_i."""
 
-    def __init__(self, setup: ClientSetup, context: Context, variant: Variant) -> None:
+    def __init__(self, setup: ClientSetup, client_dp: ClientDPConfig, dp2_fedsam: DP2FedSAMConfig, context: Context,
+                 variant: Variant) -> None:
         self.s = setup
+        self.client_dp = client_dp  # the run-config's client-level DP section
+        self.dp2 = dp2_fedsam  # the run-config's DP2-FedSAM section
         self.context = context
         self.variant = variant
         model = setup.new_model()
         self.names = list(model.state_dict().keys())
         try:
-            self.mask = shared_mask(model, setup.cfg.dp2_fedsam.dp2_head, variant.personalized)
+            self.mask = shared_mask(model, dp2_fedsam.dp2_head, variant.personalized)
         except ValueError as exc:
-            raise ConfigError(f"run-config 'dp2-head' = {setup.cfg.dp2_fedsam.dp2_head!r}: {exc}") from None
+            raise ConfigError(f"run-config 'dp2-head' = {dp2_fedsam.dp2_head!r}: {exc}") from None
         self.initial = get_weights(model)
         self.shared_names = [n for n, m in zip(self.names, self.mask) if m]
         self.head_names = [n for n, m in zip(self.names, self.mask) if not m]
@@ -129,13 +132,13 @@ class DP2FedSAMClient(NumPyClient):
         return [w for w, m in zip(self.initial, self.mask) if m]
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        p, cfg = self.s.profile, self.s.cfg
+        p, training = self.s.profile, self.s.training
         rnd = int(config["server-round"])
         n_train = len(self.s.train)
         metrics: dict[str, Any] = {"client_id": p.client_id, "batch_size": p.batch_size, "num_train": n_train}
         if n_train == 0:
             return [], 0, {**metrics, "status": "refused", "reason": "empty local training set"}
-        dp = client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, p.num_clients)
+        dp = client_level_mechanism(self.s.general, training, self.client_dp, p.num_clients)
         floors = ClientFloors.from_node_config(self.context.node_config)
         budget = self.budget(cached_epsilon(dp, dp.rounds))
         rounds = accounted_rounds(rnd, releases(self.context))  # never fewer than its own releases + 1
@@ -147,11 +150,11 @@ class DP2FedSAMClient(NumPyClient):
         noise_dp, adaptive = dp, None  # the mechanism the update carries (under adaptive clipping: C_t, z_Δ)
         if reason is None:
             try:
-                adaptive = adaptive_clip_config(cfg.client_dp, dp)
+                adaptive = adaptive_clip_config(self.client_dp, dp)
             except ConfigError as exc:
                 reason = str(exc)
             if adaptive is not None:
-                adapted, reason = adaptive_round(dp, adaptive, config, cfg.client_dp.secagg_mechanism)
+                adapted, reason = adaptive_round(dp, adaptive, config, self.client_dp.secagg_mechanism)
                 if adapted is not None:
                     noise_dp = adapted
                     metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
@@ -160,18 +163,18 @@ class DP2FedSAMClient(NumPyClient):
         start = time.perf_counter()
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
-        lr = round_lr(cfg.training.lr, cfg.training.lr_decay, rnd)
-        lr_h = round_lr(cfg.dp2_fedsam.dp2_lr_head, cfg.training.lr_decay, rnd)
-        seed, mom = round_seed(cfg.general.seed, p.client_id, rnd), cfg.training.momentum
-        sam = SAM(cfg.dp2_fedsam.sam_rho, cfg.dp2_fedsam.sam_adaptive, cfg.dp2_fedsam.sam_eta) if self.variant.sam else None
+        lr = round_lr(training.lr, training.lr_decay, rnd)
+        lr_h = round_lr(self.dp2.dp2_lr_head, training.lr_decay, rnd)
+        seed, mom = round_seed(self.s.general.seed, p.client_id, rnd), training.momentum
+        sam = SAM(self.dp2.sam_rho, self.dp2.sam_adaptive, self.dp2.sam_eta) if self.variant.sam else None
 
         def spec(names: list[str], epochs: int, rate: float, seed: int, sam: SAM | None = None) -> LocalTraining:
             return LocalTraining(batch_size=p.batch_size, steps=epochs_to_steps(n_train, p.batch_size, epochs),
                                  lr=rate, momentum=mom, seed=seed, trainable=tuple(names), sam=sam)
 
         if self.variant.personalized:  # Alg. 2 lines 5–16: head h with φ fixed, then φ with h fixed
-            local_train(model, self.s.train, spec(self.head_names, cfg.dp2_fedsam.dp2_tau_h, lr_h, seed), self.s.device)
-            res = local_train(model, self.s.train, spec(self.shared_names, cfg.dp2_fedsam.dp2_tau_phi, lr, seed + 1, sam),
+            local_train(model, self.s.train, spec(self.head_names, self.dp2.dp2_tau_h, lr_h, seed), self.s.device)
+            res = local_train(model, self.s.train, spec(self.shared_names, self.dp2.dp2_tau_phi, lr, seed + 1, sam),
                               self.s.device)
         else:  # DP-FedSAM / DP-FedAvg local training on the full model
             res = local_train(model, self.s.train, spec(self.shared_names, p.local_epochs, lr, seed, sam),
@@ -181,9 +184,9 @@ class DP2FedSAMClient(NumPyClient):
         delta, diverged = restart_if_diverged(delta, p.client_id, rnd)
         head = [w for w, m in zip(new, self.mask) if not m]
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
-        rng = np.random.default_rng(noise_seed(cfg.general, p.client_id, rnd))
+        rng = np.random.default_rng(noise_seed(self.s.general, p.client_id, rnd))
         r_t = round_clients(config, dp, floors)
-        ddg = secure_sum_mechanism(cfg.client_dp, dp, delta.size)  # never with adaptive clipping (adaptive_round)
+        ddg = secure_sum_mechanism(self.client_dp, dp, delta.size)  # never with adaptive clipping (adaptive_round)
         try:
             if ddg is None:  # Alg. 2 lines 18–19: clip, add N(0, C²σ²/r_t) (adaptive: C_t, z_Δ)
                 noisy, norm = noise_dp.privatize(delta, rng, r_t)
@@ -201,20 +204,20 @@ class DP2FedSAMClient(NumPyClient):
             self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here
         metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rounds, "lr": lr,  # no train loss: not private
                         "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
-        if cfg.dp2_fedsam.dp2_report_norms:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
+        if self.dp2.dp2_report_norms:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
             metrics["local_update_norm"] = norm
         # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
-        return arrays, 1 if cfg.client_dp.secure_aggregation else n_train, metrics
+        return arrays, 1 if self.client_dp.secure_aggregation else n_train, metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        cfg, cid = self.s.cfg, self.s.profile.client_id
+        training, cid = self.s.training, self.s.profile.client_id
         if len(self.s.test) == 0 and (self.s.validation is None or len(self.s.validation) == 0):
             return 0.0, 0, {"client_id": cid}
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
-        if self.variant.finetune and cfg.dp2_fedsam.ft_epochs > 0 and len(self.s.train) > 0:
+        if self.variant.finetune and self.dp2.ft_epochs > 0 and len(self.s.train) > 0:
             rnd, b = int(config.get("server-round", 1)), self.s.profile.batch_size
             local_train(model, self.s.train, LocalTraining(
-                batch_size=b, steps=epochs_to_steps(len(self.s.train), b, cfg.dp2_fedsam.ft_epochs), lr=round_lr(cfg.training.lr, cfg.training.lr_decay, rnd),
-                momentum=cfg.training.momentum, seed=round_seed(cfg.general.seed, cid, rnd, stream=612)), self.s.device)
+                batch_size=b, steps=epochs_to_steps(len(self.s.train), b, self.dp2.ft_epochs), lr=round_lr(training.lr, training.lr_decay, rnd),
+                momentum=training.momentum, seed=round_seed(self.s.general.seed, cid, rnd, stream=612)), self.s.device)
         return evaluate_local_splits(self.s, model)

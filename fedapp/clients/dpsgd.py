@@ -93,17 +93,16 @@ class DPSGDClient(NumPyClient):
 
     def accountant(self) -> str:
         """The accountant of this client's ε: run-config ``accountant`` under ``record-neighbours``."""
-        return record_accountant(self.s.cfg.training.accountant, self.s.cfg.training.record_neighbours)
+        return record_accountant(self.s.training.accountant, self.s.training.record_neighbours)
 
     def calibrate(self) -> float:
         """z_i such that ``dp-rounds`` rounds of this client's DP-SGD spend ε_i (shared-cache aware)."""
         p = self.s.profile
         return calibrated_noise_multiplier(p.epsilon, p.delta, self.sample_rate(),
-                                           self.s.cfg.dp_rounds * self.steps_per_round(), self.accountant())
+                                           self.s.dp_rounds * self.steps_per_round(), self.accountant())
 
     def grad_sample_mode(self) -> str:
-        cfg = self.s.cfg
-        return resolve_grad_sample_mode(cfg.training.grad_sample_mode, cfg.model_spec.name, self.s.new_model,
+        return resolve_grad_sample_mode(self.s.training.grad_sample_mode, self.s.model_spec.name, self.s.new_model,
                                         self.s.train, self.s.profile.batch_size, self.s.device)
 
     # ---- Flower API ------------------------------------------------------------------
@@ -111,7 +110,7 @@ class DPSGDClient(NumPyClient):
         return get_weights(self.s.new_model())
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
-        p, cfg = self.s.profile, self.s.cfg
+        p, training = self.s.profile, self.s.training
         server_round = int(config["server-round"])
         metrics: dict[str, Any] = {
             "client_id": p.client_id, "batch_size": p.batch_size, "local_epochs": p.local_epochs,
@@ -122,14 +121,14 @@ class DPSGDClient(NumPyClient):
                            "reason": f"batch-size {p.batch_size} > local dataset size {self.num_train}"}
         model = self.s.new_model()
         set_weights(model, parameters)
-        lr = round_lr(cfg.training.lr, cfg.training.lr_decay, server_round)
-        seed = round_seed(cfg.general.seed, p.client_id, server_round)  # plain SGD shuffling: no secret needed
+        lr = round_lr(training.lr, training.lr_decay, server_round)
+        seed = round_seed(self.s.general.seed, p.client_id, server_round)  # plain SGD shuffling: no secret needed
         if self.private:
             reason = record_delta_refusal(p.delta, self.num_train, self.context.node_config,
-                                          cfg.training.allow_large_delta)
+                                          training.allow_large_delta)
             if reason is not None:
                 return [], 0, {**metrics, "status": "refused", "reason": reason}
-            seed = noise_seed(cfg.general, p.client_id, server_round)  # DP noise + Poisson sampling: secret
+            seed = noise_seed(self.s.general, p.client_id, server_round)  # DP noise + Poisson sampling: secret
             z = self.noise_multiplier()
             _, hist = self.load_history()
             rounds_done = int(read_record(self.context, STATE_KEY).get("rounds", 0))
@@ -138,13 +137,13 @@ class DPSGDClient(NumPyClient):
             eps_next = epsilon_of(hist + [(z, q, steps)], p.delta, kind)
             metrics.update({"noise_multiplier": z, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
                             "reported_epsilon": p.reported_epsilon, "steps": sum(h[2] for h in hist),
-                            "record_neighbours": cfg.training.record_neighbours})
+                            "record_neighbours": training.record_neighbours})
             reason = budget_refusal(server_round, eps_next, p.epsilon, f"spent {eps_now:.4f} in {rounds_done} rounds")
             if reason is not None:
                 metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
                 return [], 0, metrics
-            spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=cfg.training.momentum,
-                                 seed=seed, dp=PerSampleDP(z, cfg.training.clip_norm, self.grad_sample_mode()))
+            spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=training.momentum,
+                                 seed=seed, dp=PerSampleDP(z, training.clip_norm, self.grad_sample_mode()))
             result = local_train(model, self.s.train, spec, self.s.device)
             if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:
                 raise RuntimeError(f"DP-SGD ran q={result.extra['sample_rate']}, {result.steps} steps; "
@@ -155,7 +154,7 @@ class DPSGDClient(NumPyClient):
                             "steps": sum(h[2] for h in hist)})
         else:
             spec = LocalTraining(batch_size=p.batch_size, steps=self.steps_per_round(), lr=lr,
-                                 momentum=cfg.training.momentum, seed=seed)
+                                 momentum=training.momentum, seed=seed)
             result = local_train(model, self.s.train, spec, self.s.device)
             metrics["steps"] = result.steps
         update = [new - old for new, old in zip(get_weights(model), parameters)]
@@ -196,8 +195,7 @@ def min_epsilon_profile(setup: ClientSetup) -> ClientSetup:
     from fedapp.privacy.profiles import federation_profiles
 
     p = setup.profile
-    cfg = setup.cfg
-    eps_min = min([q.epsilon for q in federation_profiles(cfg.general, cfg.training, cfg.data, p.num_clients)]
+    eps_min = min([q.epsilon for q in federation_profiles(setup.general, setup.training, setup.data, p.num_clients)]
                   + [p.epsilon])
     reported = eps_min if p.reported_epsilon == p.epsilon else p.reported_epsilon
     return dataclasses.replace(setup, profile=dataclasses.replace(p, epsilon=eps_min, reported_epsilon=reported))

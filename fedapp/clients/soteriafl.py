@@ -88,10 +88,11 @@ def save_state(context: Context, st: ClientState) -> None:
 class SoteriaFLClient(NumPyClient):
     """Gradient estimator + local DP noise + (shifted) random-k compression of one client."""
 
-    def __init__(self, setup: ClientSetup, context: Context) -> None:
+    def __init__(self, setup: ClientSetup, soteriafl: SoteriaFLConfig, context: Context) -> None:
         self.s = setup
+        self.soteriafl = soteriafl  # the run-config's SoteriaFL section
         self.context = context
-        self.method = get_method(setup.cfg.general.strategy)
+        self.method = get_method(setup.general.strategy)
 
     # ---- parameters of this client -------------------------------------------------------
     @property
@@ -100,39 +101,39 @@ class SoteriaFLClient(NumPyClient):
 
     def dims(self) -> tuple[int, int, float, float]:
         d = int(sum(w.size for w in get_weights(self.s.new_model())))
-        k, omega, gamma = soteriafl_params(self.s.cfg.soteriafl, d)
+        k, omega, gamma = soteriafl_params(self.soteriafl, d)
         return d, k, omega, gamma
 
     def batch_size(self, d: int, omega: float) -> int:
-        b = int(self.s.cfg.soteriafl.soteriafl_batch_size)
+        b = int(self.soteriafl.soteriafl_batch_size)
         if b:
             return b
         p = self.s.profile
         return default_batch_size(self.method.estimator, self.m, epsilon=p.epsilon, delta=p.delta,
-                                  clip=float(self.s.cfg.training.clip_norm), d=d, omega=omega, n=p.num_clients)
+                                  clip=float(self.s.training.clip_norm), d=d, omega=omega, n=p.num_clients)
 
     def accountant(self) -> str:
         """The accountant of this client's ε: run-config ``accountant`` under ``record-neighbours``."""
-        return record_accountant(self.s.cfg.training.accountant, self.s.cfg.training.record_neighbours)
+        return record_accountant(self.s.training.accountant, self.s.training.record_neighbours)
 
     def privacy(self, b: int) -> dict[str, Any]:
         """The privacy ledger; σ_p is calibrated on first use for ``dp-rounds`` rounds."""
         rec = read_record(self.context, PRIVACY_KEY)
         if "sigma_p" not in rec:
-            cfg, p = self.s.cfg, self.s.profile
+            p, training = self.s.profile, self.s.training
             sigma, split = calibrated_soteriafl_sigma(self.method.estimator, p.epsilon, p.delta,
-                                                      cfg.training.clip_norm, b, self.m, cfg.dp_rounds,
+                                                      training.clip_norm, b, self.m, self.s.dp_rounds,
                                                       self.accountant())
             rec = {"sigma_p": sigma, "split": split, "batch_size": b, "rounds": 0,
                    "sigma_theorem2": theorem2_sigma(self.method.estimator, p.epsilon, p.delta,
-                                                    cfg.training.clip_norm, self.m, cfg.dp_rounds)}
+                                                    training.clip_norm, self.m, self.s.dp_rounds)}
             write_record(self.context, PRIVACY_KEY, rec)
         return rec
 
     def epsilon_after(self, rec: dict[str, Any], rounds: int) -> float:
         if rounds <= 0:
             return 0.0
-        hist = noise_history(self.method.estimator, float(rec["sigma_p"]), float(self.s.cfg.training.clip_norm),
+        hist = noise_history(self.method.estimator, float(rec["sigma_p"]), float(self.s.training.clip_norm),
                              int(rec["batch_size"]), self.m, rounds, float(rec["split"]))
         return epsilon_of(hist, self.s.profile.delta, self.accountant())
 
@@ -142,13 +143,13 @@ class SoteriaFLClient(NumPyClient):
 
     def fit(self, parameters: list[np.ndarray], config: dict[str, Any]):
         t0 = time.perf_counter()
-        cfg, p = self.s.cfg, self.s.profile
+        p, training = self.s.profile, self.s.training
         server_round = int(config["server-round"])
         metrics: dict[str, Any] = {"client_id": p.client_id, "num_train": self.m}
         if str(config.get("soteriafl-method", self.method.name)) != self.method.name:
             return [], 0, {**metrics, "status": "refused",
                            "reason": f"server runs {config.get('soteriafl-method')!r}, client {self.method.name!r}"}
-        reason = record_delta_refusal(p.delta, self.m, self.context.node_config, cfg.training.allow_large_delta)
+        reason = record_delta_refusal(p.delta, self.m, self.context.node_config, training.allow_large_delta)
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "reason": reason}
         d, k, omega, gamma = self.dims()
@@ -162,26 +163,26 @@ class SoteriaFLClient(NumPyClient):
         metrics.update({"batch_size": b, "sample_rate": q, "epsilon_budget": p.epsilon, "delta": p.delta,
                         "reported_epsilon": p.reported_epsilon, "steps": done, "sigma_p": float(rec["sigma_p"]),
                         "sigma_theorem2": float(rec["sigma_theorem2"]), "noise_split": float(rec["split"]),
-                        "record_neighbours": cfg.training.record_neighbours,
+                        "record_neighbours": training.record_neighbours,
                         # z of the (subsampled) minibatch term; SVRG/SAGA also have z₂ of the full-data term
                         "noise_multiplier": noise_history(self.method.estimator, float(rec["sigma_p"]),
-                                                          cfg.training.clip_norm, b, self.m, 1,
+                                                          training.clip_norm, b, self.m, 1,
                                                           float(rec["split"]))[0][0]})
         eps_now, eps_next = self.epsilon_after(rec, done), self.epsilon_after(rec, done + 1)
         reason = budget_refusal(server_round, eps_next, p.epsilon, f"spent {eps_now:.4f} in {done} rounds")
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         x = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in parameters])
-        model = make_model(cfg.model_spec, self.s.train)
+        model = make_model(self.s.model_spec, self.s.train)
         set_weights(model, parameters)
         oracle = GradientOracle(model, self.s.train.x, self.s.train.y, self.s.device)
         state = load_state(self.context)
         rseed = int(config["round-seed"])
-        p_snap = cfg.soteriafl.soteriafl_snapshot_prob or b / self.m
+        p_snap = self.soteriafl.soteriafl_snapshot_prob or b / self.m
         seed = mask_seed(rseed, p.client_id)
-        res = client_step(self.method, oracle, x, state, clip=cfg.training.clip_norm, batch_size=b,
+        res = client_step(self.method, oracle, x, state, clip=training.clip_norm, batch_size=b,
                           sigma_p=float(rec["sigma_p"]), k=k, gamma=gamma,
-                          rng=np.random.default_rng(noise_seed(cfg.general, p.client_id, server_round)),  # secret
+                          rng=np.random.default_rng(noise_seed(self.s.general, p.client_id, server_round)),  # secret
                           seed=seed, refresh_snapshot=snapshot_coin(rseed, p.client_id, p_snap))
         save_state(self.context, state)
         write_record(self.context, PRIVACY_KEY, {**rec, "rounds": done + 1})

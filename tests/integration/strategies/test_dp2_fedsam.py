@@ -34,7 +34,8 @@ def make_client(strategy: str, cid: int, node: dict | None = None, **extra) -> t
     ov = {**BASE, "strategy": strategy, "secagg-mechanism": "gaussian", **extra}
     node_config = {"partition-id": cid, "num-partitions": N_CLIENTS, **(node or {})}
     ctx = Context(run_id=0, node_id=cid, node_config=node_config, state=RecordDict(), run_config={})
-    return DP2FedSAMClient(setup_client(ctx, ov), ctx, VARIANTS[strategy]), ctx
+    cfg = resolve_config(None, ov)
+    return DP2FedSAMClient(setup_client(ctx, ov), cfg.client_dp, cfg.dp2_fedsam, ctx, VARIANTS[strategy]), ctx
 
 
 def initial_shared(client: DP2FedSAMClient) -> list[np.ndarray]:
@@ -141,7 +142,7 @@ def test_head_never_leaves_the_client_and_persists_per_client():
     c1.fit(phi, {"server-round": 1})
     assert any(not np.allclose(a, b) for a, b in zip(h0_r1, c1.head()))  # heads differ between clients
     # a fresh client object on the same Context (next round in Flower) sees the stored head
-    c0b = DP2FedSAMClient(c0.s, ctx0, VARIANTS["dp2-fedsam"])
+    c0b = DP2FedSAMClient(c0.s, c0.client_dp, c0.dp2, ctx0, VARIANTS["dp2-fedsam"])
     assert all(np.array_equal(a, b) for a, b in zip(c0b.head(), h0_r1))
     c0b.fit(phi, {"server-round": 2})
     assert any(not np.array_equal(a, b) for a, b in zip(h0_r1, c0b.head()))  # keeps training the same head

@@ -217,19 +217,19 @@ def test_client_streams_persist_in_their_context_and_sum_to_the_planned_noise():
     for cid in range(n):
         ctx = Context(run_id=0, node_id=cid, node_config={"partition-id": cid, "num-partitions": n},
                       state=RecordDict(), run_config={})
-        clients.append(FTRLClient(setup_client(ctx, ov), ctx))
+        clients.append(FTRLClient(setup_client(ctx, ov), resolve_config(None, ov).client_dp, ctx))
     dp = clients[0].mechanism()
     assert dp.secure_aggregation and dp.noise_std == pytest.approx(2.0 / math.sqrt(n))
     zero = np.zeros(D)
     shares = np.zeros((n, t, D))
     for rnd in range(1, t + 1):
         for cid, c in enumerate(clients):
-            fresh = FTRLClient(c.s, c.context)  # a new client object each round: the stream lives in Context.state
+            fresh = FTRLClient(c.s, c.client_dp, c.context)  # a new client object each round: the stream lives in Context.state
             arrays, _ = fresh.privatize(zero, [(D,)], {"server-round": rnd}, dp, np.random.default_rng(0))
             shares[cid, rnd - 1] = arrays[0]
     # each client's shares are its uninterrupted stream C⁻¹ Z_i, from the generator it started with
     for cid, c in enumerate(clients):
-        replay = dp.noise_stream(D, np.random.default_rng(noise_seed(c.s.cfg.general, cid, 0)))
+        replay = dp.noise_stream(D, np.random.default_rng(noise_seed(c.s.general, cid, 0)))
         np.testing.assert_allclose(shares[cid], np.stack([replay.next() for _ in range(t)]), rtol=1e-6)  # float32 wire
     assert not np.allclose(shares[0], shares[1])  # independent streams
     # a round already drawn is refused (its noise is never reused)

@@ -165,13 +165,16 @@ def test_min_epsilon_profile_uses_federation_minimum():
     cfg = resolve_config(overrides={"privacy-dist": "dist2", "strategy": "min-eps"})
     profiles = federation_profiles(cfg.general, cfg.training, cfg.data, 6)
     empty = ArrayDataset(np.zeros((0, 1), np.float32), np.zeros(0, np.int64), 2)
-    setup = ClientSetup(cfg, profiles[2], empty, empty, torch.device("cpu"))
+    setup = ClientSetup(cfg.general, cfg.data, cfg.training, cfg.model_spec, profiles[2], empty, empty,
+                        torch.device("cpu"))
     out = min_epsilon_profile(setup)
     low = min(q.epsilon for q in profiles)
     assert out.profile.epsilon == low == out.profile.reported_epsilon
     assert out.profile.batch_size == profiles[2].batch_size and setup.profile.epsilon == profiles[2].epsilon
     lie = resolve_config(overrides={"privacy-dist": "dist2", "falsify-client": 2, "falsify-epsilon": 9.0})
-    setup_lie = ClientSetup(lie, federation_profiles(lie.general, lie.training, lie.data, 6)[2], empty, empty, torch.device("cpu"))
+    setup_lie = ClientSetup(lie.general, lie.data, lie.training, lie.model_spec,
+                            federation_profiles(lie.general, lie.training, lie.data, 6)[2], empty, empty,
+                            torch.device("cpu"))
     assert min_epsilon_profile(setup_lie).profile.reported_epsilon == 9.0
 
 

@@ -15,7 +15,7 @@ from flwr.common import Code, Context, FitRes, Status, ndarrays_to_parameters
 from fedapp.apps.factories import build_strategy
 from fedapp.clients.common import setup_client
 from fedapp.clients.soteriafl import ARRAYS_KEY, SoteriaFLClient
-from fedapp.config import ConfigError
+from fedapp.config import ConfigError, resolve_config
 from fedapp.models.zoo import build_model
 from strategies.base import RejectedUpdate, StrategyContext, fit_reply
 from strategies.compression import rand_k_compress, rand_k_decompress, rand_k_indices, rand_k_omega
@@ -224,7 +224,7 @@ _BASE = {"dataset": "digits", "model": "mlp-digits", "privacy-dist": "fixed", "e
 
 
 def _fit(client_ctx: Context, ov: dict, weights, rnd: int):
-    client = SoteriaFLClient(setup_client(client_ctx, ov), client_ctx)  # a fresh object per round, as in Flower
+    client = SoteriaFLClient(setup_client(client_ctx, ov), resolve_config(None, ov).soteriafl, client_ctx)  # a fresh object per round, as in Flower
     return client.fit(weights, {"server-round": rnd, "round-seed": fit_seed(42, rnd),
                                 "soteriafl-method": ov["strategy"]})
 

@@ -68,7 +68,7 @@ def smp_client(strategy: str, noise: dict, secagg: bool = False) -> DesignedUpda
     if secagg:
         overrides.update({"secure-aggregation": True, "secagg-mechanism": "gaussian"})
     ctx = client_context(0, 4, run_id=0, node_id=1)
-    return DesignedUpdateClient(setup_client(ctx, overrides), ctx, private=True)
+    return DesignedUpdateClient(setup_client(ctx, overrides), resolve_config(None, overrides).client_dp, ctx, private=True)
 
 
 def smp_round(client: DesignedUpdateClient, sparsifier: str, c_t: float, k: int, sigma: float, **extra: Any):
@@ -176,7 +176,8 @@ def dp2_client(strategy: str, noise: dict, monkeypatch, head_step: float, shared
     if secagg:
         overrides.update({"secure-aggregation": True, "secagg-mechanism": "gaussian"})
     ctx = client_context(0, 4, run_id=0, node_id=1)
-    client = DP2FedSAMClient(setup_client(ctx, overrides), ctx, get_variant(strategy))
+    cfg = resolve_config(None, overrides)
+    client = DP2FedSAMClient(setup_client(ctx, overrides), cfg.client_dp, cfg.dp2_fedsam, ctx, get_variant(strategy))
     head = set(client.head_names)
 
     def fake_train(model, data, spec, device):
@@ -211,7 +212,9 @@ def test_dp2_bit_is_the_shared_parts_norm_not_the_whole_models(monkeypatch):
     """‖Δφ‖ = 0.5 ≤ C_t = 1 < ‖(Δφ, Δh)‖: the bit is 1 (the head's update is neither clipped nor counted)."""
     rec = Recorder(client_dp_module.noisy_centred_bit)
     monkeypatch.setattr(client_dp_module, "noisy_centred_bit", rec)
-    probe = DP2FedSAMClient(setup_client(client_context(0, 4), {**COMMON, **QUIET, "strategy": "dp2-fedsam"}),
+    ov = {**COMMON, **QUIET, "strategy": "dp2-fedsam"}
+    cfg = resolve_config(None, ov)
+    probe = DP2FedSAMClient(setup_client(client_context(0, 4), ov), cfg.client_dp, cfg.dp2_fedsam,
                             client_context(0, 4), get_variant("dp2-fedsam"))
     d_phi = sum(int(np.prod(s)) for s in probe.shared_shapes)
     d_h = sum(w.size for w, m in zip(probe.initial, probe.mask) if not m)

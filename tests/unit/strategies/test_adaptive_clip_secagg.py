@@ -152,7 +152,7 @@ def test_the_count_coordinate_has_the_stated_scale_and_noise_std():
 
 def test_client_appends_the_count_coordinate_and_never_reports_the_bit():
     ctx = client_context(0, 4, run_id=0, node_id=1)
-    client = ClientLevelDPClient(setup_client(ctx, BASE), ctx, private=True)
+    client = ClientLevelDPClient(setup_client(ctx, BASE), resolve_config(None, BASE).client_dp, ctx, private=True)
     weights = get_weights(client.s.new_model())
     arrays, n, metrics = client.fit(weights, {"server-round": 1, CFG_SIGMA: 1.3, CFG_CLIP: 0.4, CFG_ROUND_CLIENTS: 2})
     assert metrics["status"] == "ok", metrics
@@ -167,7 +167,8 @@ def test_client_appends_the_count_coordinate_and_never_reports_the_bit():
     # without SecAgg+ the same client sends the bit as a metric and no extra coordinate
     plain = {k: v for k, v in BASE.items() if k != "secagg-mechanism"} | {"secure-aggregation": False}
     ctx = client_context(0, 4, run_id=0, node_id=1)
-    arrays, _, metrics = ClientLevelDPClient(setup_client(ctx, plain), ctx, private=True).fit(
+    arrays, _, metrics = ClientLevelDPClient(setup_client(ctx, plain), resolve_config(None, plain).client_dp, ctx,
+                                             private=True).fit(
         weights, {"server-round": 1, CFG_SIGMA: 1.3, CFG_CLIP: 0.4})
     assert METRIC_UNCLIPPED_SHARE in metrics and [a.shape for a in arrays] == [w.shape for w in weights]
 
@@ -181,7 +182,7 @@ def test_the_run_config_accepts_gaussian_shares_and_refuses_the_discrete_gaussia
 @pytest.mark.parametrize("bad", [None, math.nan, math.inf, 0.0, -1.0])
 def test_client_under_secagg_refuses_a_nonsensical_clip(bad):
     ctx = client_context(0, 4, run_id=0, node_id=1)
-    client = ClientLevelDPClient(setup_client(ctx, BASE), ctx, private=True)
+    client = ClientLevelDPClient(setup_client(ctx, BASE), resolve_config(None, BASE).client_dp, ctx, private=True)
     cfg = {"server-round": 1, CFG_SIGMA: 1.3, CFG_ROUND_CLIENTS: 2}
     if bad is not None:
         cfg[CFG_CLIP] = bad

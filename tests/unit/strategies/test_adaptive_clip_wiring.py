@@ -122,7 +122,7 @@ BASE = {"strategy": "dp-fedavg", "dataset": "digits", "privacy-dist": "fixed", "
 
 def make_client(overrides: dict, cid: int = 0) -> ClientLevelDPClient:
     ctx = client_context(cid, 4, run_id=0, node_id=cid + 1)
-    return ClientLevelDPClient(setup_client(ctx, overrides), ctx, private=True)
+    return ClientLevelDPClient(setup_client(ctx, overrides), resolve_config(None, overrides).client_dp, ctx, private=True)
 
 
 def test_client_noise_std_is_z_delta_times_the_servers_clip_and_it_reports_a_noisy_bit():

@@ -199,7 +199,7 @@ def test_soteriafl_client_refuses_a_node_config_delta_above_the_bound():
           "local-test-fraction": 0.0, "num-server-rounds": 1, "max-samples": 400, "strategy": "soteriafl-gd"}
     ctx = client_context(run_config={}, node={"delta": 0.05})
     setup = setup_client(ctx, ov)
-    client = SoteriaFLClient(setup, ctx)
+    client = SoteriaFLClient(setup, resolve_config(None, ov).soteriafl, ctx)
     values, n, metrics = client.fit(get_weights(setup.new_model()),
                                     {"server-round": 1, "round-seed": fit_seed(42, 1), "soteriafl-method": ov["strategy"]})
     assert values == [] and n == 0 and metrics["status"] == "refused"

@@ -28,7 +28,8 @@ def make_client(overrides: dict, private: bool = True, cid: int = 0, n: int = 4)
     if overrides.get("secure-aggregation", True):
         overrides = {"secagg-mechanism": "gaussian", **overrides}
     ctx = client_context(cid, n, run_id=0, node_id=cid + 1)
-    return ClientLevelDPClient(setup_client(ctx, overrides), ctx, private=private)
+    return ClientLevelDPClient(setup_client(ctx, overrides), resolve_config(None, overrides).client_dp, ctx,
+                               private=private)
 
 
 @pytest.mark.parametrize("q,rounds,eps", [(100 / 6000, 200, 1.0), (0.05, 30, 1.0), (0.01, 1000, 2.0)])
@@ -78,7 +79,7 @@ def test_client_refuses_beyond_budget():
     cfg = {"server-round": 3, CFG_SIGMA: 1.3}
     arrays, n, metrics = client.fit(weights, cfg)
     assert metrics["status"] == "ok" and n > 0
-    dp = mechanism_from_config(client.s.cfg.general, client.s.cfg.training, client.s.cfg.client_dp, 4)
+    dp = mechanism_from_config(client.s.general, client.s.training, client.client_dp, 4)
     assert metrics["epsilon_spent"] == pytest.approx(dp.epsilon(3))
     arrays, n, metrics = client.fit(weights, {**cfg, "server-round": 4})
     assert metrics["status"] == "refused" and arrays == [] and n == 0

@@ -8,7 +8,7 @@ from conftest import client_context
 from fedapp.clients.client_dp import ClientLevelDPClient
 from fedapp.clients.client_level_guard import ClientFloors, floor_refusal, round_clients
 from fedapp.clients.common import setup_client
-from fedapp.config import ConfigError
+from fedapp.config import ConfigError, resolve_config
 from strategies.client_level import CFG_ROUND_CLIENTS
 from strategies.privacy.mechanisms import ClientLevelDP
 
@@ -19,7 +19,7 @@ BASE = {"dataset": "digits", "strategy": "dp-fedavg", "privacy-dist": "fixed", "
 
 def client(node_config: dict | None = None) -> ClientLevelDPClient:
     ctx = client_context(node=node_config, run_id=0, node_id=1)
-    return ClientLevelDPClient(setup_client(ctx, BASE), ctx, private=True)
+    return ClientLevelDPClient(setup_client(ctx, BASE), resolve_config(None, BASE).client_dp, ctx, private=True)
 
 
 def test_a_server_claiming_a_large_cohort_cannot_cut_the_noise_below_the_node_floor() -> None:

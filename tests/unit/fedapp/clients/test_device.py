@@ -119,17 +119,20 @@ def _client(strategy: str):
     from fedapp.clients.dp2_fedsam import DP2FedSAMClient
     from fedapp.clients.dpsgd import DPSGDClient
     from fedapp.clients.soteriafl import SoteriaFLClient
+    from fedapp.config import resolve_config
     from strategies.dp2_fedsam import VARIANTS
 
     ctx = client_context(run_id=0, node_id=1)
-    setup = dataclasses.replace(setup_client(ctx, {**FAMILY_BASE, "strategy": strategy}), device=META)
+    ov = {**FAMILY_BASE, "strategy": strategy}
+    cfg = resolve_config(None, ov)
+    setup = dataclasses.replace(setup_client(ctx, ov), device=META)
     if strategy in ("dpsgd-fedavg", "fedavg"):
         return DPSGDClient(setup, ctx, private=strategy != "fedavg")
     if strategy in ("dp-fedavg", "fedavg-randk"):
-        return ClientLevelDPClient(setup, ctx, private=strategy == "dp-fedavg")
+        return ClientLevelDPClient(setup, cfg.client_dp, ctx, private=strategy == "dp-fedavg")
     if strategy in VARIANTS:
-        return DP2FedSAMClient(setup, ctx, VARIANTS[strategy])
-    return SoteriaFLClient(setup, ctx)
+        return DP2FedSAMClient(setup, cfg.client_dp, cfg.dp2_fedsam, ctx, VARIANTS[strategy])
+    return SoteriaFLClient(setup, cfg.soteriafl, ctx)
 
 
 @pytest.mark.parametrize("strategy", ["fedavg", "dpsgd-fedavg", "dp-fedavg", "dp2-fedsam", "dp-fedsam-ft",
