@@ -127,6 +127,23 @@ def secure_count_coordinate(norm: float, noise_dp: ClientLevelDP, adaptive: Adap
     return scale * share
 
 
+def adaptive_setup(dp: ClientLevelDP, client_dp: ClientDPConfig, config: dict[str, Any], metrics: dict[str, Any]
+                   ) -> tuple[ClientLevelDP | None, AdaptiveClipConfig | None, str | None]:
+    """(the mechanism this round's update carries, the run's adaptive clipping or None, why the client refuses or
+    None) for a client-level client whose run-config may ask for adaptive clipping (Andrew et al. 2021): ``dp``
+    unchanged for a fixed clip, else the server's C_t with z_Δ (:func:`adaptive_round`), recorded in ``metrics``."""
+    try:
+        adaptive = adaptive_clip_config(client_dp, dp)
+    except ConfigError as exc:
+        return dp, None, str(exc)
+    if adaptive is None:
+        return dp, None, None
+    noise_dp, reason = adaptive_round(dp, adaptive, config, client_dp.secagg_mechanism)
+    if noise_dp is not None:
+        metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
+    return noise_dp, adaptive, reason
+
+
 def release_count_share(arrays: list[np.ndarray], metrics: dict[str, Any], norm: float, noise_dp: ClientLevelDP,
                         adaptive: AdaptiveClipConfig, config: dict[str, Any], floors: ClientFloors | None,
                         rng: np.random.Generator) -> list[np.ndarray]:
@@ -240,14 +257,7 @@ class ClientLevelDPClient(NumPyClient):
                           f"gives {dp.noise_multiplier}")
             reason = reason or floor_refusal(dp, self.floors)
             if reason is None and self.adaptive_clipping:
-                try:
-                    adaptive = adaptive_clip_config(self.client_dp, dp)
-                except ConfigError as exc:
-                    reason = str(exc)
-                if adaptive is not None:
-                    noise_dp, reason = adaptive_round(dp, adaptive, config, self.client_dp.secagg_mechanism)
-                    if noise_dp is not None:
-                        metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
+                noise_dp, adaptive, reason = adaptive_setup(dp, self.client_dp, config, metrics)
             if reason is not None:
                 metrics.update({"status": "refused", "reason": reason,
                                 "epsilon_spent": cached_epsilon(dp, min(server_round - 1, dp.rounds))})

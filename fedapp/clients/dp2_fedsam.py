@@ -33,7 +33,7 @@ import torch
 from flwr.client import NumPyClient
 from flwr.common import ArrayRecord, Context
 
-from fedapp.clients.client_dp import adaptive_round, discrete_share, release_count_share
+from fedapp.clients.client_dp import adaptive_setup, discrete_share, release_count_share
 from fedapp.clients.client_level_guard import (
     ClientFloors,
     accounted_rounds,
@@ -55,12 +55,13 @@ from fedapp.clients.training import SAM, LocalTraining, epochs_to_steps, get_wei
 from fedapp.config import ClientDPConfig, ConfigError, DataConfig, DP2FedSAMConfig
 from fedapp.data.datasets import load_dataset
 from fedapp.models.catalog import ModelSpec
-from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, secure_sum_mechanism
+from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
 from fedapp.privacy.secure_aggregation import SECAGG_BITS
 from strategies.aggregate import flatten, unflatten
 from strategies.dp2_fedsam import Variant, shared_mask
+from strategies.privacy.adaptive_clipping import AdaptiveClipConfig
 from strategies.privacy.budget import budget_refusal
-from strategies.privacy.mechanisms import cached_epsilon, clip_by_l2
+from strategies.privacy.mechanisms import ClientLevelDP, cached_epsilon, clip_by_l2
 
 HEAD_KEY = "dp2-head"
 
@@ -147,19 +148,14 @@ class DP2FedSAMClient(NumPyClient):
                         "epsilon_budget": budget, "reported_epsilon": budget, "steps": rounds - 1})
         reason = budget_refusal(rounds, eps_next, budget, f"client-level, sigma={dp.noise_multiplier:.4f}, "
                                 f"q={dp.sample_rate:.4f}, planned T={dp.rounds}") or floor_refusal(dp, floors)
-        noise_dp, adaptive = dp, None  # the mechanism the update carries (under adaptive clipping: C_t, z_Δ)
+        # the mechanism the update carries (under adaptive clipping: C_t, z_Δ)
+        noise_dp: ClientLevelDP | None = dp
+        adaptive: AdaptiveClipConfig | None = None
         if reason is None:
-            try:
-                adaptive = adaptive_clip_config(self.client_dp, dp)
-            except ConfigError as exc:
-                reason = str(exc)
-            if adaptive is not None:
-                adapted, reason = adaptive_round(dp, adaptive, config, self.client_dp.secagg_mechanism)
-                if adapted is not None:
-                    noise_dp = adapted
-                    metrics.update(clip_norm=noise_dp.clip, update_noise_multiplier=noise_dp.noise_multiplier)
+            noise_dp, adaptive, reason = adaptive_setup(dp, self.client_dp, config, metrics)
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
+        assert noise_dp is not None  # adaptive_setup gives no mechanism only with a reason
         start = time.perf_counter()
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
