@@ -1,6 +1,7 @@
 """GPU checks: the 20-client MNIST round under fractional GPUs and the batched cohort step.
 
     python -m benchmarks.gpu round [--rounds 6] [--num-gpus 0.1 0.05] [--engine superlink]
+    python -m benchmarks.gpu loader [--clients 20] [--samples 2400] [--device cuda]
     python -m benchmarks.batched_clients --clients 20 --samples 2400 --device cuda
 
 ``round`` runs the 20-client MNIST federation of benchmarks/speed.py at the Robust-HDP paper's client size
@@ -9,12 +10,20 @@ split), dist2, DP-SGD on every client, ``device = 'cuda'``, through the real lau
 ``--num-gpus`` (GPUs per simulated client: 0.1 puts ten ClientApps on one GPU). It prints the GPU, then per
 setting the wall time, round 1, the steady round (median of rounds 2..), the peak summed PSS of the process
 tree and the final accuracy. Target: a steady round ≤ 1.0 s on one H100.
+
+``loader`` trains the same cohort's clients one after another (one local epoch of DP-SGD each, Opacus ``hooks``)
+twice per repeat: with the batches of Opacus' ``DPDataLoader`` (records collated on the host, each batch copied to
+the device) and with ``local_train``'s Poisson batches drawn on the device; it prints both and their ratio.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import statistics
 import tempfile
+import time
+import warnings
 
 from benchmarks.speed import DATA_DIR, launch
 
@@ -48,6 +57,61 @@ def bench_round(rounds: int, fractions: list[float], engine: str, num_cpus: floa
     return rows
 
 
+def _through_host_loader(model, data, spec, device) -> None:
+    """One client's DP-SGD iterating Opacus' ``DPDataLoader`` over host tensors, each batch moved to ``device``."""
+    from torch import nn
+
+    from fedapp.clients.training import PlainSGD, _private
+
+    model.to(device).train()
+    module, optimizer, loader = _private(model, PlainSGD(list(model.parameters()), lr=spec.lr), data, spec)
+    for _ in range(-(-spec.steps // len(loader))):
+        for xb, yb in loader:
+            if len(yb) == 0:
+                continue  # an empty batch is a noise-only step in local_train; it costs no transfer either way
+            optimizer.zero_grad(set_to_none=True)
+            nn.CrossEntropyLoss()(module(xb.to(device)), yb.to(device)).backward()
+            optimizer.step()
+    module._close()
+
+
+def bench_loader(num_clients: int, samples: int, repeats: int, mode: str, device_name: str) -> list[str]:
+    import torch
+
+    from benchmarks.batched_clients import cohort
+    from fedapp.clients.training import LocalTraining, PerSampleDP, local_train
+    from fedapp.privacy.profiles import steps_per_epoch
+
+    warnings.simplefilter("ignore")
+    device = torch.device(device_name)
+    model, clients, dataset = cohort(num_clients, samples)
+
+    def timed(train) -> float:
+        start = time.perf_counter()
+        for cid, (data, b) in enumerate(clients):
+            spec = LocalTraining(batch_size=b, steps=steps_per_epoch(len(data), b), lr=0.05, seed=1000 + cid,
+                                 dp=PerSampleDP(1.0, 3.0, mode))
+            train(copy.deepcopy(model), data, spec, device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    host, dev = [], []
+    for _ in range(repeats + 1):  # the first pair warms up and is dropped
+        host.append(timed(_through_host_loader))
+        dev.append(timed(local_train))
+    host, dev = host[1:], dev[1:]
+    ratios = [d / h for h, d in zip(host, dev)]
+    steps = sum(-(-len(d) // b) for d, b in clients)
+    return [f"| cohort (one client after another, {mode}) | device | host loader (s) | device batches (s) | "
+            "device ÷ host |", "|---|---|---|---|---|",
+            f"| {num_clients} clients × {len(clients[0][0])} {dataset}, {steps} DP-SGD steps | {device} | "
+            f"{statistics.median(host):.3f} ({min(host):.3f}–{max(host):.3f}) | "
+            f"{statistics.median(dev):.3f} ({min(dev):.3f}–{max(dev):.3f}) | {statistics.median(ratios):.2f} "
+            f"({min(ratios):.2f}–{max(ratios):.2f}) |",
+            f"median of {repeats} repeats (range), one warm-up pair dropped; ratios per repeat"]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="what", required=True)
@@ -57,7 +121,18 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--num-cpus", type=float, default=1.0)
     r.add_argument("--engine", choices=("superlink", "run-simulation"), default="superlink")
     r.add_argument("--out", default=None, help="keep the launcher logs and results folders here")
+    ld = sub.add_parser("loader", help="one client after another: Opacus' host loader vs batches on the device")
+    ld.add_argument("--clients", type=int, default=20)
+    ld.add_argument("--samples", type=int, default=2400, help="training samples per client")
+    ld.add_argument("--repeats", type=int, default=3)
+    ld.add_argument("--mode", default="hooks", help="Opacus grad-sample mode")
+    ld.add_argument("--device", default="cuda")
     args = p.parse_args(argv)
+    if args.what == "loader":
+        if args.device == "cuda":
+            print(describe_gpu(), flush=True)
+        print("\n".join(bench_loader(args.clients, args.samples, args.repeats, args.mode, args.device)))
+        return 0
     print(describe_gpu(), flush=True)
     print("\n".join(bench_round(args.rounds, args.num_gpus, args.engine, args.num_cpus, args.out)))
     return 0

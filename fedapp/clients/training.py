@@ -161,6 +161,23 @@ def _shuffled_batches(n: int, batch_size: int, steps: int, seed: int):
         pos += batch_size
 
 
+def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_epoch: int, epochs: int):
+    """The batches of Opacus' ``DPDataLoader`` (``UniformWithReplacementSampler``: every record joins every step
+    independently with probability q), drawn where the data lives.
+
+    The draws are Opacus' own, in its order, from the default generator of the data's device: per epoch the base
+    seed a ``DataLoader`` iterator takes, per step ``rand(N) < q``. On the CPU the batches are therefore the
+    loader's, bit for bit (tests/unit/fedapp/clients/test_poisson_batches.py); on a GPU they have the same law and
+    no batch is collated record by record on the host and copied over.
+    """
+    n = len(y)
+    for _ in range(epochs):
+        torch.empty((), dtype=torch.int64).random_()  # the DataLoader iterator's base-seed draw
+        for _ in range(per_epoch):
+            rows = (torch.rand(n, device=x.device) < sample_rate).nonzero().reshape(-1)
+            yield x[rows], y[rows]
+
+
 def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining):
     """Opacus' wrapped module, optimizer and Poisson loader for ``spec.dp``."""
     from opacus import PrivacyEngine
@@ -210,8 +227,8 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
             module, optimizer, loader = _private(model, opt, data, spec)
             per_epoch = len(loader)
             extra["sample_rate"] = 1.0 / per_epoch
-            epochs = -(-spec.steps // per_epoch)
-            batches = ((xb, yb) for _ in range(epochs) for xb, yb in loader)
+            x_dev, y_dev = torch.from_numpy(data.x).to(device), torch.from_numpy(data.y).to(device)
+            batches = _poisson_batches(x_dev, y_dev, 1.0 / per_epoch, per_epoch, -(-spec.steps // per_epoch))
         else:
             x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
             batches = ((x_all[i], y_all[i]) for i in _shuffled_batches(len(data), spec.batch_size, spec.steps, spec.seed))
