@@ -10,8 +10,13 @@ sampling or shuffling assumption, so the same ε holds against the server that s
 never sees the noise-free sum.
 
 What it protects: one whole client (add/remove all its participations), clipped to C each round. Participation:
-every client may take part in every round (k = T, min_separation = 1: sens_t² = ‖C_t 1‖² for C ≥ 0); a server
-sampling r < n does not change that bound, nothing is amplified. Who adds the noise:
+every client may contribute in every round (k = T, min_separation = 1: sens_t² = ‖C_t 1‖² for C ≥ 0), or, with
+``min_separation`` b > 1, client i contributes only in the rounds t with (t − 1 − i) mod b = 0 (Choquette-Choo et
+al., NeurIPS 2023, b-min-separated participation; :func:`~strategies.privacy.ftrl_accounting.in_turn`): at most
+⌈T/b⌉ contributions b apart, and a b-banded C then has sens² = ⌈T/b⌉ ‖c‖² (the columns a client touches are
+orthogonal). The schedule is public and each client enforces it on itself; outside its turn a client still takes
+part, with a zero update (plus its noise stream under SecAgg+), and the round's mean divides by the turn's size. A
+server sampling r < n does not change the bound, nothing is amplified. Who adds the noise:
 
 * ``secure_aggregation`` False (*central*): the server adds w_t to the sum of the clipped updates it received.
   It sees every clipped update without noise, so **nothing holds against the server** (trusted server); ε is
@@ -34,7 +39,7 @@ fixed ones). The budget is the whole run's ε_T; nobody is sampled once the next
 
 Utility under full participation: sens² ≥ ‖C 1‖² and ‖A 1‖ ≤ ‖B‖_F ‖C 1‖ give ‖B‖_F² sens² ≥ Σ_t t², so no
 factorization has a prefix-sum RMSE below 1/√1.5 ≈ 0.82 of independent noise (C = I, ‖A‖_F² · T) at equal ε;
-the tree does worse than C = I there. Correlated noise pays off with min-separated participation.
+the tree does worse than C = I there. Correlated noise pays off with min-separated participation (b > 1).
 
 Not covered: Fed-SMP's sparsified variants. Their round mask m_t changes the coordinates each round carries, so
 the per-coordinate stream (C⁻¹Z)_t would be sampled on different coordinates every round: coordinate j's noise
@@ -60,7 +65,7 @@ from strategies.errors import ConfigError
 from strategies.fed_smp import ClientLevelStrategy
 from strategies.privacy import threat_models
 from strategies.privacy.budget import exceeds_budget
-from strategies.privacy.ftrl_accounting import FTRLMechanism
+from strategies.privacy.ftrl_accounting import FTRLMechanism, turn_size
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.matrix_mechanism import BandedNoise, TreeNoise
 from strategies.privacy.mechanisms import noisy_norm_bound
@@ -190,12 +195,19 @@ class DPFTRLStrategy(ClientLevelStrategy):
         return None
 
     # ---- noise and aggregation -------------------------------------------------------------
+    def contributors(self, server_round: int, sampled: int) -> int:
+        """r_t, the clients whose data the round's sum carries: the turn's size under min-separated participation,
+        else the clients sampled."""
+        if self.ftrl is None or self.ftrl.min_separation == 1:
+            return sampled
+        return turn_size(server_round, self.ftrl.num_clients, self.ftrl.min_separation)
+
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
         """(Σ_i Δ_i + w_t)/r_t; w_t from the server's stream in central mode (the clients' under SecAgg+)."""
         total = np.sum([u.update for u in updates], axis=0)
         if self.stream is not None:
             total = total + advance_to(self.stream, server_round - 1)
-        mean: np.ndarray = total / max(self.sampled.get(server_round, len(updates)), 1)
+        mean: np.ndarray = total / max(self.contributors(server_round, self.sampled.get(server_round, len(updates))), 1)
         return mean
 
     def step(self, server_round: int, accepted: list[ClientUpdate]) -> dict[str, Any]:
@@ -225,6 +237,9 @@ class DPFTRLStrategy(ClientLevelStrategy):
             self.ledger.restate_population([(z_eff, 1.0, 1)], ftrl.delta)
             out["noise_multiplier_effective"] = z_eff
         eps = self.ledger.population_epsilon()
+        if ftrl.min_separation > 1:
+            out.update(ftrl_min_separation=ftrl.min_separation,
+                       clients_in_turn=turn_size(server_round, ftrl.num_clients, ftrl.min_separation))
         out.update(epsilon=eps, epsilon_vs_release=eps, epsilon_budget=ftrl.epsilon(), delta=ftrl.delta,
                    noise_multiplier=ftrl.noise_multiplier, sensitivity=ftrl.sensitivity(t) if t else 0.0,
                    ftrl_mechanism=ftrl.factorization.name, sample_rate=ftrl.sample_rate,
@@ -247,6 +262,8 @@ class DPFTRLStrategy(ClientLevelStrategy):
         if self.ftrl is not None:
             rec.update(epsilon_budget=self.ftrl.epsilon(), delta=self.ftrl.delta,
                        noise_multiplier=self.ftrl.noise_multiplier, sample_rate=self.ftrl.sample_rate)
+            if isinstance(metrics.get("in_turn"), bool):  # what the client says it did (the schedule is public)
+                rec["in_turn"] = metrics["in_turn"]
         return rec
 
     # ---- checkpoint ------------------------------------------------------------------------

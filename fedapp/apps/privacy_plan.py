@@ -134,7 +134,11 @@ def _ftrl(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPC
         "noise_added_by": "each client, its own stream (SecAgg+)" if m.secure_aggregation else "the server",
         "noise_multiplier": m.noise_multiplier, "sensitivity": m.sensitivity(),
         "effective_multiplier": m.effective_multiplier(), "clip": m.clip, "rounds": m.rounds,
-        "participation": "every client may take part in every round (k = T, min separation 1); no amplification",
+        "participation": ("every client may contribute in every round (k = T, min separation 1)" if m.min_separation == 1
+                          else f"client i contributes only in the rounds t with (t - 1 - i) mod {m.min_separation} = 0, "
+                               f"a schedule it enforces itself (k <= ceil(T/{m.min_separation}), min separation "
+                               f"{m.min_separation})") + "; no amplification",
+        "min_separation": m.min_separation,
         "clients_per_round": m.clients_per_round or n, "delta": m.delta, "accountant": "dpa-pld (one Gaussian)",
         "budget_holds_against": "server" if m.secure_aggregation else "release"}
     return {"mechanism": mechanism, "epsilon_budget": eps,

@@ -82,6 +82,7 @@ from strategies.privacy.adaptive_clipping import (
 )
 from strategies.privacy.budget import budget_refusal
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
+from strategies.privacy.ftrl_accounting import in_turn
 from strategies.privacy.mechanisms import ClientLevelDP, cached_epsilon
 
 
@@ -302,18 +303,37 @@ class ClientLevelDPClient(NumPyClient):
 #: Context.state records of a client's DP-FTRL noise stream (kept at their newest value on resume: never rewound)
 FTRL_STREAM = "ftrl-stream"
 FTRL_STREAM_MEMORY = "ftrl-stream-memory"
+#: the last server round in which this DP-FTRL client's data entered a sum (a turn is never taken twice)
+FTRL_TURN = "ftrl-turn"
 
 
 class FTRLClient(ClientLevelDPClient):
     """DP-FTRL client (``dp-ftrl``, :mod:`strategies.dp_ftrl`): clips Δ to C; under SecAgg+ it adds w_{i,t} =
     (C⁻¹Z_i)_t from its own stream (entries of Z_i with std zC/√n, secret randomness), indexed by the server round
     and kept in ``Context.state`` so its position survives between rounds; a round already drawn is refused (its
-    noise is never reused). Without SecAgg+ it sends the clipped update only: the server adds the noise."""
+    noise is never reused). Without SecAgg+ it sends the clipped update only: the server adds the noise.
+
+    Its data enters only the rounds of its turn (``ftrl-min-separation`` b: (t − 1 − i) mod b = 0, every round for
+    b = 1), each once and in increasing order: a round of its turn not later than the last it trained in is refused,
+    whatever the server asks. Outside its turn it trains nothing and sends a zero update (plus its stream's share
+    under SecAgg+), so the accountant's pattern (≤ ⌈T/b⌉ contributions, b apart) holds by the client's own doing."""
 
     adaptive_clipping = False
 
     def mechanism(self):  # an FTRLMechanism: duck-typed where the parent reads σ, q, δ and ε
         return ftrl_mechanism(self.s.general, self.s.training, self.client_dp, self.s.profile.num_clients)
+
+    def takes_turn(self, server_round: int) -> bool:
+        return in_turn(self.s.profile.client_id, server_round, self.client_dp.ftrl_min_separation)
+
+    def local_train(self, model: nn.Module, *, lr: float, seed: int, config: dict[str, Any]) -> TrainResult:
+        """Train only in a round of this client's turn, recorded before training (a turn is spent once asked)."""
+        server_round = int(config["server-round"])
+        if not self.takes_turn(server_round):
+            return TrainResult(0, float("nan"), 0.0)  # the model stays the global one: Δ = 0 exactly
+        if self.context is not None:
+            write_record(self.context, FTRL_TURN, {"round": server_round})
+        return super().local_train(model, lr=lr, seed=seed, config=config)
 
     def budget_check(self, dp, server_round: int) -> tuple[float, str | None]:
         """Refuse past the T rounds C was built for, and a round whose noise this client already drew."""
@@ -325,6 +345,11 @@ class FTRLClient(ClientLevelDPClient):
         if dp.secure_aggregation and server_round - 1 < drawn:
             return dp.epsilon(rounds), (f"server round {server_round}: this client's noise stream already drew round "
                                         f"{drawn}; its noise is never reused")
+        last = int(read_record(self.context, FTRL_TURN).get("round", 0)) if self.context is not None else 0
+        if self.takes_turn(server_round) and server_round <= last:
+            return dp.epsilon(rounds), (f"server round {server_round}: this client's data already entered round "
+                                        f"{last}; each round of its turn (ftrl-min-separation = "
+                                        f"{self.client_dp.ftrl_min_separation}) is taken once, in increasing order")
         return dp.epsilon(rounds), None
 
     def privatize(self, update, shapes, config, dp, rng):
@@ -333,7 +358,8 @@ class FTRLClient(ClientLevelDPClient):
             stream = self._load_stream(dp, clipped.size)
             clipped = clipped + advance_to(stream, int(config["server-round"]) - 1)
             self._save_stream(stream)
-        return unflatten(clipped, shapes), {"update_norm": norm, "k": update.size}
+        return unflatten(clipped, shapes), {"update_norm": norm, "k": update.size,
+                                            "in_turn": self.takes_turn(int(config["server-round"]))}
 
     def _load_stream(self, dp, dim: int):
         stream = dp.noise_stream(dim, np.random.default_rng(noise_seed(self.s.general, self.s.profile.client_id, 0)))

@@ -217,6 +217,15 @@ def check_ftrl(cfg: Mapping[str, Any]) -> None:
     if cfg["ftrl-mechanism"] == "banded" and cfg["ftrl-bands"] > rounds:
         raise ConfigError(f"run-config 'ftrl-bands' = {cfg['ftrl-bands']} exceeds the {rounds} rounds DP-FTRL is "
                           "planned for (dp-rounds, else num-server-rounds); set it to at most that")
+    sep = int(cfg["ftrl-min-separation"])
+    if sep > rounds:
+        raise ConfigError(f"run-config 'ftrl-min-separation' = {sep} exceeds the {rounds} rounds DP-FTRL is planned for "
+                          "(dp-rounds, else num-server-rounds): clients past the first round's turn would never train; "
+                          "set it to at most that")
+    if sep > 1 and cfg["clients-per-round"] not in (0, cfg["num-clients"]):
+        raise ConfigError(f"run-config 'clients-per-round' = {cfg['clients-per-round']} with ftrl-min-separation = "
+                          f"{sep}: the public schedule decides who trains in each round and every client takes part in "
+                          "every round; set clients-per-round = 0")
     if cfg["secure-aggregation"]:
         if cfg["secagg-mechanism"] != "gaussian":
             raise ConfigError(f"run-config 'secagg-mechanism' = {cfg['secagg-mechanism']!r} with strategy "
@@ -387,6 +396,9 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
     _ReadWhen("ftrl-restart-every", lambda c: c["strategy"] in FTRL_STRATEGIES and c["ftrl-mechanism"] == "tree",
               lambda c: f"only the tree restarts (strategy in {list(FTRL_STRATEGIES)} and ftrl-mechanism = 'tree'); "
                         f"here strategy = {c['strategy']!r}, ftrl-mechanism = {c['ftrl-mechanism']!r}"),
+    _ReadWhen("ftrl-min-separation", lambda c: c["strategy"] in FTRL_STRATEGIES,
+              lambda c: f"strategy {c['strategy']!r} has no participation schedule; min-separated participation "
+                        f"applies to strategy in {list(FTRL_STRATEGIES)}"),
     _ReadWhen("adaptive-clip-lr", lambda c: c["adaptive-clip-quantile"] > 0,
               lambda c: "adaptive-clip-quantile = 0 keeps clip-norm fixed; set adaptive-clip-quantile in (0, 1)"),
     _ReadWhen("adaptive-clip-count-noise", lambda c: c["adaptive-clip-quantile"] > 0,

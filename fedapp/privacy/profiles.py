@@ -260,14 +260,15 @@ def ftrl_mechanism(general: GeneralConfig, training: TrainingConfig, client_dp: 
                    num_clients: int) -> FTRLMechanism:
     """DP-FTRL's mechanism of the run (``dp-ftrl``): the factorization of ``ftrl-mechanism`` for T = ``dp-rounds``
     (0 → ``num-server-rounds``), δ as :func:`client_level_mechanism`, z = ``noise-multiplier`` or, when 0,
-    calibrated so that the whole run (every client in every round, no amplification) spends ``target-epsilon``.
-    Server and clients call this with the same inputs, so they agree on z, C and the band."""
+    calibrated so that the whole run (no amplification) spends ``target-epsilon`` with each client contributing by
+    the ``ftrl-min-separation`` schedule (every round when it is 1). Server and clients call this with the same
+    inputs, so they agree on z, C, the band and the participation pattern."""
     n, rounds, delta = _client_level_setting(general, training, client_dp, num_clients)
     kwargs: dict[str, Any] = {
         "kind": client_dp.ftrl_mechanism, "rounds": rounds, "clip": training.clip_norm, "num_clients": n,
         "delta": delta, "bands": client_dp.ftrl_bands,
         "restart_every": client_dp.ftrl_restart_every, "clients_per_round": general.clients_per_round,
-        "secure_aggregation": client_dp.secure_aggregation}
+        "secure_aggregation": client_dp.secure_aggregation, "min_separation": client_dp.ftrl_min_separation}
     try:
         if client_dp.noise_multiplier > 0:
             return FTRLMechanism(noise_multiplier=client_dp.noise_multiplier, **kwargs)

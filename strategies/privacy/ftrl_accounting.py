@@ -162,6 +162,19 @@ def _per_round_norms(kind: str, rounds: int, bands: int, restart_every: int) -> 
     return tuple(float(v) for v in np.linalg.norm(rows, axis=1))
 
 
+def in_turn(client_id: int, server_round: int, min_separation: int) -> bool:
+    """Whether client i contributes its data in round t (1-based) under b-min-separated cyclic participation:
+    (t − 1 − i) mod b = 0, so its contributions are exactly b rounds apart and at most ⌈T/b⌉ in T rounds (b = 1:
+    every round). The schedule is public; each client enforces it on itself."""
+    return (int(server_round) - 1 - int(client_id)) % int(min_separation) == 0
+
+
+def turn_size(server_round: int, num_clients: int, min_separation: int) -> int:
+    """How many of clients 0..n−1 contribute data in round t: #{i : (t − 1 − i) mod b = 0}."""
+    first = (int(server_round) - 1) % int(min_separation)
+    return len(range(first, int(num_clients), int(min_separation)))
+
+
 @dataclass(frozen=True)
 class FTRLMechanism:
     """DP-FTRL's matrix mechanism for one federated run (Kairouz et al., ICML 2021; Choquette-Choo et al.,
@@ -172,8 +185,9 @@ class FTRLMechanism:
     (``secure_aggregation`` False) or each of the n clients its own stream with std z C/√n under SecAgg+ — the
     release after t rounds is one Gaussian mechanism with multiplier z_eff / sens_t
     (:func:`ledger_epsilons`), sens_t for a client that takes part in at most ``participations`` rounds
-    (0 = every round), any two ≥ ``min_separation`` apart. Nothing is amplified: the pattern is not secret.
-    Neighbours add or remove one client (all its participations).
+    (0 = as many as ``min_separation`` allows), any two ≥ ``min_separation`` apart (:func:`in_turn`: the clients'
+    schedule). Nothing is amplified: the pattern is not secret. Neighbours add or remove one client (all its
+    participations).
 
     ``present`` clients of n whose noise reached every released sum give z_eff = z √(present/n) (the others'
     partial streams are independent of the data: post-processing); without SecAgg+ z_eff = z.
@@ -209,6 +223,8 @@ class FTRLMechanism:
         if self.participations < 0 or self.min_separation < 1:
             raise ValueError(f"participations must be >= 0 (0 = every round) and min_separation >= 1, got "
                              f"{self.participations} and {self.min_separation}")
+        if self.min_separation > self.rounds:
+            raise ValueError(f"min_separation must be at most rounds = {self.rounds}, got {self.min_separation}")
         if not 0 <= self.clients_per_round <= self.num_clients:
             raise ValueError(f"clients per round must be in 0..n = {self.num_clients}, got {self.clients_per_round}")
 
