@@ -254,13 +254,14 @@ def _matches(setting: tuple, where: Mapping[str, Any]) -> bool:
 
 
 def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> list[str]:
-    rows = []
+    rows: list[str] = []
     for claim in doc.get("claims", []):
         metric = claim.get("metric", "final_accuracy")
         better, worse = dict(claim["better"]), dict(claim["worse"])
         # compare within every setting of the keys the claim does not name (e.g. per privacy distribution)
         named = set(better) | set(worse)
         contexts = sorted({tuple((k, v) for k, v in s if k not in named) for s in groups}, key=str)
+        before = len(rows)
         for ctx in contexts:
             gb = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **better})]
             gw = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **worse})]
@@ -274,6 +275,9 @@ def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> li
             rows.append(f"| {claim.get('text', '')} | {_label(ctx)} | {metric} | {_fmt(*ib, metric)} (n={ib[2]}) | "
                         f"{_fmt(*iw, metric)} (n={iw[2]}) | {_fmt_paired(paired, metric)} | {p_value} | "
                         f"**{paired.verdict}** | {_fmt_needed(paired)} |")
+        if len(rows) == before:  # never drop a claim silently: its sides differ in keys it does not name
+            rows.append(f"| {claim.get('text', '')} | – | {metric} | – | – | – | – | **no setting has cells on both "
+                        "sides: the two groups differ in a key the claim does not name** | – |")
     return rows
 
 

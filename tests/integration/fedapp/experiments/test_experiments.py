@@ -268,3 +268,29 @@ def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
     assert "Tuned on the clients' validation split (final_client_val_accuracy" in report
     assert any(v in report for v in ("**holds**", "**does not hold**", "**inconclusive"))
     assert (tmp_path / "out" / "accuracy_rounds.png").stat().st_size > 0
+
+
+def test_a_claim_whose_sides_never_share_a_setting_is_reported_not_dropped(tmp_path: Path):
+    index = _fabricate_sweep(tmp_path / "sweep")
+    doc = json.loads(index.read_text())
+    # a side that names a value no group has (as when the two methods' cells differ in a key the claim leaves out)
+    doc["claims"].append({"text": "fedavg beats DP-SGD with 5 clients a round", "metric": "final_accuracy",
+                          "better": {"strategy": "fedavg"}, "worse": {"strategy": "dpsgd-fedavg",
+                                                                      "clients-per-round": 5}})
+    index.write_text(json.dumps(doc))
+    report = write_report(index).read_text()
+    assert "| no privacy beats DP-SGD |" in report
+    assert "| fedavg beats DP-SGD with 5 clients a round | – | final_accuracy |" in report
+    assert "**no setting has cells on both sides" in report
+
+
+COMMITTED_REPORTS = sorted(p.parent for p in (REPO / "docs" / "benchmarks").glob("*/index.json")
+                           if (p.parent / "report.md").is_file())
+
+
+@pytest.mark.parametrize("folder", COMMITTED_REPORTS, ids=lambda p: p.name)
+def test_every_committed_report_is_rewritten_exactly_from_its_index(folder: Path, tmp_path: Path):
+    """docs/benchmarks/<name>/report.md is what `python -m fedapp.experiments.report <name>/index.json` writes."""
+    out = tmp_path / folder.name
+    assert main([str(folder / "index.json"), "--out", str(out)]) == 0
+    assert (out / "report.md").read_text() == (folder / "report.md").read_text()
