@@ -192,6 +192,7 @@ class Index:
                     "claims": sweep.claims, "cells": dict(old.get("cells", {}))}
         if sweep.variants:
             self.doc["variants"] = sweep.variants
+        write_index(self.path, self.doc)  # the file's current claims and meta, also when no cell is left to run
 
     def done(self, cid: str) -> bool:
         cell = self.doc["cells"].get(cid, {})

@@ -294,3 +294,18 @@ def test_every_committed_report_is_rewritten_exactly_from_its_index(folder: Path
     out = tmp_path / folder.name
     assert main([str(folder / "index.json"), "--out", str(out)]) == 0
     assert (out / "report.md").read_text() == (folder / "report.md").read_text()
+
+
+def test_rerunning_a_finished_sweep_takes_the_files_current_claims(tmp_path: Path):
+    """A claim edited after the cells ran reaches index.json (and so the report) without rerunning a cell."""
+    from fedapp.experiments.sweep import Index
+
+    path, out = tmp_path / "s.toml", tmp_path / "out"
+    path.write_text(SWEEP)
+    out.mkdir()
+    index = Index(out, load_sweep(path))
+    index.record("c1", {"assignments": {"seed": 1}, "status": "finished"})
+    path.write_text(SWEEP.replace('text = "no privacy beats DP-SGD"', 'text = "FedAvg beats DP-SGD"'))
+    Index(out, load_sweep(path))
+    doc = json.loads((out / "index.json").read_text())
+    assert [c["text"] for c in doc["claims"]] == ["FedAvg beats DP-SGD"] and doc["cells"]["c1"]["status"] == "finished"
