@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO as ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-EXPECTED = {"quickstart", "robust_hdp", "fed_smp", "soteriafl", "dp2_fedsam"}
+EXPECTED = {"quickstart", "robust_hdp", "fed_smp", "soteriafl", "dp2_fedsam", "dp_ftrl"}
 
 
 def test_every_family_has_a_notebook():
