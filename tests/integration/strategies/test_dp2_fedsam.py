@@ -219,7 +219,8 @@ def test_simulation_dp2_fedsam_shares_phi_only(tmp_path: Path):
 
     ov = {**BASE, "strategy": "dp2-fedsam", "num-server-rounds": 2, "output-dir": str(tmp_path), "max-samples": 0,
           "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/integration/fedapp/privacy/test_secure_aggregation.py)
-          "client-dp-adversary": "release"}  # amplified by the Poisson sampling, as recomputed below
+          "client-dp-adversary": "release",  # amplified by the Poisson sampling, as recomputed below
+          "seeded-noise": True}  # sampling from the seed: with OS entropy both rounds could draw nobody (no release)
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=N_CLIENTS,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
                                    "init_args": {"num_cpus": 2, "logging_level": "ERROR"}})
