@@ -63,6 +63,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
 from fedapp.config import ClientDPConfig, DeploymentConfig
+from fedapp.privacy import shamir
 
 #: SecAgg+ weights each masked update by num_examples / max_weight; clients send 1 (a uniform sum)
 MAX_WEIGHT = 1.0
@@ -77,6 +78,25 @@ def ddg_transport(bits: int) -> dict[str, Any]:
     levels = (1 << bits) - 1
     return {"clipping_range": levels / 2, "quantization_range": levels, "modulus_range": 1 << bits,
             "max_weight": MAX_WEIGHT}
+
+
+#: where Flower's SecAgg+ looks up its Shamir functions: (module, name) of the client mod and the server workflow
+_SHAMIR_CALLERS = (("flwr.client.mod.secure_aggregation.secaggplus_mod", "create_shares"),
+                   ("flwr.server.workflow.secure_aggregation.secaggplus_workflow", "combine_shares"))
+
+
+def use_fast_shamir() -> None:
+    """Point Flower's SecAgg+ client mod and server workflow at :mod:`fedapp.privacy.shamir` (same field, same share
+    format, ~8x faster shares and ~100x faster reconstruction than pycryptodome's pure-Python arithmetic; see that
+    module). Idempotent; called before any SecAgg+ message is handled on either side."""
+    import importlib
+
+    for module_name, name in _SHAMIR_CALLERS:
+        module = importlib.import_module(module_name)
+        if not callable(getattr(module, name, None)):
+            raise RuntimeError(f"{module_name} has no {name}(): this Flower version's SecAgg+ is not the one "
+                               "fedapp.privacy.shamir replaces (flwr 1.41-1.43)")
+        setattr(module, name, getattr(shamir, name))
 
 
 def residues_from_mean(mean: np.ndarray, bits: int, survivors: int) -> np.ndarray:
@@ -213,6 +233,7 @@ def secagg_mod(msg: Message, ctxt: Context, call_next: Callable[[Message, Contex
     """
     if msg.metadata.message_type != MessageType.TRAIN or RECORD_KEY_CONFIGS not in msg.content.config_records:
         return call_next(msg, ctxt)
+    use_fast_shamir()
     out = secaggplus_mod(msg, ctxt, _contribution_or_dropout(call_next))
     if out.has_error() or RECORD_KEY_CONFIGS not in out.content.config_records:
         return out
@@ -284,6 +305,7 @@ def _residue_payload(arrays: list[np.ndarray], bits: int, ctxt: Context) -> Any:
 def run_with_secure_aggregation(grid: Grid, context: Context, strategy: Any, config: ServerConfig,
                                 client_dp: ClientDPConfig, deployment: DeploymentConfig) -> None:
     """Flower's default workflow with SecAgg+ as the fit step (evaluation unchanged)."""
+    use_fast_shamir()
     shares = client_dp.secagg_num_shares
     workflow = DefaultWorkflow(fit_workflow=DPSecAggPlusWorkflow(
         strategy, num_shares=int(shares) if shares > 1 else shares,

@@ -1,0 +1,86 @@
+"""fedapp.privacy.shamir against Flower's and pycryptodome's Shamir sharing: same field, same share format."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import random
+
+import pytest
+from Crypto.Protocol.SecretSharing import _Element
+from flwr.common.secure_aggregation.crypto import shamir as flower
+
+from fedapp.privacy import shamir
+from fedapp.privacy.secure_aggregation import _SHAMIR_CALLERS, use_fast_shamir
+
+
+def test_the_field_product_is_pycryptodomes():
+    rng = random.Random(0)
+    values = [0, 1, 2, (1 << 128) - 1, 1 << 127] + [rng.getrandbits(128) for _ in range(200)]
+    for a in values:
+        for b in rng.sample(values, 8):
+            assert shamir.gf_mul(a, b) == int(_Element(a) * _Element(b)), (a, b)
+
+
+@pytest.mark.parametrize(("threshold", "num"), [(1, 1), (2, 2), (2, 3), (3, 7), (25, 50)])
+@pytest.mark.parametrize("size", [0, 15, 16, 32, 41])
+def test_shares_combine_across_both_implementations(threshold, num, size):
+    rng = random.Random(threshold * 1000 + num * 10 + size)
+    secret = os.urandom(size)
+    ours, flowers = shamir.create_shares(secret, threshold, num), flower.create_shares(secret, threshold, num)
+    assert [len(s) for s in ours] == [len(s) for s in flowers]  # the same format: 4-byte index + 16 B per chunk
+    assert [s[:4] for s in ours] == [s[:4] for s in flowers]
+    for k in {threshold, num}:  # any k >= threshold shares, in any order
+        assert flower.combine_shares(rng.sample(ours, k)) == secret
+        assert shamir.combine_shares(rng.sample(flowers, k)) == secret
+        assert shamir.combine_shares(rng.sample(ours, k)) == secret
+
+
+def test_fewer_shares_than_the_threshold_do_not_give_the_secret():
+    secret = os.urandom(32)
+    shares = shamir.create_shares(secret, 5, 9)
+    for _ in range(5):
+        try:
+            assert shamir.combine_shares(random.sample(shares, 4)) != secret
+        except ValueError:  # a random-looking chunk rarely unpads
+            pass
+
+
+def test_each_sharing_draws_fresh_coefficients():
+    secret = os.urandom(32)
+    first, second = shamir.create_shares(secret, 3, 5), shamir.create_shares(secret, 3, 5)
+    assert all(a != b for a, b in zip(first, second, strict=True))
+    assert shamir.combine_shares(first[:3]) == shamir.combine_shares(second[2:]) == secret
+
+
+def test_bad_shares_are_refused():
+    shares = shamir.create_shares(os.urandom(32), 2, 4)
+    with pytest.raises(ValueError, match="distinct"):
+        shamir.combine_shares([shares[0], shares[0]])
+    with pytest.raises(ValueError, match="malformed"):
+        shamir.combine_shares([shares[0], shares[1][:-1]])
+    with pytest.raises(ValueError, match="no shares"):
+        shamir.combine_shares([])
+    with pytest.raises(ValueError, match="threshold"):
+        shamir.create_shares(b"x", 3, 2)
+    with pytest.raises(ValueError, match="Failed to combine"):  # a chunk that does not unpad
+        shamir.combine_shares([(1).to_bytes(4, "little") + bytes(16)])  # share 1 of p = 0: a zero pad byte
+
+
+def test_a_tampered_share_never_yields_the_secret():
+    secret = os.urandom(32)
+    shares = shamir.create_shares(secret, 2, 3)
+    for position in (4, 20, 51):
+        tampered = bytearray(shares[1])
+        tampered[position] ^= 1
+        try:
+            assert shamir.combine_shares([shares[0], bytes(tampered)]) != secret
+        except ValueError:  # the changed chunk no longer unpads
+            pass
+
+
+def test_flowers_secagg_plus_calls_these_functions_once_installed():
+    use_fast_shamir()
+    use_fast_shamir()  # idempotent
+    for module_name, name in _SHAMIR_CALLERS:
+        assert getattr(importlib.import_module(module_name), name) is getattr(shamir, name)
