@@ -2,6 +2,7 @@
 FederatedAveraging + central Gaussian mechanism on the same MNIST task, in wall time and memory.
 
     .venv/bin/python -m benchmarks.peer_pfl [--rounds 30] [--repeats 3] [--pfl-python /work/pfl-venv/bin/python]
+    .venv/bin/python -m benchmarks.peer_pfl --side ours --secure-aggregation off on [--clients-per-round 10]
 
 1. Exports the shared inputs once to a temporary folder, through this project's own code: the MNIST
    training pool and test set (``fedapp.data.datasets``), every client's training indices for 20 clients from the
@@ -51,6 +52,7 @@ PFL_SIDE = REPO / "benchmarks" / "pfl_side.py"
 NUM_CLIENTS = 20
 TARGET_WALL_RATIO = 1.0
 TARGET_PEAK_GB = 1.5
+TARGET_SECAGG_RATIO = 1.15  # a SecAgg+ round over the same round without it
 QUIET_LOAD = 1.0  # 1-minute load average above which a machine is not quiet enough to time on
 
 
@@ -76,6 +78,9 @@ def run_overrides(args: argparse.Namespace, output_dir: Path) -> dict[str, Any]:
         "fraction-evaluate": 0.0,  # no federated evaluation; the server evaluates centrally every round
         "local-test-fraction": 0.0,  # every client trains on its whole partition (no local test split needed)
         "eval-batch-size": 512, "output-dir": str(output_dir), "run-name": "peer-pfl",
+        # client sampling from the run seed: every run of our side trains the same cohorts, so runs with and without
+        # SecAgg+ do the same work (timing only; seeded noise carries no privacy guarantee)
+        "seeded-noise": True,
     }
 
 
@@ -219,10 +224,12 @@ def round_stats(walls: list[float]) -> dict[str, float]:
 
 
 def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace,
-             engine: str = "superlink", num_cpus: float = 1.0) -> dict[str, Any]:
-    """This project's side through ``python -m fedapp.run.launch --engine ENGINE --num-cpus NUM_CPUS``; its record."""
+             engine: str = "superlink", num_cpus: float = 1.0, secure_aggregation: bool = False) -> dict[str, Any]:
+    """This project's side through ``python -m fedapp.run.launch --engine ENGINE --num-cpus NUM_CPUS`` (with
+    ``secure_aggregation``: SecAgg+ and the default secure-sum mechanism); its record."""
     from fedapp.run.processes import to_toml_assignments
 
+    overrides = {**overrides, "secure-aggregation": secure_aggregation}
     out_dir = Path(overrides["output-dir"])
     before = {p for p in out_dir.glob("*") if p.is_dir()} if out_dir.exists() else set()
     env = os.environ.copy()
@@ -230,7 +237,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
     cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(NUM_CLIENTS),
            "--num-cpus", str(num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
-    log = work / f"ours-{engine}-cpus{num_cpus:g}-{tag}.log"
+    log = work / f"ours-{engine}-cpus{num_cpus:g}{'-secagg' if secure_aggregation else ''}-{tag}.log"
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)
     if code != 0:
         raise RuntimeError(f"our run failed (exit {code}); log {log}:\n{_tail(log)}")
@@ -245,7 +252,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
                         log.read_text(encoding="utf-8", errors="replace"))
     walls = [float(r["wall_seconds"]) for r in rounds]
     sampled = [r["metrics"].get("clients_sampled", r["metrics"].get("clients_ok")) for r in rounds]
-    return {"side": our_side(engine, num_cpus), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+    return {"side": our_side(engine, num_cpus, secure_aggregation), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
             "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
@@ -286,11 +293,12 @@ def pfl_available(python: Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- report
-def our_side(engine: str, num_cpus: float = 1.0) -> str:
-    """The report's label of this project's side on ``engine`` with ``num_cpus`` per client (plain ``ours``: the
-    launcher's defaults, SuperLink engine and one CPU per client)."""
+def our_side(engine: str, num_cpus: float = 1.0, secure_aggregation: bool = False) -> str:
+    """The report's label of this project's side on ``engine`` with ``num_cpus`` per client, ``/secagg`` with SecAgg+
+    (plain ``ours``: the launcher's defaults, SuperLink engine and one CPU per client, no SecAgg+)."""
     label = "ours" if engine == "superlink" else f"ours/{engine}"
-    return label if num_cpus == 1.0 else f"{label}/cpus={num_cpus:g}"
+    label = label if num_cpus == 1.0 else f"{label}/cpus={num_cpus:g}"
+    return f"{label}/secagg" if secure_aggregation else label
 
 
 def _med(runs: list[dict[str, Any]], key: str) -> float:
@@ -311,6 +319,7 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
     out = rows
     for label in dict.fromkeys(r["side"] for r in runs if r["side"] != "pfl"):
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl, label, busiest)
+    out += _secagg_cost(runs)
     if busiest > QUIET_LOAD:
         out.append(f"\nWARNING: the load average was up to {busiest:.1f} before a run (2 cores): the machine was not "
                    "quiet, so these times and ratios say nothing about the targets; rerun on a quiet machine.")
@@ -328,6 +337,24 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
                f"(expected), σ = {settings['noise_multiplier']}, C = {settings['clip_norm']}, b = "
                f"{settings['batch_size']}, {settings['local_epochs']} local epoch, lr {settings['lr']}, "
                f"{settings['rounds']} rounds.")
+    return out
+
+
+def _secagg_cost(runs: list[dict[str, Any]]) -> list[str]:
+    """Medians of each SecAgg+ side against the same side without SecAgg+ (same engine and CPUs per client)."""
+    out: list[str] = []
+    for label in dict.fromkeys(r["side"] for r in runs if r["side"].endswith("/secagg")):
+        plain_label = label.removesuffix("/secagg")
+        on = [r for r in runs if r["side"] == label]
+        off = [r for r in runs if r["side"] == plain_label]
+        if not off:
+            continue
+        steady = _med(on, "steady_median") / _med(off, "steady_median")
+        out += ["", f"SecAgg+ cost, medians over {len(on)} / {len(off)} run(s), {label} ÷ {plain_label}: steady "
+                f"round {_med(on, 'steady_median'):.2f} / {_med(off, 'steady_median'):.2f} s = {steady:.2f}× (target "
+                f"≤ {TARGET_SECAGG_RATIO:.2f}×: {'met' if steady <= TARGET_SECAGG_RATIO else 'not met'}); wall "
+                f"{_med(on, 'wall') / _med(off, 'wall'):.2f}×; peak PSS Σ "
+                f"{_med(on, 'peak_bytes') / _med(off, 'peak_bytes'):.2f}×."]
     return out
 
 
@@ -381,6 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", nargs="+", default=["superlink"], choices=("superlink", "run-simulation"),
                         help="our side, once per engine per repeat: the launcher's --engine (run-simulation: no "
                              "SuperLink, SuperExec or `flwr run`)")
+    parser.add_argument("--secure-aggregation", nargs="+", default=["off"], choices=("off", "on"),
+                        help="our side, once per value (and engine, CPUs) per repeat: SecAgg+ with the default "
+                             "secure-sum mechanism (on; its cost over the plain round is reported) or not (off: "
+                             "the trusted-server setting pfl's central mechanism matches)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=42, help="run seed: partition and initial weights")
     parser.add_argument("--interval", type=float, default=2.0,
@@ -405,7 +436,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         settings = export_inputs(work / "inputs", overrides)
         print(f"[peer_pfl] inputs exported in {time.perf_counter() - t0:.1f} s", flush=True)
-        config_of = {our_side(e, c): (e, c) for e in args.engines for c in args.num_cpus}
+        config_of = {our_side(e, c, a == "on"): (e, c, a == "on")
+                     for e in args.engines for c in args.num_cpus for a in args.secure_aggregation}
         ours = list(config_of)
         sides = {"both": ours + ["pfl"], "ours": ours, "pfl": ["pfl"]}[args.side]
         for k in range(args.repeats):
