@@ -26,15 +26,14 @@ from __future__ import annotations
 import secrets
 from functools import lru_cache
 
-#: x^128 + x^7 + x^2 + x + 1 without its leading term: x^128 ≡ x^7 + x^2 + x + 1
-_LOW = (1 << 7) | (1 << 2) | (1 << 1) | 1
 _MASK = (1 << 128) - 1
 _BLOCK = 16
 _INDEX_BYTES = 4
 
 
 def _reduce(p: int) -> int:
-    """p (a carry-less product, < 2^255) modulo the field polynomial, without branches on p."""
+    """p (a carry-less product, < 2^255) modulo the field polynomial, without branches on p: x^128 ≡ x^7 + x^2 + x + 1,
+    so the bits above 128 fold back shifted by 0, 1, 2 and 7."""
     for _ in range(2):  # the first fold leaves at most 7 bits above 2^128, the second none
         high = p >> 128
         p = (p & _MASK) ^ high ^ (high << 1) ^ (high << 2) ^ (high << 7)
