@@ -26,6 +26,8 @@ from __future__ import annotations
 import secrets
 from functools import lru_cache
 
+from Crypto.Util.Padding import pad, unpad
+
 _MASK = (1 << 128) - 1
 _BLOCK = 16
 _INDEX_BYTES = 4
@@ -108,8 +110,7 @@ def split_chunk(chunk: bytes, threshold: int, num: int) -> list[bytes]:
 
 def create_shares(secret: bytes, threshold: int, num: int) -> list[bytes]:
     """Flower's ``create_shares``: PKCS#7-padded secret, each share ``index (4 B, LE) || chunk shares``."""
-    pad = _BLOCK - len(secret) % _BLOCK
-    padded = secret + bytes([pad]) * pad
+    padded = pad(secret, _BLOCK)
     per_chunk = [split_chunk(padded[i:i + _BLOCK], threshold, num) for i in range(0, len(padded), _BLOCK)]
     return [(x + 1).to_bytes(_INDEX_BYTES, "little") + b"".join(chunk[x] for chunk in per_chunk)
             for x in range(num)]
@@ -131,7 +132,7 @@ def combine_shares(share_list: list[bytes]) -> bytes:
         for c, share in zip(coefficients, share_list, strict=True):
             value ^= gf_mul(int.from_bytes(share[start:start + _BLOCK], "big"), c)
         padded += value.to_bytes(_BLOCK, "big")
-    pad = padded[-1]
-    if not 1 <= pad <= _BLOCK or padded[-pad:] != bytes([pad]) * pad:
-        raise ValueError("Failed to combine shares")
-    return bytes(padded[:-pad])
+    try:
+        return unpad(bytes(padded), _BLOCK)
+    except ValueError:
+        raise ValueError("Failed to combine shares") from None
