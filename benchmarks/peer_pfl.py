@@ -49,6 +49,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = (REPO.parent / "shared" / "data").resolve()
 PFL_PYTHON = Path(os.environ.get("PFL_PYTHON", str(REPO.parent / "pfl-venv" / "bin" / "python")))
 PFL_SIDE = REPO / "benchmarks" / "pfl_side.py"
+PFL_PLAIN = REPO / "benchmarks" / "pfl_plain.py"  # the control: pfl written the plain way
 NUM_CLIENTS = 20
 TARGET_WALL_RATIO = 1.0
 TARGET_PEAK_GB = 1.5
@@ -260,21 +261,28 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
             "results": str(new[-1]), "log": str(log)}
 
 
-def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: int | None) -> dict[str, Any]:
-    """pfl's side: ``benchmarks/pfl_side.py`` in the pfl environment; its record of the run."""
+def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: int | None,
+            script: str = "side") -> dict[str, Any]:
+    """pfl's side: ``benchmarks/pfl_side.py`` (``script = "side"``, labelled ``pfl``) or the plain control
+    ``benchmarks/pfl_plain.py`` (``"plain"``, labelled ``pfl/plain``) in the pfl environment; its record."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of this repo
     env["PYTHONUNBUFFERED"] = "1"
-    out = work / f"pfl-{tag}.json"
-    cmd = [str(args.pfl_python), str(PFL_SIDE), "--inputs", str(inputs), "--out", str(out),
-           "--sampling", args.pfl_sampling] + ([] if seed is None else ["--seed", str(seed)])
-    log = work / f"pfl-{tag}.log"
+    out = work / f"pfl-{script}-{tag}.json"
+    if script == "side":
+        cmd = [str(args.pfl_python), str(PFL_SIDE), "--inputs", str(inputs), "--out", str(out),
+               "--sampling", args.pfl_sampling]
+    else:
+        cmd = [str(args.pfl_python), str(PFL_PLAIN), "--inputs", str(inputs), "--out", str(out)]
+    cmd += [] if seed is None else ["--seed", str(seed)]
+    log = work / f"pfl-{script}-{tag}.log"
     code, wall, mem = run_measured(cmd, env=env, cwd=work, log=log, interval=args.interval, timeout=args.timeout)
     if code != 0 or not out.exists():
         raise RuntimeError(f"the pfl run failed (exit {code}); log {log}:\n{_tail(log)}")
     res = json.loads(out.read_text(encoding="utf-8"))
     walls = [float(r["wall_seconds"]) for r in res["rounds"]]
     clients = [r["clients"] for r in res["rounds"] if r.get("clients") is not None]
-    return {"side": "pfl", "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+    return {"side": "pfl" if script == "side" else "pfl/plain", "tag": tag, "wall": wall, **round_stats(walls),
+            "round_walls": walls,
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": res.get("final_accuracy"), "rounds": len(walls),
             "mean_clients": float(np.mean(clients)) if clients else float("nan"),
@@ -317,9 +325,10 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
     pfl = [r for r in runs if r["side"] == "pfl"]
     busiest = max((r.get("load_before", 0.0) for r in runs), default=0.0)
     out = rows
-    for label in dict.fromkeys(r["side"] for r in runs if r["side"] != "pfl"):
+    for label in dict.fromkeys(r["side"] for r in runs if not r["side"].startswith("pfl")):
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl, label, busiest)
     out += _secagg_cost(runs)
+    out += _side_vs_plain(runs)
     if busiest > QUIET_LOAD:
         out.append(f"\nWARNING: the load average was up to {busiest:.1f} before a run (2 cores): the machine was not "
                    "quiet, so these times and ratios say nothing about the targets; rerun on a quiet machine.")
@@ -356,6 +365,26 @@ def _secagg_cost(runs: list[dict[str, Any]]) -> list[str]:
                 f"{_med(on, 'wall') / _med(off, 'wall'):.2f}×; peak PSS Σ "
                 f"{_med(on, 'peak_bytes') / _med(off, 'peak_bytes'):.2f}×."]
     return out
+
+
+def _side_vs_plain(runs: list[dict[str, Any]]) -> list[str]:
+    """pfl's side of this benchmark against pfl written the plain way (``pfl_plain.py``): the same work a round?"""
+    side = [r for r in runs if r["side"] == "pfl"]
+    plain = [r for r in runs if r["side"] == "pfl/plain"]
+    if not side or not plain:
+        return []
+    pairs = [(a["steady_median"] / b["steady_median"]) for a in side for b in plain if a["tag"] == b["tag"]]
+
+    def acc(rs: list[dict[str, Any]]) -> str:
+        return ", ".join("-" if r["final_accuracy"] is None else f"{r['final_accuracy']:.4f}" for r in rs)
+
+    return ["", f"pfl side ÷ plain pfl, medians over {len(side)} / {len(plain)} run(s): steady round "
+            f"{_med(side, 'steady_median'):.2f} / {_med(plain, 'steady_median'):.2f} s = "
+            f"{_med(side, 'steady_median') / _med(plain, 'steady_median'):.2f}× (within each repeat: "
+            f"{', '.join(f'{x:.2f}×' for x in pairs)}); round 1 {_med(side, 'round1'):.2f} / "
+            f"{_med(plain, 'round1'):.2f} s; wall {_med(side, 'wall') / _med(plain, 'wall'):.2f}×; peak PSS "
+            f"{_med(side, 'peak_bytes') / 1e9:.2f} / {_med(plain, 'peak_bytes') / 1e9:.2f} GB; final accuracy "
+            f"{acc(side)} vs {acc(plain)}."]
 
 
 def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: str, busiest: float) -> list[str]:
@@ -399,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pfl-sampling", choices=("poisson", "fixed", "random", "minimize_reuse"), default="poisson",
                         help="pfl's client sampling (benchmarks/pfl_side.py); poisson matches ours")
     parser.add_argument("--side", choices=("both", "ours", "pfl"), default="both")
+    parser.add_argument("--pfl-scripts", nargs="+", choices=("side", "plain"), default=["side"],
+                        help="pfl's runs, once per script per repeat: side (benchmarks/pfl_side.py, the peer) and/or "
+                             "plain (benchmarks/pfl_plain.py, pfl written the plain way: the peer's control)")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--partitioner", default="iid", choices=("iid", "shards", "pathological", "dirichlet"))
     parser.add_argument("--clients-per-round", type=int, default=10)
@@ -439,14 +471,16 @@ def main(argv: list[str] | None = None) -> int:
         config_of = {our_side(e, c, a == "on"): (e, c, a == "on")
                      for e in args.engines for c in args.num_cpus for a in args.secure_aggregation}
         ours = list(config_of)
-        sides = {"both": ours + ["pfl"], "ours": ours, "pfl": ["pfl"]}[args.side]
+        pfl_sides = [{"side": "pfl", "plain": "pfl/plain"}[s] for s in args.pfl_scripts]
+        sides = {"both": ours + pfl_sides, "ours": ours, "pfl": pfl_sides}[args.side]
         for k in range(args.repeats):
             for side in (sides if k % 2 == 0 else sides[::-1]):
                 tag = str(k + 1)
                 print(f"[peer_pfl] run {tag}: {side} ...", flush=True)
                 load = settle()
-                rec = (run_ours(overrides, work, tag, args, *config_of[side]) if side != "pfl"
-                       else run_pfl(work / "inputs", work, tag, args, seed=None))
+                rec = (run_ours(overrides, work, tag, args, *config_of[side]) if not side.startswith("pfl")
+                       else run_pfl(work / "inputs", work, tag, args, seed=None,
+                                    script="side" if side == "pfl" else "plain"))
                 rec["load_before"] = load
                 print(f"[peer_pfl] run {tag}: {side} {rec['wall']:.1f} s, peak {rec['peak_bytes'] / 1e9:.2f} GB, "
                       f"final accuracy {rec['final_accuracy']}", flush=True)

@@ -74,13 +74,13 @@ class MnistCNN(nn.Module):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor, eval: bool = False) -> torch.Tensor:  # noqa: A002 - pfl's name
         self.eval() if eval else self.train()
-        return F.cross_entropy(self(x), y)
+        return F.cross_entropy(self(x), y.long())  # pfl hands NumPy labels over as float tensors
 
     @torch.no_grad()
     def metrics(self, x: torch.Tensor, y: torch.Tensor, eval: bool = True) -> dict[str, Weighted]:  # noqa: A002
         self.eval() if eval else self.train()
         logits = self(x)
-        n = len(y)
+        n, y = len(y), y.long()
         return {"loss": Weighted(float(F.cross_entropy(logits, y, reduction="sum")), n),
                 "accuracy": Weighted(float((logits.argmax(1) == y).sum()), n)}
 
