@@ -166,7 +166,11 @@ class ClientLevelDPStrategy(DPFLStrategy):
             self.dp = self.mechanism_factory(num_clients)
             self.sampler.fixed_rate = self.dp.sample_rate  # q = r/n of the registered clients, all run long
             if self.secure_sum_factory is not None and self.dp.secure_aggregation:
-                self.ddg = self.secure_sum_factory(self.dp, self.payload_dim())
+                self.ddg = ddg = self.secure_sum_factory(self.dp, self.payload_dim())
+                if ddg is not None:  # clients account the continuous plan σ; a full round is charged the discrete
+                    # sum's equivalent z ≥ σ, so their ε exceeds the ledger's by up to 2(z/σ − 1) (ε ∝ z⁻¹ to z⁻²)
+                    excess = ddg.gaussian_equivalent(ddg.max_cohort, ddg.max_cohort) / self.dp.noise_multiplier - 1
+                    self.ledger.report_slack = max(2.0 * excess, 0.0)
             if self.adaptive_clip_factory is not None:
                 self.adaptive = self.adaptive_clip_factory(self.dp)
             if self.adaptive is not None and self.ddg is not None:

@@ -45,9 +45,14 @@ from strategies.privacy.accountants import (
 class PrivacyLedger:
     """Per-client histories plus a population history, composed by the ``accountant`` (see module docstring)."""
 
-    def __init__(self, accountant: str = "rdp", rel_tol: float = 1e-6) -> None:
+    def __init__(self, accountant: str = "rdp", rel_tol: float = 1e-6, report_slack: float = 0.0) -> None:
         self.accountant = accountant
         self.rel_tol = rel_tol
+        #: a client's report may exceed the server's ε by this relative amount and still agree: set where the server
+        #: charges a mechanism calibrated to be at least as private as the plan the client accounts (the distributed
+        #: discrete Gaussian, whose Gaussian equivalent exceeds σ by the calibration's tolerance). Never below: a
+        #: report under the server's ε is always flagged.
+        self.report_slack = report_slack
         self.histories: dict[int, History] = {}
         self.deltas: dict[int, float] = {}
         self.population: History = []
@@ -164,6 +169,8 @@ class PrivacyLedger:
             return None
         ours = self.epsilon(client_id)
         if math.isclose(float(reported), ours, rel_tol=self.rel_tol, abs_tol=1e-12):
+            return None
+        if ours <= float(reported) <= ours * (1.0 + self.report_slack):  # the client's plan bounds the charge
             return None
         return f"client reports epsilon_spent={float(reported):.6g}, the server's ledger {ours:.6g}"
 

@@ -154,6 +154,11 @@ def test_a_discrete_gaussian_secure_sum_trains_like_the_plain_sum_and_its_ledger
     gaussian_rdp = sum(alphas / (2 * z**2) for z in equivalents)
     assert np.all(rdp <= gaussian_rdp * (1 + 1e-12))
     assert rdp_to_epsilon(rdp, delta) <= rdp_to_epsilon(gaussian_rdp, delta)
+    # every sampled client summed in every round: the clients' continuous plan σ bounds the charged equivalents, so
+    # their reports agree with the ledger (from above, within the calibration's tolerance) and nothing is flagged
+    assert all(sum(c["status"] == "ok" for c in r["clients"]) == r["metrics"]["clients_sampled"] for r in recs)
+    assert all(c["client_epsilon_spent"] >= c["epsilon_spent"] for r in recs for c in r["clients"])
+    assert not [c["epsilon_mismatch"] for r in recs for c in r["clients"] if c.get("epsilon_mismatch")]
     last = recs[-1]
     for c in last["clients"]:
         assert c["epsilon_vs_server"] == pytest.approx(acc.get_epsilon(delta), rel=0.01)
