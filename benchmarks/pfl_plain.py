@@ -2,7 +2,7 @@
 
 The same task as ``pfl_side.py`` (the inputs ``peer_pfl.py`` exports: the MNIST pool as NumPy arrays, the 20
 clients' index sets, the test set, the CNN's initial weights, the settings), built only from pfl's documented
-pieces with their defaults, none of ``pfl_side.py``'s own classes except the model and the input loader:
+pieces with their defaults; of ``pfl_side.py`` it takes only the model, the input loader and the round timer:
 
 * ``FederatedDataset.from_slices`` over per-user NumPy arrays (pfl converts each batch to a tensor), users drawn
   by pfl's ``minimize_reuse`` sampler, a fixed cohort of r users a round;
