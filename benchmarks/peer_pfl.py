@@ -50,6 +50,7 @@ DATA_DIR = (REPO.parent / "shared" / "data").resolve()
 PFL_PYTHON = Path(os.environ.get("PFL_PYTHON", str(REPO.parent / "pfl-venv" / "bin" / "python")))
 PFL_SIDE = REPO / "benchmarks" / "pfl_side.py"
 PFL_PLAIN = REPO / "benchmarks" / "pfl_plain.py"  # the control: pfl written the plain way
+PFL_LABELS = {"side": "pfl", "plain": "pfl/plain"}  # pfl script (--pfl-scripts) -> the report's label of its runs
 NUM_CLIENTS = 20
 TARGET_WALL_RATIO = 1.0
 TARGET_PEAK_GB = 1.5
@@ -281,7 +282,7 @@ def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: 
     res = json.loads(out.read_text(encoding="utf-8"))
     walls = [float(r["wall_seconds"]) for r in res["rounds"]]
     clients = [r["clients"] for r in res["rounds"] if r.get("clients") is not None]
-    return {"side": "pfl" if script == "side" else "pfl/plain", "tag": tag, "wall": wall, **round_stats(walls),
+    return {"side": PFL_LABELS[script], "tag": tag, "wall": wall, **round_stats(walls),
             "round_walls": walls,
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": res.get("final_accuracy"), "rounds": len(walls),
@@ -369,8 +370,8 @@ def _secagg_cost(runs: list[dict[str, Any]]) -> list[str]:
 
 def _side_vs_plain(runs: list[dict[str, Any]]) -> list[str]:
     """pfl's side of this benchmark against pfl written the plain way (``pfl_plain.py``): the same work a round?"""
-    side = [r for r in runs if r["side"] == "pfl"]
-    plain = [r for r in runs if r["side"] == "pfl/plain"]
+    side = [r for r in runs if r["side"] == PFL_LABELS["side"]]
+    plain = [r for r in runs if r["side"] == PFL_LABELS["plain"]]
     if not side or not plain:
         return []
     pairs = [(a["steady_median"] / b["steady_median"]) for a in side for b in plain if a["tag"] == b["tag"]]
@@ -428,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pfl-sampling", choices=("poisson", "fixed", "random", "minimize_reuse"), default="poisson",
                         help="pfl's client sampling (benchmarks/pfl_side.py); poisson matches ours")
     parser.add_argument("--side", choices=("both", "ours", "pfl"), default="both")
-    parser.add_argument("--pfl-scripts", nargs="+", choices=("side", "plain"), default=["side"],
+    parser.add_argument("--pfl-scripts", nargs="+", choices=tuple(PFL_LABELS), default=["side"],
                         help="pfl's runs, once per script per repeat: side (benchmarks/pfl_side.py, the peer) and/or "
                              "plain (benchmarks/pfl_plain.py, pfl written the plain way: the peer's control)")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
@@ -471,16 +472,16 @@ def main(argv: list[str] | None = None) -> int:
         config_of = {our_side(e, c, a == "on"): (e, c, a == "on")
                      for e in args.engines for c in args.num_cpus for a in args.secure_aggregation}
         ours = list(config_of)
-        pfl_sides = [{"side": "pfl", "plain": "pfl/plain"}[s] for s in args.pfl_scripts]
+        pfl_sides = [PFL_LABELS[s] for s in args.pfl_scripts]
         sides = {"both": ours + pfl_sides, "ours": ours, "pfl": pfl_sides}[args.side]
+        script_of = {label: script for script, label in PFL_LABELS.items()}
         for k in range(args.repeats):
             for side in (sides if k % 2 == 0 else sides[::-1]):
                 tag = str(k + 1)
                 print(f"[peer_pfl] run {tag}: {side} ...", flush=True)
                 load = settle()
-                rec = (run_ours(overrides, work, tag, args, *config_of[side]) if not side.startswith("pfl")
-                       else run_pfl(work / "inputs", work, tag, args, seed=None,
-                                    script="side" if side == "pfl" else "plain"))
+                rec = (run_ours(overrides, work, tag, args, *config_of[side]) if side not in script_of
+                       else run_pfl(work / "inputs", work, tag, args, seed=None, script=script_of[side]))
                 rec["load_before"] = load
                 print(f"[peer_pfl] run {tag}: {side} {rec['wall']:.1f} s, peak {rec['peak_bytes'] / 1e9:.2f} GB, "
                       f"final accuracy {rec['final_accuracy']}", flush=True)

@@ -167,10 +167,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
             self.sampler.fixed_rate = self.dp.sample_rate  # q = r/n of the registered clients, all run long
             if self.secure_sum_factory is not None and self.dp.secure_aggregation:
                 self.ddg = ddg = self.secure_sum_factory(self.dp, self.payload_dim())
-                if ddg is not None:  # clients account the continuous plan σ; a full round is charged the discrete
-                    # sum's equivalent z ≥ σ, so their ε exceeds the ledger's by up to 2(z/σ − 1) (ε ∝ z⁻¹ to z⁻²)
-                    excess = ddg.gaussian_equivalent(ddg.max_cohort, ddg.max_cohort) / self.dp.noise_multiplier - 1
-                    self.ledger.report_slack = max(2.0 * excess, 0.0)
+                if ddg is not None:  # clients account the continuous plan σ, the ledger the discrete sum's z ≥ σ
+                    self.ledger.report_slack = ddg.report_slack(self.dp.noise_multiplier)
             if self.adaptive_clip_factory is not None:
                 self.adaptive = self.adaptive_clip_factory(self.dp)
             if self.adaptive is not None and self.ddg is not None:

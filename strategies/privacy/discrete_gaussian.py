@@ -244,6 +244,13 @@ class DistributedDiscreteGaussian:
         a = self.l2_sensitivity / (math.sqrt(survivors) * self.scaled_std(round_clients))
         return 1.0 / (a + self.tau(survivors, round_clients) * math.sqrt(self.padded_dim))
 
+    def report_slack(self, plan_multiplier: float) -> float:
+        """How far (relative) a client's ε on the continuous plan ``plan_multiplier`` may exceed a ledger charged this
+        mechanism's full-round equivalent z ≥ σ (:meth:`calibrated`'s tolerance): 2(z/σ − 1), as ε falls as z⁻¹ to
+        z⁻² (:attr:`strategies.privacy.ledger.PrivacyLedger.report_slack`)."""
+        z = self.gaussian_equivalent(self.max_cohort, self.max_cohort)
+        return max(2.0 * (z / plan_multiplier - 1.0), 0.0)
+
     @classmethod
     def calibrated(cls, target_multiplier: float, *, clip: float, max_cohort: int, dim: int, bits: int,
                    rel_tol: float = 1e-4) -> DistributedDiscreteGaussian:
