@@ -296,16 +296,22 @@ def stop_process_tree(proc: subprocess.Popen, timeout: float = 10.0) -> None:
     terminate_processes(descendants)
 
 
-def terminate_processes(procs: list, timeout: float = 5.0) -> list:
-    """SIGTERM each ``psutil.Process``, wait, SIGKILL the survivors; returns those still alive after that."""
+def terminate_processes(procs: list, timeout: float = 5.0, groups: Sequence[int] = ()) -> list:
+    """SIGTERM each ``psutil.Process`` and each process group in ``groups``, wait for all of them together, SIGKILL
+    the survivors (and the groups, whose members may not all be in ``procs``); returns those still alive after
+    that."""
     import psutil
 
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGTERM)
     for p in procs:
         try:
             p.terminate()
         except psutil.NoSuchProcess:
             pass
     _, alive = psutil.wait_procs(procs, timeout=timeout)
+    for pgid in groups:
+        _signal_group(pgid, signal.SIGKILL)
     for p in alive:
         try:
             p.kill()
@@ -335,6 +341,13 @@ def _stop_leader(proc: subprocess.Popen, timeout: float) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
+        pass
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
 
 
@@ -382,13 +395,19 @@ class Processes:
         thread.start()
         return thread
 
-    def stop_all(self) -> list[int]:
-        """Stop everything; returns PIDs still alive afterwards (should be empty)."""
+    def stop_all(self, timeout: float = 10.0) -> list[int]:
+        """Stop everything in one wave: SIGTERM to every started process's group and every descendant seen, one
+        wait of up to ``timeout`` for all of them together, then SIGKILL. Returns PIDs still alive afterwards
+        (should be empty)."""
         self._stop.set()
         self.snapshot()
-        for proc in reversed(self.started):  # last started first (SuperNodes, flwr run), the SuperLink last
-            stop_process_tree(proc)
-        terminate_processes([p for p in self.seen.values() if _alive(p)])
+        terminate_processes([p for p in self.seen.values() if _alive(p)], timeout=timeout,
+                            groups=[proc.pid for proc in self.started])  # a group outlives an exited leader
+        for proc in self.started:  # psutil reaped them; Popen records the exit
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
         return [p.pid for p in self.seen.values() if _alive(p)]
 
 

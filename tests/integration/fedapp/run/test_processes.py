@@ -122,3 +122,34 @@ def test_watchdog_exits_by_itself_when_the_tree_ends() -> None:
         assert dog.wait(timeout=20) == 0
     finally:
         _kill(root, dog)
+
+
+# a tree whose leader has exited and whose member, in the leader's group, ignores SIGTERM
+ORPHANED_GROUP = ["sh", "-c", "(trap '' TERM; sleep 120) & echo $!"]
+# a leader that ignores SIGTERM, with a child in a session of its own (found only as a seen descendant)
+STUBBORN_TREE = [sys.executable, "-c", textwrap.dedent("""
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    print(child.pid, flush=True)
+    time.sleep(120)
+""")]
+
+
+@pytest.mark.skipif(not LINUX, reason="process groups and psutil trees as on Linux")
+def test_stop_all_stops_every_group_and_descendant_and_escalates_to_sigkill() -> None:
+    from fedapp.run.processes import Processes
+
+    procs = Processes()
+    orphaned = procs.add(subprocess.Popen(ORPHANED_GROUP, stdout=subprocess.PIPE, text=True, start_new_session=True))
+    member = int(orphaned.stdout.readline())
+    orphaned.wait(timeout=10)  # the leader is gone; its group lives on in the TERM-ignoring member
+    stubborn = procs.add(subprocess.Popen(STUBBORN_TREE, stdout=subprocess.PIPE, text=True, start_new_session=True))
+    detached = int(stubborn.stdout.readline())
+    procs.snapshot()
+    assert detached in procs.seen and member not in procs.seen  # the member is reached through its group only
+    created = {pid: psutil.Process(pid).create_time() for pid in (member, stubborn.pid, detached)}
+    assert procs.stop_all(timeout=1.0) == []
+    for pid, t0 in created.items():
+        assert _gone(pid, t0, timeout=5), pid
+    assert stubborn.returncode is not None  # reaped, not a zombie
