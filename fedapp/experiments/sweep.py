@@ -49,7 +49,9 @@ on. A server that knows the seed can remove the noise: such runs carry no privac
 says so.
 
 ``--engine inprocess`` drives the same server and client components in this process (no transport; faster, for
-notebooks and tests); it cannot run SecAgg+.
+notebooks and tests); it cannot run SecAgg+. With ``--parallel N`` > 1 each in-process cell runs in a spawned
+process of its own with ``cores // N`` torch threads: cells then share neither torch's global random state nor its
+thread pool, and one cell that crashes its process fails alone.
 """
 
 from __future__ import annotations
@@ -58,11 +60,13 @@ import argparse
 import hashlib
 import itertools
 import json
+import multiprocessing
+import os
 import sys
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,6 +222,19 @@ def _run_cell(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str) -> Pat
                num_cpus=float(sweep.meta.get("num-cpus", 1.0)), num_gpus=float(sweep.meta.get("num-gpus", 0.0)))
 
 
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def _run_cell_in_child(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str, threads: int) -> Path:
+    """:func:`_run_cell` in a freshly spawned process with ``threads`` torch threads."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_set_torch_threads, initargs=(threads,)) as child:
+        return child.submit(_run_cell, sweep, cell, out, engine).result()
+
+
 def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr",
               only: Mapping[str, Any] | None = None) -> Path:
     """Run every unfinished cell (``only``: those matching these assignments); returns ``index.json``."""
@@ -233,7 +250,10 @@ def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr
         cid, start = cell_id(cell), time.time()
         index.record(cid, {"assignments": cell, "status": "running"})
         try:
-            run_dir = _run_cell(sweep, cell, out, engine)
+            if engine == "inprocess" and parallel > 1:
+                run_dir = _run_cell_in_child(sweep, cell, out, engine, max(1, (os.cpu_count() or 1) // parallel))
+            else:
+                run_dir = _run_cell(sweep, cell, out, engine)
         except Exception as exc:  # noqa: BLE001 — one failing cell is recorded; the others still run
             index.record(cid, {"assignments": cell, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
                                "seconds": time.time() - start})
@@ -255,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", type=Path)
     parser.add_argument("--scale", default=None, help="a [scales.<name>] table of the file, e.g. quick or paper")
     parser.add_argument("--out", type=Path, default=None, help="sweep folder (default results/sweeps/<name>-<scale>)")
-    parser.add_argument("--parallel", type=int, default=1, help="cells at a time (each uses its own SuperLink)")
+    parser.add_argument("--parallel", type=int, default=1, help="cells at a time (each with its own SuperLink; in-process: each in its own process)")
     parser.add_argument("--engine", choices=ENGINES, default="flwr")
     parser.add_argument("--num-cpus", type=float, default=None, help="CPUs per simulated client (launcher)")
     parser.add_argument("--num-gpus", type=float, default=None, help="GPUs per simulated client, fractional ok")

@@ -243,6 +243,23 @@ def test_validation_split_is_disjoint_and_counted_in_n_i():
 
 
 @pytest.mark.slow
+def test_in_process_cells_run_in_parallel_processes_give_what_they_give_one_at_a_time(tmp_path: Path):
+    """--parallel 2 with the in-process engine: each cell in a spawned process of its own; with seeded noise every
+    cell's round metrics equal those of the same cell run in this process, one cell after the other."""
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP.replace("[sweep.config]", "[sweep.config]\nseeded-noise = true"))
+    sweep = load_sweep(path)
+    only = {"strategy": "dpsgd-fedavg", "lr": 0.5}
+    serial = json.loads(run_sweep(sweep, tmp_path / "serial", engine="inprocess", only=only).read_text())
+    parallel = json.loads(run_sweep(sweep, tmp_path / "parallel", engine="inprocess", parallel=2,
+                                    only=only).read_text())
+    assert sorted(parallel["cells"]) == sorted(serial["cells"]) and len(serial["cells"]) == 2
+    assert all(c["status"] == "finished" for c in parallel["cells"].values())
+    for cid, cell in serial["cells"].items():
+        assert parallel["cells"][cid]["rounds"] == cell["rounds"], cid
+
+
+@pytest.mark.slow
 def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
     path = tmp_path / "s.toml"
     path.write_text(SWEEP)
