@@ -275,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("file", type=Path)
     parser.add_argument("--scale", default=None, help="a [scales.<name>] table of the file, e.g. quick or paper")
     parser.add_argument("--out", type=Path, default=None, help="sweep folder (default results/sweeps/<name>-<scale>)")
-    parser.add_argument("--parallel", type=int, default=1, help="cells at a time (each with its own SuperLink; in-process: each in its own process)")
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="cells at a time (each with its own SuperLink; in-process: each in its own process)")
     parser.add_argument("--engine", choices=ENGINES, default="flwr")
     parser.add_argument("--num-cpus", type=float, default=None, help="CPUs per simulated client (launcher)")
     parser.add_argument("--num-gpus", type=float, default=None, help="GPUs per simulated client, fractional ok")

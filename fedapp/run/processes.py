@@ -281,19 +281,14 @@ def start_superlink(flwr_home: Path, port: int, *, simulation: bool = True,
 
 # ----------------------------------------------------------------------------- stopping by PID
 def stop_process_tree(proc: subprocess.Popen, timeout: float = 10.0) -> None:
-    """Stop ``proc`` and every descendant by PID: SIGTERM, then SIGKILL.
+    """Stop ``proc`` and every descendant by PID, as :meth:`Processes.stop_all` stops a run.
 
     Flower's SuperLink starts ``flower-superexec`` and simulation processes in sessions of
     their own, so killing the process group is not enough: descendants are collected first.
     """
-    import psutil
-
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
-    _stop_leader(proc, timeout)
-    terminate_processes(descendants)
+    procs = Processes()
+    procs.add(proc)
+    procs.stop_all(timeout)
 
 
 def terminate_processes(procs: list, timeout: float = 5.0, groups: Sequence[int] = ()) -> list:
@@ -319,29 +314,6 @@ def terminate_processes(procs: list, timeout: float = 5.0, groups: Sequence[int]
             pass
     _, still = psutil.wait_procs(alive, timeout=timeout)
     return still
-
-
-def _stop_leader(proc: subprocess.Popen, timeout: float) -> None:
-    if proc.poll() is not None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # reap leftovers of an exited leader's group
-        except (ProcessLookupError, PermissionError):
-            pass
-        return
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _signal_group(pgid: int, sig: int) -> None:
