@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from fedapp.data.datasets import ArrayDataset
 from fedapp.privacy.profiles import steps_per_epoch
@@ -179,21 +178,28 @@ def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_e
 
 
 def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining):
-    """Opacus' wrapped module, optimizer and Poisson loader for ``spec.dp``."""
-    from opacus import PrivacyEngine
+    """(wrapped module, DP optimizer, q) as Opacus' ``PrivacyEngine.make_private(poisson_sampling=True)`` builds
+    them (same validation, module class and optimizer class and arguments; no engine accountant: the client's
+    ledger composes), for batches this module draws itself: ⌈N/b⌉ steps an epoch at q = 1/⌈N/b⌉, what the
+    accountant composes. (Opacus' loader has int(1/q) batches, one fewer where ⌈N/b⌉ ∈ {93, 99, 105, …}, and
+    ``make_private`` then reports q = 1/92 for a loader that samples at 1/93.)"""
+    from opacus.grad_sample import prepare_module
+    from opacus.optimizers import get_optimizer_class
+    from opacus.validators.module_validator import ModuleValidator
 
     dp = spec.dp
     if dp is None:
         raise ValueError("Opacus training needs a DP spec (LocalTraining.dp)")
-    loader = DataLoader(TensorDataset(torch.from_numpy(data.x), torch.from_numpy(data.y)),
-                        batch_size=spec.batch_size, shuffle=False)
     torch.manual_seed(spec.seed)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Opacus' secure-RNG notice (secure_mode is a documented option)
-        engine = PrivacyEngine(accountant="rdp", secure_mode=False)
-        return engine.make_private(module=model, optimizer=optimizer, data_loader=loader,
-                                   noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
-                                   poisson_sampling=True, grad_sample_mode=dp.grad_sample_mode)
+    ModuleValidator.validate(model, strict=True)
+    module = prepare_module(model, grad_sample_mode=dp.grad_sample_mode, batch_first=True, loss_reduction="mean",
+                            wrap_model=True)
+    module.forbid_grad_accumulation()
+    sample_rate = 1.0 / steps_per_epoch(len(data), spec.batch_size)
+    dp_optimizer = get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=dp.grad_sample_mode)(
+        optimizer=optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
+        expected_batch_size=int(len(data) * sample_rate), loss_reduction="mean", generator=None, secure_mode=False)
+    return module, dp_optimizer, sample_rate
 
 
 def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
@@ -224,11 +230,11 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
     module, optimizer = model, opt
     try:
         if spec.dp is not None:
-            module, optimizer, loader = _private(model, opt, data, spec)
-            per_epoch = len(loader)
-            extra["sample_rate"] = 1.0 / per_epoch
+            module, optimizer, sample_rate = _private(model, opt, data, spec)
+            per_epoch = steps_per_epoch(len(data), spec.batch_size)
+            extra["sample_rate"] = sample_rate
             x_dev, y_dev = torch.from_numpy(data.x).to(device), torch.from_numpy(data.y).to(device)
-            batches = _poisson_batches(x_dev, y_dev, 1.0 / per_epoch, per_epoch, -(-spec.steps // per_epoch))
+            batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, -(-spec.steps // per_epoch))
         else:
             x_all, y_all = torch.from_numpy(data.x), torch.from_numpy(data.y)
             batches = ((x_all[i], y_all[i]) for i in _shuffled_batches(len(data), spec.batch_size, spec.steps, spec.seed))

@@ -168,8 +168,6 @@ HOST_SIDE = {
         "staging copy of a numpy array; load_state_dict copies it onto the model's own device",
     ("fedapp/clients/training.py", "_shuffled_batches", "torch.from_numpy(order[pos:pos + batch_size])"):
         "indices into the host copy of the dataset; the batch is moved to the device in local_train",
-    ("fedapp/clients/training.py", "_private", "torch.from_numpy(data.x)"): "Opacus' DataLoader over host data",
-    ("fedapp/clients/training.py", "_private", "torch.from_numpy(data.y)"): "Opacus' DataLoader over host data",
     ("fedapp/clients/training.py", "local_train", "torch.from_numpy(data.x)"):
         "host data of the non-private loop; each batch is moved (xb.to)",
     ("fedapp/clients/training.py", "local_train", "torch.from_numpy(data.y)"):
