@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from fedapp.data.datasets import ArrayDataset
-from fedapp.privacy.profiles import steps_per_epoch
+from fedapp.privacy.profiles import dpsgd_sample_rate, steps_per_epoch
 
 
 def resolve_device(name: str = "auto") -> torch.device:
@@ -177,10 +177,11 @@ def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_e
             yield x[rows], y[rows]
 
 
-def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining):
-    """(wrapped module, DP optimizer, q) as Opacus' ``PrivacyEngine.make_private(poisson_sampling=True)`` builds
+def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining,
+             sample_rate: float):
+    """(wrapped module, DP optimizer) as Opacus' ``PrivacyEngine.make_private(poisson_sampling=True)`` builds
     them (same validation, module class and optimizer class and arguments; no engine accountant: the client's
-    ledger composes), for batches this module draws itself: ⌈N/b⌉ steps an epoch at q = 1/⌈N/b⌉, what the
+    ledger composes), for batches this module draws itself at ``sample_rate``: ⌈N/b⌉ steps an epoch at q = 1/⌈N/b⌉, what the
     accountant composes. (Opacus' loader has int(1/q) batches, one fewer where ⌈N/b⌉ ∈ {93, 99, 105, …}, and
     ``make_private`` then reports q = 1/92 for a loader that samples at 1/93.)"""
     from opacus.grad_sample import prepare_module
@@ -195,11 +196,10 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
     module = prepare_module(model, grad_sample_mode=dp.grad_sample_mode, batch_first=True, loss_reduction="mean",
                             wrap_model=True)
     module.forbid_grad_accumulation()
-    sample_rate = 1.0 / steps_per_epoch(len(data), spec.batch_size)
     dp_optimizer = get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=dp.grad_sample_mode)(
         optimizer=optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
         expected_batch_size=int(len(data) * sample_rate), loss_reduction="mean", generator=None, secure_mode=False)
-    return module, dp_optimizer, sample_rate
+    return module, dp_optimizer
 
 
 def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
@@ -230,8 +230,9 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
     module, optimizer = model, opt
     try:
         if spec.dp is not None:
-            module, optimizer, sample_rate = _private(model, opt, data, spec)
             per_epoch = steps_per_epoch(len(data), spec.batch_size)
+            sample_rate = dpsgd_sample_rate(len(data), spec.batch_size)
+            module, optimizer = _private(model, opt, data, spec, sample_rate)
             extra["sample_rate"] = sample_rate
             x_dev, y_dev = torch.from_numpy(data.x).to(device), torch.from_numpy(data.y).to(device)
             batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, -(-spec.steps // per_epoch))

@@ -104,7 +104,7 @@ def test_batches_have_the_poisson_law_on_the_test_device(device: torch.device):
 def test_an_epoch_is_ceil_n_over_b_steps_at_q_one_over_that_where_opacus_loader_has_one_batch_less():
     """⌈N/b⌉ = 93: Opacus' ``DPDataLoader`` has int(1/(1/93)) = 92 batches, and ``make_private`` reports q = 1/92
     for a loader that samples at 1/93; the client's accountant composes 93 steps at 1/93 a local epoch (and
-    refuses to report a round whose q or step count differs from that)."""
+    a client whose training ran another q or step count fails the round)."""
     assert int(1 / (1 / 93)) == 92
     x, y = _arrays(93, seed=2)
     result = local_train(build_model("cnn-digits", (1, 8, 8), 10), ArrayDataset(x.numpy(), y.numpy(), 10),
