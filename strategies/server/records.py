@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, TypeGuard
@@ -132,13 +133,18 @@ def client_evaluation(results: Sequence[tuple[Any, Any, Mapping[str, Any]]]) -> 
             val_losses.append(float(val_loss))
     metrics: dict[str, Any] = {}
     if accs:
-        metrics["client_accuracy"] = float(np.mean(accs))
-        metrics["client_accuracy_std"] = float(np.std(accs))
+        metrics["client_accuracy"] = _mean(accs)
+        metrics["client_accuracy_std"] = math.sqrt(_mean([(a - metrics["client_accuracy"]) ** 2 for a in accs]))
     if val_accs:
-        metrics["client_val_accuracy"] = float(np.mean(val_accs))
+        metrics["client_val_accuracy"] = _mean(val_accs)
     if val_losses:
-        metrics["client_val_loss"] = float(np.mean(val_losses))
-    return (float(np.mean(losses)) if losses else None), metrics
+        metrics["client_val_loss"] = _mean(val_losses)
+    return (_mean(losses) if losses else None), metrics
+
+
+def _mean(xs: Sequence[float]) -> float:
+    """Mean with a correctly rounded sum, so it does not depend on the order in which clients reply."""
+    return math.fsum(xs) / len(xs)
 
 
 def _fmt(value: Any) -> str:
