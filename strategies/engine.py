@@ -37,7 +37,7 @@ class RoundEngine(FamilyHooks):
 
     def __init__(self, *, initial_weights: Sequence[np.ndarray], num_rounds: int, seed: int = 0,
                  clients_per_round: int = 0, min_available_clients: int = 2, fraction_evaluate: float = 1.0,
-                 server_lr: float = 1.0, evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None,
+                 evaluate_every: int = 1,                 server_lr: float = 1.0, evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None,
                  prevalidate: Callable[[int], None] | None = None, sampling: str = "fixed",
                  secret_sampling: bool = True, accountant: str = "rdp", strike_limit: int = 3,
                  robust_norm_factor: float = 10.0, max_examples: Mapping[int, int] | None = None,
@@ -48,6 +48,7 @@ class RoundEngine(FamilyHooks):
         self.num_rounds, self.seed, self.server_lr = num_rounds, seed, server_lr
         self.clients_per_round, self.min_available_clients = clients_per_round, min_available_clients
         self.fraction_evaluate, self.evaluate_fn, self.prevalidate = fraction_evaluate, evaluate_fn, prevalidate
+        self.evaluate_every = max(1, int(evaluate_every))
         self.min_fit_clients = min_fit_clients  # fewer acceptable updates in a round abort the run (0 = none)
         self.dataset_sizes = dataset_sizes  # n -> every client's N_i, read before round 1 (bounds num_examples)
         self.num_available = 0
@@ -170,7 +171,7 @@ class RoundEngine(FamilyHooks):
     def evaluate_model(self, server_round: int, weights: list[np.ndarray]) -> tuple[float, dict[str, Any]] | None:
         """Server-side evaluation of the global model into the round record (round 0: the initial model)."""
         out = None
-        if self.evaluate_fn is not None:
+        if self.evaluate_fn is not None and (server_round == 0 or self.evaluation_round(server_round)):
             loss, metrics = out = self.evaluate_fn(weights)
             if server_round == 0:
                 log(INFO, "initial model: loss=%.4f accuracy=%.4f", loss, metrics.get("accuracy", float("nan")))

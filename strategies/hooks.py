@@ -47,6 +47,8 @@ class FamilyHooks:
     send_ledger: bool = True  #: send each node its ε on the ledger (``dp-ledger``): catches a lost accountant
 
     fraction_evaluate: float
+    evaluate_every: int
+    num_rounds: int
     sampler: ClientSampler
     identity: IdentityBinding
     strikes: StrikeRecord
@@ -169,7 +171,11 @@ class FamilyHooks:
 
     def evaluates(self, server_round: int) -> bool:
         """*hook*: whether clients evaluate the model of this round."""
-        return self.fraction_evaluate > 0
+        return self.fraction_evaluate > 0 and self.evaluation_round(server_round)
+
+    def evaluation_round(self, server_round: int) -> bool:
+        """Every ``evaluate_every`` rounds (run-wide count) and the last: when the global model is evaluated."""
+        return server_round % self.evaluate_every == 0 or server_round >= self.num_rounds
 
     def model_metrics(self, weights: list[np.ndarray]) -> dict[str, Any]:
         """*hook*: extra metrics of the global model, computed by the server after each round."""

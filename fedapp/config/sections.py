@@ -50,6 +50,7 @@ class GeneralConfig(Section):
     min_available_clients: int = setting(2, "Server waits for this many clients; a federation needs at least 2.", check=lambda v: v >= 2, expect=">= 2")
     clients_per_round: int = setting(0, "Clients sampled per round r (0 = full participation).", check=_nonneg, expect=">= 0")
     fraction_evaluate: float = setting(1.0, "Fraction of clients doing federated evaluation each round.", check=lambda v: 0 <= v <= 1, expect="in [0, 1]")
+    evaluate_every: int = setting(1, "Evaluate the global model (the server's test set and federated evaluation) every this many rounds and after the last.", check=_positive, expect="> 0")
     eval_batch_size: int = setting(512, "Batch size for evaluation.", check=_positive, expect="> 0")
     server_lr: float = setting(1.0, "Server step on the aggregated update: θ ← θ + server-lr · Σ w_i Δ_i.", check=_positive, expect="> 0")
 
