@@ -40,7 +40,8 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
 :func:`fedapp.run.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
 ``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
 cell's entry holds its resolved run-config, ``summary.json`` and round metrics, so the index alone rebuilds the
-report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes.
+report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes; a
+finished cell's entry alone also counts, so a sweep resumes from an ``index.json`` copied into a fresh ``--out``.
 
 ``common-random-numbers = true`` sets ``seeded-noise = true`` in every cell: DP noise, Poisson batch sampling
 and client sampling then derive from the run seed, so two methods compared on one seed also draw from the same
@@ -199,8 +200,13 @@ class Index:
         write_index(self.path, self.doc)  # the file's current claims and meta, also when no cell is left to run
 
     def done(self, cid: str) -> bool:
+        """A finished cell whose results folder is still there, or whose entry alone holds its results (summary,
+        resolved run-config and rounds: an index committed beside a report resumes in a fresh checkout)."""
         cell = self.doc["cells"].get(cid, {})
-        return cell.get("status") == "finished" and Path(cell.get("run_dir", "")).joinpath("summary.json").is_file()
+        if cell.get("status") != "finished":
+            return False
+        return (Path(cell.get("run_dir", "")).joinpath("summary.json").is_file()
+                or {"summary", "config", "rounds"} <= set(cell))
 
     def record(self, cid: str, entry: dict[str, Any]) -> None:
         with self.lock:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -326,3 +327,24 @@ def test_rerunning_a_finished_sweep_takes_the_files_current_claims(tmp_path: Pat
     Index(out, load_sweep(path))
     doc = json.loads((out / "index.json").read_text())
     assert [c["text"] for c in doc["claims"]] == ["FedAvg beats DP-SGD"] and doc["cells"]["c1"]["status"] == "finished"
+
+
+def test_a_sweep_resumes_from_its_index_alone_in_a_fresh_folder(tmp_path: Path):
+    """A committed index.json copied into a new --out: its finished cells (summary, config, rounds in the entry)
+    are not run again although their results folders are gone; an entry without its rounds is."""
+    from fedapp.experiments.sweep import Index
+
+    path, old, new = tmp_path / "s.toml", tmp_path / "old", tmp_path / "new"
+    path.write_text(SWEEP)
+    old.mkdir()
+    index = Index(old, load_sweep(path))
+    whole = {"assignments": {"seed": 1}, "status": "finished", "run_dir": str(old / "cells" / "gone"),
+             "summary": {"finished": True}, "config": {"seed": 1}, "rounds": [{"round": 1}]}
+    index.record("whole", whole)
+    index.record("no-rounds", {k: v for k, v in whole.items() if k != "rounds"})
+    index.record("stopped", {**whole, "status": "stopped"})
+    new.mkdir()
+    shutil.copy(old / "index.json", new / "index.json")
+    resumed = Index(new, load_sweep(path))
+    assert resumed.done("whole")
+    assert not resumed.done("no-rounds") and not resumed.done("stopped") and not resumed.done("never-ran")
