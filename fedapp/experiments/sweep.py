@@ -36,8 +36,8 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     config = { max-samples = 6000 }
     sweep = { num-supernodes = 10 }
 
-``python -m fedapp.experiments.sweep FILE [--scale quick] [--parallel 2] [--out DIR]`` runs every cell with
-:func:`fedapp.run.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
+``python -m fedapp.experiments.sweep FILE [--scale quick] [--parallel 2] [--out DIR] [--only seed=1]`` runs every
+cell (or those with the ``--only`` grid values) with :func:`fedapp.run.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
 ``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
 cell's entry holds its resolved run-config, ``summary.json`` and round metrics, so the index alone rebuilds the
 report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes; a
@@ -276,6 +276,26 @@ def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr
     return index.path
 
 
+def parse_only(sweep: Sweep, items: list[str]) -> dict[str, Any]:
+    """``--only KEY=VALUE`` items as assignments; a key or value no cell of the sweep has is an error."""
+    only: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--only {item!r}: expected KEY=VALUE")
+        try:
+            value = tomllib.loads(f"v = {text}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = text  # a bare string
+        values = {json.dumps(c[key], sort_keys=True) for c in sweep.cells() if key in c}
+        if not values:
+            raise ConfigError(f"--only {item!r}: {key!r} is not a grid or variant key of this sweep")
+        if json.dumps(value, sort_keys=True) not in values:
+            raise ConfigError(f"--only {item!r}: no cell has {key} = {value!r} (it has {', '.join(sorted(values))})")
+        only[key] = value
+    return only
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run a sweep file's grid of run-configs (resumable).")
     parser.add_argument("file", type=Path)
@@ -287,9 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-cpus", type=float, default=None, help="CPUs per simulated client (launcher)")
     parser.add_argument("--num-gpus", type=float, default=None, help="GPUs per simulated client, fractional ok")
     parser.add_argument("--report", action="store_true", help="write the report when the sweep is done")
+    parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
+                        help="run only the cells with this grid value (repeatable; TOML values, e.g. seed=1)")
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(args.file, args.scale)
+        only = parse_only(sweep, args.only)
     except ConfigError as exc:
         print(f"[sweep] configuration error: {exc}", file=sys.stderr)
         return 2
@@ -298,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep.meta[key] = value  # [sweep] num-cpus / num-gpus in the file, overridden here
     out = args.out or Path("results") / "sweeps" / f"{sweep.name}-{sweep.meta['scale']}"
     try:
-        index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine)
+        index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine, only=only)
     except ConfigError as exc:
         print(f"[sweep] configuration error: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from conftest import REPO
 from fedapp.config import ConfigError
 from fedapp.experiments.report import ReportError, interval, main, paired_verdict, tuned_groups, write_report
 from fedapp.experiments.sweep import cell_id, load_sweep, run_sweep
+from fedapp.experiments.sweep import main as main_sweep
 
 SWEEP = """
 [sweep]
@@ -348,3 +349,20 @@ def test_a_sweep_resumes_from_its_index_alone_in_a_fresh_folder(tmp_path: Path):
     resumed = Index(new, load_sweep(path))
     assert resumed.done("whole")
     assert not resumed.done("no-rounds") and not resumed.done("stopped") and not resumed.done("never-ran")
+
+
+def test_only_selects_cells_by_grid_value_and_names_an_unknown_key_or_value(tmp_path: Path):
+    from fedapp.experiments.sweep import parse_only
+
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP)
+    sweep = load_sweep(path)
+    assert parse_only(sweep, ["seed=1", "lr=0.5", "strategy=fedavg"]) == {"seed": 1, "lr": 0.5, "strategy": "fedavg"}
+    with pytest.raises(ConfigError, match="'momentum' is not a grid or variant key"):
+        parse_only(sweep, ["momentum=0.5"])
+    with pytest.raises(ConfigError, match="no cell has seed = 9"):
+        parse_only(sweep, ["seed=9"])
+    with pytest.raises(ConfigError, match="expected KEY=VALUE"):
+        parse_only(sweep, ["seed"])
+    assert main_sweep([str(path), "--only", "seed=9", "--out", str(tmp_path / "out")]) == 2
+    assert not (tmp_path / "out").exists()  # refused before anything ran
