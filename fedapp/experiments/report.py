@@ -312,12 +312,21 @@ def run_record(run_dir: str | Path) -> dict[str, Any]:
     return out
 
 
+def compact_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell's ``summary.json`` for the index: without the per-client ε map (one entry per client, 130 KB a cell
+    at 5,900 clients; the cell's own summary.json keeps it, the index keeps ``max_epsilon``)."""
+    return {k: v for k, v in summary.items() if k != "max_epsilon_per_client"}
+
+
 def self_contained(doc: Mapping[str, Any]) -> dict[str, Any]:
-    """``doc`` with every cell's missing ``config`` / ``rounds`` read from its results folder where it exists."""
+    """``doc`` with every cell's missing ``config`` / ``rounds`` read from its results folder where it exists,
+    and its summary compact."""
     cells = {}
     for cid, cell in doc["cells"].items():
         if cell.get("run_dir") and not {"config", "rounds"} <= set(cell):
             cell = {**cell, **{k: v for k, v in run_record(cell["run_dir"]).items() if k not in cell}}
+        if isinstance(cell.get("summary"), Mapping):
+            cell = {**cell, "summary": compact_summary(cell["summary"])}
         cells[cid] = cell
     return {**doc, "cells": cells}
 

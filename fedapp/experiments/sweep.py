@@ -75,7 +75,7 @@ from typing import Any
 import tomllib
 
 from fedapp.config import ConfigError, resolve_config
-from fedapp.experiments.report import TUNING_METRICS, run_record, tuning_metric, write_index
+from fedapp.experiments.report import TUNING_METRICS, compact_summary, run_record, tuning_metric, write_index
 
 ENGINES = ("flwr", "inprocess")
 
@@ -267,7 +267,7 @@ def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr
             return
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
         index.record(cid, {"assignments": cell, "status": "finished" if summary.get("finished") else "stopped",
-                           "run_dir": str(run_dir), "summary": summary, "seconds": time.time() - start,
+                           "run_dir": str(run_dir), "summary": compact_summary(summary), "seconds": time.time() - start,
                            **run_record(run_dir)})
         print(f"[sweep] {cid}: final accuracy {summary.get('final_accuracy')} ({time.time() - start:.0f}s)", flush=True)
 

@@ -180,6 +180,7 @@ def test_the_index_beside_a_report_rebuilds_its_tables_without_results_folders(t
     for cell in doc["cells"].values():
         assert cell["config"]["strategy"] == cell["assignments"]["strategy"] and cell["summary"]["final_accuracy"]
         assert [r["round"] for r in cell["rounds"]] == [1, 2] and "clients" not in cell["rounds"][0]
+        assert "max_epsilon_per_client" not in cell["summary"]  # compact: the results folder keeps it
         assert set(cell["rounds"][0]) == {"round", "accuracy", "client_accuracy", "loss", "epsilon",
                                           "client_val_accuracy"}
     docs = tmp_path / "docs" / "benchmarks" / "fabricated"
@@ -272,8 +273,10 @@ def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
     index = run_sweep(sweep, tmp_path / "out", engine="inprocess")  # resumes: the two finished cells are skipped
     doc = json.loads(index.read_text())
     assert len(doc["cells"]) == 8 and all(c["status"] == "finished" for c in doc["cells"].values())
-    for c in doc["cells"].values():  # the index alone holds what the report reads
+    for c in doc["cells"].values():  # the index alone holds what the report reads, compactly
         assert c["config"]["seed"] == c["assignments"]["seed"] and [r["round"] for r in c["rounds"]] == [1, 2]
+        assert "max_epsilon_per_client" not in c["summary"] and "max_epsilon" in c["summary"]
+        assert "max_epsilon_per_client" in json.loads((Path(c["run_dir"]) / "summary.json").read_text())
     changed = load_sweep(path)
     changed.config["num-server-rounds"] = 3
     with pytest.raises(ConfigError, match="config changed"):  # resuming must not mix two experiments
