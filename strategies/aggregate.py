@@ -70,6 +70,21 @@ def weighted_sum(updates: Sequence[np.ndarray], weights: FloatVector) -> np.ndar
     return out
 
 
+def sum_updates(updates: Sequence[np.ndarray]) -> np.ndarray:
+    """Σ_i u_i over flat float64 update vectors, added in the given order (the same bits as ``np.sum`` of
+    their stack along axis 0), blocked like :func:`weighted_sum`: no n × d temporary."""
+    if not updates:
+        raise ValueError("no updates to sum")
+    views = [np.asarray(u, dtype=np.float64).reshape(-1) for u in updates]
+    out = views[0].copy()
+    block = max(1, min(out.size, _SUM_BLOCK))
+    for lo in range(0, out.size, block):
+        acc = out[lo:lo + block]
+        for v in views[1:]:
+            acc += v[lo:lo + block]
+    return out.reshape(np.shape(updates[0]))
+
+
 def aggregate_noise_variance(weights: FloatVector, sigma2: FloatVector, num_params: int, lr: float) -> float:
     """Normalized aggregate noise variance Σ_i w_i² σ_i² / (p η²) (Robust-HDP Eq. 8, Table 3)."""
     w = np.asarray(weights, dtype=np.float64)
