@@ -36,6 +36,10 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     config = { max-samples = 6000 }
     sweep = { num-supernodes = 10 }
 
+    [scales.paired]                         # variants of a scale replace the file's, and the grid stops varying
+    sweep = { tune = [] }                   # their keys: here each method at its own lr, paired by seed
+    variants = [{ strategy = "robust-hdp", lr = 0.05 }, { strategy = "weiavg", lr = 0.01 }]
+
 ``python -m fedapp.experiments.sweep FILE [--scale quick] [--parallel 2] [--out DIR] [--only seed=1]`` runs every
 cell (or those with the ``--only`` grid values) with :func:`fedapp.run.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
 ``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
@@ -126,9 +130,12 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
         config.update(over.pop("config", {}))
         grid.update(over.pop("grid", {}))
         sw.update(over.pop("sweep", {}))  # [scales.x] sweep = {...} overrides [sweep] keys
+        if "variants" in over:  # the scale's own variants replace the file's; the grid stops varying their keys
+            variants = [dict(v) for v in over.pop("variants")]
+            grid = {k: v for k, v in grid.items() if not any(k in variant for variant in variants)}
         unknown = sorted(over)
         if unknown:
-            raise ConfigError(f"{path}: [scales.{scale}] takes config, grid and sweep tables, not {unknown}")
+            raise ConfigError(f"{path}: [scales.{scale}] takes config, grid, sweep and variants, not {unknown}")
     base = sw.pop("base", "")
     if base:
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)

@@ -369,3 +369,19 @@ def test_only_selects_cells_by_grid_value_and_names_an_unknown_key_or_value(tmp_
         parse_only(sweep, ["seed"])
     assert main_sweep([str(path), "--only", "seed=9", "--out", str(tmp_path / "out")]) == 2
     assert not (tmp_path / "out").exists()  # refused before anything ran
+
+
+def test_a_scale_s_variants_replace_the_file_s_and_take_their_keys_out_of_the_grid(tmp_path: Path):
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP + '''
+[scales.paired]
+sweep = { tune = [] }
+variants = [{ strategy = "fedavg", lr = 0.5 }, { strategy = "dpsgd-fedavg", lr = 0.05 }]
+''')
+    sweep = load_sweep(path, "paired")
+    assert "strategy" not in sweep.grid and "lr" not in sweep.grid and sweep.tune == []
+    assert sorted((c["strategy"], c["lr"], c["seed"]) for c in sweep.cells()) == [
+        ("dpsgd-fedavg", 0.05, 1), ("dpsgd-fedavg", 0.05, 2), ("fedavg", 0.5, 1), ("fedavg", 0.5, 2)]
+    path.write_text(SWEEP + '\n[scales.odd]\nvariant = [{ lr = 0.5 }]\n')
+    with pytest.raises(ConfigError, match=r"takes config, grid, sweep and variants, not \['variant'\]"):
+        load_sweep(path, "odd")
