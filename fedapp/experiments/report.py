@@ -275,9 +275,12 @@ def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> li
             rows.append(f"| {claim.get('text', '')} | {_label(ctx)} | {metric} | {_fmt(*ib, metric)} (n={ib[2]}) | "
                         f"{_fmt(*iw, metric)} (n={iw[2]}) | {_fmt_paired(paired, metric)} | {p_value} | "
                         f"**{paired.verdict}** | {_fmt_needed(paired)} |")
-        if len(rows) == before:  # never drop a claim silently: its sides differ in keys it does not name
-            rows.append(f"| {claim.get('text', '')} | – | {metric} | – | – | – | – | **no setting has cells on both "
-                        "sides: the two groups differ in a key the claim does not name** | – |")
+        if len(rows) == before:  # never drop a claim silently: a side was not run, or the sides differ elsewhere
+            missing = [name for name, side in (("better", better), ("worse", worse))
+                       if not any(_matches(s, side) for s in groups)]
+            why = (f"not run: no cell matches its {' and '.join(missing)} side" if missing else
+                   "no setting has cells on both sides: the two groups differ in a key the claim does not name")
+            rows.append(f"| {claim.get('text', '')} | – | {metric} | – | – | – | – | **{why}** | – |")
     return rows
 
 

@@ -37,8 +37,8 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     sweep = { num-supernodes = 10 }
 
     [scales.paired]                         # variants of a scale replace the file's, and the grid stops varying
-    sweep = { tune = [] }                   # their keys: here each method at its own lr, paired by seed
     variants = [{ strategy = "robust-hdp", lr = 0.05 }, { strategy = "weiavg", lr = 0.01 }]
+    # their keys: here each method at its own lr (a tune key: the report pairs the methods across it) by seed
 
 ``python -m fedapp.experiments.sweep FILE [--scale quick] [--parallel 2] [--out DIR] [--only seed=1]`` runs every
 cell (or those with the ``--only`` grid values) with :func:`fedapp.run.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
@@ -155,13 +155,13 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
                   config=config, grid=grid, tune=list(sw.pop("tune", [])), claims=claims,
                   meta={**sw, "scale": scale or "default"}, variants=variants)
     for t in sweep.tune:
-        if t not in grid:
-            raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] key")
+        if t not in grid and not any(t in v for v in variants):
+            raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] or variant key")
     try:
         tuning_metric({"meta": sweep.meta})
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    choosing = any(len(grid[t]) > 1 for t in sweep.tune)
+    choosing = any(len({json.dumps(c.get(t), sort_keys=True) for c in sweep.cells()}) > 1 for t in sweep.tune)
     for cell in sweep.cells():
         resolved = resolve_config(None, {**config, **cell})  # ConfigError names the key before anything runs
         if choosing and not (resolved["validation-fraction"] > 0 and resolved["fraction-evaluate"] > 0):

@@ -295,7 +295,7 @@ def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
 def test_a_claim_whose_sides_never_share_a_setting_is_reported_not_dropped(tmp_path: Path):
     index = _fabricate_sweep(tmp_path / "sweep")
     doc = json.loads(index.read_text())
-    # a side that names a value no group has (as when the two methods' cells differ in a key the claim leaves out)
+    # a side that names a value no cell has
     doc["claims"].append({"text": "fedavg beats DP-SGD with 5 clients a round", "metric": "final_accuracy",
                           "better": {"strategy": "fedavg"}, "worse": {"strategy": "dpsgd-fedavg",
                                                                       "clients-per-round": 5}})
@@ -303,7 +303,7 @@ def test_a_claim_whose_sides_never_share_a_setting_is_reported_not_dropped(tmp_p
     report = write_report(index).read_text()
     assert "| no privacy beats DP-SGD |" in report
     assert "| fedavg beats DP-SGD with 5 clients a round | – | final_accuracy |" in report
-    assert "**no setting has cells on both sides" in report
+    assert "**not run: no cell matches its worse side**" in report
 
 
 COMMITTED_REPORTS = sorted(p.parent for p in (REPO / "docs" / "benchmarks").glob("*/index.json")
@@ -375,13 +375,31 @@ def test_a_scale_s_variants_replace_the_file_s_and_take_their_keys_out_of_the_gr
     path = tmp_path / "s.toml"
     path.write_text(SWEEP + '''
 [scales.paired]
-sweep = { tune = [] }
 variants = [{ strategy = "fedavg", lr = 0.5 }, { strategy = "dpsgd-fedavg", lr = 0.05 }]
 ''')
     sweep = load_sweep(path, "paired")
-    assert "strategy" not in sweep.grid and "lr" not in sweep.grid and sweep.tune == []
+    assert "strategy" not in sweep.grid and "lr" not in sweep.grid and sweep.tune == ["lr"]
     assert sorted((c["strategy"], c["lr"], c["seed"]) for c in sweep.cells()) == [
         ("dpsgd-fedavg", 0.05, 1), ("dpsgd-fedavg", 0.05, 2), ("fedavg", 0.5, 1), ("fedavg", 0.5, 2)]
+    # the report pairs the methods across the tune key: one lr each, the claim judged on seeds 1 and 2
+    out = tmp_path / "out"
+    out.mkdir()
+    doc = {"sweep": sweep.name, "meta": sweep.meta, "config": sweep.config, "grid": sweep.grid, "tune": sweep.tune,
+           "claims": sweep.claims, "cells": {}}
+    for c in sweep.cells():
+        acc = (0.9 if c["strategy"] == "fedavg" else 0.5) + 0.01 * c["seed"]
+        doc["cells"][cell_id(c)] = {"assignments": c, "status": "finished", "config": {}, "rounds": [],
+                                    "summary": {"finished": True, "final_accuracy": acc, "final_client_accuracy": acc,
+                                                "final_client_val_accuracy": acc}}
+    (out / "index.json").write_text(json.dumps(doc))
+    report = write_report(out / "index.json").read_text()
+    assert "| no privacy beats DP-SGD |" in report and "no setting has cells on both sides" not in report
+    doc["claims"].append({"text": "FedAvg beats SCAFFOLD", "metric": "final_accuracy",
+                          "better": {"strategy": "fedavg"}, "worse": {"strategy": "scaffold"}})
+    (out / "index.json").write_text(json.dumps(doc))
+    report = write_report(out / "index.json").read_text()
+    assert "| FedAvg beats SCAFFOLD | – | final_accuracy | – | – | – | – | **not run: no cell matches its worse side** |" \
+        in report
     path.write_text(SWEEP + '\n[scales.odd]\nvariant = [{ lr = 0.5 }]\n')
     with pytest.raises(ConfigError, match=r"takes config, grid, sweep and variants, not \['variant'\]"):
         load_sweep(path, "odd")
