@@ -37,7 +37,8 @@ class RoundEngine(FamilyHooks):
 
     def __init__(self, *, initial_weights: Sequence[np.ndarray], num_rounds: int, seed: int = 0,
                  clients_per_round: int = 0, min_available_clients: int = 2, fraction_evaluate: float = 1.0,
-                 evaluate_every: int = 1,                 server_lr: float = 1.0, evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None,
+                 evaluate_every: int = 1, server_lr: float = 1.0, evaluate_fn: EvaluateFn | None = None,
+                 recorder: RoundRecorder | None = None,
                  prevalidate: Callable[[int], None] | None = None, sampling: str = "fixed",
                  secret_sampling: bool = True, accountant: str = "rdp", strike_limit: int = 3,
                  robust_norm_factor: float = 10.0, max_examples: Mapping[int, int] | None = None,

@@ -93,8 +93,7 @@ class EngineSettings:
                 "prevalidate": ctx.prevalidate, "num_rounds": self.num_rounds, "seed": self.seed,
                 "clients_per_round": self.clients_per_round, "min_available_clients": self.min_available_clients,
                 "fraction_evaluate": self.fraction_evaluate, "evaluate_every": self.evaluate_every,
-                "server_lr": self.server_lr,
-                "dataset_sizes": self.dataset_sizes, "secret_sampling": self.secret_sampling,
+                "server_lr": self.server_lr, "dataset_sizes": self.dataset_sizes, "secret_sampling": self.secret_sampling,
                 "accountant": self.accountant, "strike_limit": self.strike_limit,
                 "robust_norm_factor": self.robust_norm_factor}
 
@@ -105,8 +104,8 @@ def engine_settings(general: GeneralConfig, data: DataConfig, training: Training
         num_rounds=general.num_server_rounds, seed=general.seed, clients_per_round=general.clients_per_round,
         min_available_clients=general.min_available_clients, fraction_evaluate=general.fraction_evaluate,
         evaluate_every=general.evaluate_every, server_lr=general.server_lr, secret_sampling=not general.seeded_noise,
-        accountant=training.accountant,
-        strike_limit=deployment.strike_limit, robust_norm_factor=deployment.robust_norm_factor,
+        accountant=training.accountant, strike_limit=deployment.strike_limit,
+        robust_norm_factor=deployment.robust_norm_factor,
         dataset_sizes=lambda n: client_train_sizes(data, general.seed, n))
 
 

@@ -141,7 +141,7 @@ class DP2FedSAMConfig(Section):
     sam_adaptive: bool = setting(False, "Use ASAM (Kwon et al. 2021): perturbation scaled by |w| + sam-eta.")
     sam_eta: float = setting(0.01, "ASAM η in T_w = |w| + η.", check=_positive, expect="> 0")
     ft_epochs: int = setting(1, "FT baselines: local fine-tuning epochs of the global model before evaluation.", check=_nonneg, expect=">= 0")
-    dp2_eval_every: int = setting(1, "Federated evaluation every this many rounds (and the last round).", check=_positive, expect="> 0")
+    dp2_eval_every: int = setting(1, "Federated evaluation every this many rounds (and the last round), in rounds that evaluate-every also evaluates.", check=_positive, expect="> 0")
     dp2_report_norms: bool = setting(False, "Clients report their pre-clip ‖Δ_i‖ (Fig. 5 diagnostic; NOT privatized, leaks it to the server).")
 
 
