@@ -36,13 +36,13 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     config = { max-samples = 6000 }
     sweep = { num-supernodes = 10 }
 
-    [scales.paired]                         # variants of a scale replace the file's, and the grid stops varying
-    variants = [{ strategy = "robust-hdp", lr = 0.05 }, { strategy = "weiavg", lr = 0.01 }]
-    # their keys: here each method at its own lr (a tune key: the report pairs the methods across it) by seed
+    [scales.paired]                         # a scale's variants replace the file's and the grid stops varying
+    variants = [{ strategy = "robust-hdp", lr = 0.05 }, { strategy = "weiavg", lr = 0.01 }]  # their keys: each
+    # method at its own lr, paired by seed (lr stays a tune key: the report pairs the methods across it)
 
 ``python -m fedapp.experiments.sweep FILE [--scale quick] [--parallel 2] [--out DIR] [--only seed=1]`` runs every
-cell (or those with the ``--only`` grid values) with :func:`fedapp.run.launch.run` (its own SuperLink, stopped by PID), one results folder per cell under
-``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
+cell (or those with the ``--only`` grid values) with :func:`fedapp.run.launch.run` (its own SuperLink, stopped by
+PID), one results folder per cell under ``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
 cell's entry holds its resolved run-config, ``summary.json`` and round metrics, so the index alone rebuilds the
 report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes; a
 finished cell's entry alone also counts, so a sweep resumes from an ``index.json`` copied into a fresh ``--out``.
