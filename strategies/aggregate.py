@@ -50,9 +50,12 @@ _SUM_BLOCK = 1 << 15  # coordinates per block of weighted_sum (256 KiB of float6
 
 
 def weighted_sum(updates: Sequence[np.ndarray], weights: FloatVector) -> np.ndarray:
-    """Σ_i w_i u_i over flat update vectors."""
+    """Σ_i w_i u_i over flat update vectors, added in the given order (with unit weights the same values as
+    ``np.sum`` of their stack along axis 0, without its n × d temporary)."""
     if len(updates) != len(weights):
         raise ValueError(f"{len(updates)} updates but {len(weights)} weights")
+    if not updates:
+        raise ValueError("no updates to sum")
     arrays = [np.asarray(u) for u in updates]
     out = np.zeros(arrays[0].shape, dtype=np.float64)
     flat = out.reshape(-1)
@@ -68,21 +71,6 @@ def weighted_sum(updates: Sequence[np.ndarray], weights: FloatVector) -> np.ndar
             np.multiply(v[lo:hi], float(w), out=tmp, dtype=np.float64)
             acc += tmp
     return out
-
-
-def sum_updates(updates: Sequence[np.ndarray]) -> np.ndarray:
-    """Σ_i u_i over flat float64 update vectors, added in the given order (the same bits as ``np.sum`` of
-    their stack along axis 0), blocked like :func:`weighted_sum`: no n × d temporary."""
-    if not updates:
-        raise ValueError("no updates to sum")
-    views = [np.asarray(u, dtype=np.float64).reshape(-1) for u in updates]
-    out = views[0].copy()
-    block = max(1, min(out.size, _SUM_BLOCK))
-    for lo in range(0, out.size, block):
-        acc = out[lo:lo + block]
-        for v in views[1:]:
-            acc += v[lo:lo + block]
-    return out.reshape(np.shape(updates[0]))
 
 
 def aggregate_noise_variance(weights: FloatVector, sigma2: FloatVector, num_params: int, lr: float) -> float:

@@ -59,7 +59,7 @@ import numpy as np
 from flwr.common import FitRes, Scalar, log
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.aggregate import sum_updates
+from strategies.aggregate import weighted_sum
 from strategies.base import ClientUpdate
 from strategies.client_level import CFG_SIGMA, check_declared_multiplier
 from strategies.errors import ConfigError
@@ -205,7 +205,7 @@ class DPFTRLStrategy(ClientLevelStrategy):
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
         """(Σ_i Δ_i + w_t)/r_t; w_t from the server's stream in central mode (the clients' under SecAgg+)."""
-        total = sum_updates([u.update for u in updates])
+        total = weighted_sum([u.update for u in updates], np.ones(len(updates)))
         if self.stream is not None:
             total = total + advance_to(self.stream, server_round - 1)
         mean: np.ndarray = total / max(self.contributors(server_round, self.sampled.get(server_round, len(updates))), 1)
