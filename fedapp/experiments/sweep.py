@@ -42,9 +42,9 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
 
 ``python -m fedapp.experiments.sweep FILE [--scale quick] [--parallel 2] [--out DIR] [--only seed=1]`` runs every
 cell (or those with the ``--only`` grid values) with :func:`fedapp.run.launch.run` (its own SuperLink, stopped by
-PID), one results folder per cell under ``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after every cell (atomic writes; a finished
-cell's entry holds its resolved run-config, ``summary.json`` and round metrics, so the index alone rebuilds the
-report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes; a
+PID), one results folder per cell under ``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after
+every cell (atomic writes; a finished cell's entry holds its resolved run-config, ``summary.json`` and round
+metrics, so the index alone rebuilds the report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes; a
 finished cell's entry alone also counts, so a sweep resumes from an ``index.json`` copied into a fresh ``--out``.
 
 ``common-random-numbers = true`` sets ``seeded-noise = true`` in every cell: DP noise, Poisson batch sampling
