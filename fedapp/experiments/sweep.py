@@ -44,8 +44,10 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
 cell (or those with the ``--only`` grid values) with :func:`fedapp.run.launch.run` (its own SuperLink, stopped by
 PID), one results folder per cell under ``DIR/cells/<cell-id>/``, and keeps ``DIR/index.json`` up to date after
 every cell (atomic writes; a finished cell's entry holds its resolved run-config, ``summary.json`` and round
-metrics, so the index alone rebuilds the report's tables). A finished cell is skipped when the sweep runs again, so an interrupted sweep resumes; a
-finished cell's entry alone also counts, so a sweep resumes from an ``index.json`` copied into a fresh ``--out``.
+metrics, so the index alone rebuilds the report's tables). A finished cell is skipped when the sweep runs again, so an
+interrupted sweep resumes; a finished cell's entry alone also counts, so a sweep resumes from an ``index.json`` copied
+into a fresh ``--out``. A cell interrupted mid-run (its process killed) continues from its newest checkpoint
+(``resume-from``, :mod:`fedapp.state.checkpoint`) instead of starting again at round 1.
 
 ``common-random-numbers = true`` sets ``seeded-noise = true`` in every cell: DP noise, Poisson batch sampling
 and client sampling then derive from the run seed, so two methods compared on one seed also draw from the same
@@ -78,7 +80,7 @@ from typing import Any
 
 import tomllib
 
-from fedapp.config import ConfigError, resolve_config
+from fedapp.config import SCHEMA, ConfigError, resolve_config
 from fedapp.experiments.report import TUNING_METRICS, compact_summary, run_record, tuning_metric, write_index
 
 ENGINES = ("flwr", "inprocess")
@@ -221,9 +223,38 @@ class Index:
             write_index(self.path, self.doc)
 
 
+def interrupted_run(cell_dir: Path, rounds: int) -> Path | None:
+    """The newest run folder of a cell that stopped without a reason (its process was killed: ``summary.json``
+    missing or ``finished`` false with no ``stopped_reason``) and whose checkpoint has rounds of ``rounds`` left;
+    ``None`` if there is none."""
+    from fedapp.state.checkpoint import CHECKPOINT_FILE, load_checkpoint
+
+    found = []
+    for checkpoint in cell_dir.glob(f"*/{CHECKPOINT_FILE}"):
+        summary_path = checkpoint.parent / "summary.json"
+        try:
+            summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
+        except (OSError, ValueError):
+            summary = {}  # half-written by the killed process: the checkpoint (written atomically) still holds
+        if summary.get("finished") or summary.get("stopped_reason"):
+            continue
+        try:
+            done = int(load_checkpoint(checkpoint)["state"]["round"])
+        except (ConfigError, KeyError, TypeError, ValueError):
+            continue  # unreadable: this folder cannot be continued
+        if done < rounds:
+            found.append(checkpoint)
+    return max(found, key=lambda c: c.stat().st_mtime).parent if found else None
+
+
 def _run_cell(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str) -> Path:
     cid = cell_id(cell)
     overrides = {**sweep.config, **cell, "output-dir": str(out / "cells" / cid), "run-name": cid}
+    previous = interrupted_run(out / "cells" / cid, int(overrides.get("num-server-rounds",
+                                                                       SCHEMA["num-server-rounds"].default)))
+    if previous is not None and not overrides.get("resume-from"):
+        overrides["resume-from"] = str(previous)
+        print(f"[sweep] {cid}: continues {previous.name} from its checkpoint", flush=True)
     if engine == "inprocess":
         from fedapp.experiments.notebook_utils import run_federation
 

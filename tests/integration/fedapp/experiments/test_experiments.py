@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -290,6 +295,42 @@ def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
     assert "Tuned on the clients' validation split (final_client_val_accuracy" in report
     assert any(v in report for v in ("**holds**", "**does not hold**", "**inconclusive"))
     assert (tmp_path / "out" / "accuracy_rounds.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_cell_killed_mid_run_continues_from_its_checkpoint_as_if_never_stopped(tmp_path: Path):
+    """kill -9 a sweep in the middle of a cell: run again, the cell continues from its newest checkpoint instead of
+    round 1, and with seeded noise its rounds equal those of the same cell run without a stop."""
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP.replace("num-server-rounds = 2", "num-server-rounds = 6\nseeded-noise = true\n"
+                                  "grad-sample-mode = 'hooks'")
+                    .replace('model = "logreg"', 'model = "auto"').replace("max-samples = 300", "max-samples = 1500"))
+    only = {"strategy": "dpsgd-fedavg", "lr": 0.05, "seed": 1}
+    flags = [f for k, v in only.items() for f in ("--only", f"{k}={v}")]
+    out, cid = tmp_path / "killed", cell_id(only)
+    with open(tmp_path / "killed.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "fedapp.experiments.sweep", str(path), "--engine", "inprocess",
+                                 "--out", str(out), *flags], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        deadline = time.time() + 300
+        while proc.poll() is None and time.time() < deadline:
+            if any(len(f.read_text().splitlines()) >= 2 for f in out.glob(f"cells/{cid}/*/rounds.jsonl")):
+                os.killpg(proc.pid, signal.SIGKILL)  # rounds 1-2 committed, round 3 under way
+                break
+            time.sleep(0.02)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-2000:]
+    (killed,) = [p for p in (out / "cells" / cid).iterdir() if not p.name.startswith(".")]
+    committed = killed.joinpath("rounds.jsonl").read_text().splitlines()
+    assert 2 <= len(committed) < 6
+    assert main_sweep([str(path), "--engine", "inprocess", "--out", str(out), *flags]) == 0
+    entry = json.loads((out / "index.json").read_text())["cells"][cid]
+    assert entry["status"] == "finished" and Path(entry["run_dir"]) != killed
+    resumed = Path(entry["run_dir"]).joinpath("rounds.jsonl").read_text().splitlines()
+    assert resumed[:len(committed)] == committed  # the killed run's rounds, wall times and all: not trained again
+    assert [r["round"] for r in entry["rounds"]] == [1, 2, 3, 4, 5, 6]
+    whole = json.loads(run_sweep(load_sweep(path), tmp_path / "whole", engine="inprocess", only=only).read_text())
+    assert entry["rounds"] == whole["cells"][cid]["rounds"]
 
 
 def test_a_claim_whose_sides_never_share_a_setting_is_reported_not_dropped(tmp_path: Path):
