@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -175,6 +176,14 @@ def pair_by_seed(better: Sequence[Mapping[str, Any]], worse: Sequence[Mapping[st
 # ----------------------------------------------------------------------------- groups and tuning
 def _key(assignments: Mapping[str, Any], drop: Iterable[str]) -> tuple[tuple[str, Any], ...]:
     return tuple((k, v) for k, v in assignments.items() if k not in set(drop))
+
+
+def scale_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The assignments of every cell of the index's scale: its grid's combinations, once per variant."""
+    grid = dict(doc.get("grid") or {})
+    keys = list(grid)
+    return [{**dict(zip(keys, values)), **variant}
+            for values in itertools.product(*(grid[k] for k in keys)) for variant in doc.get("variants") or [{}]]
 
 
 def finished_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -461,8 +470,10 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
     lines.append(f"Scale here: {doc.get('num_supernodes')} clients, {cfg.get('num-server-rounds', '?')} rounds, "
                  f"max-samples {cfg.get('max-samples', 0) or 'all'} on {cfg.get('dataset', 'digits')}"
                  + (f"; the paper: {meta['paper-scale']}." if meta.get("paper-scale") else "."))
-    cells = doc["cells"].values()
-    lines.append(f"Cells: {sum(c.get('status') == 'finished' for c in cells)} finished of {len(doc['cells'])}; "
+    planned = scale_cells(doc)
+    finished = [c.get("assignments") in planned for c in doc["cells"].values() if c.get("status") == "finished"]
+    extra = f" (and {finished.count(False)} outside its grid, reported too)" if False in finished else ""
+    lines.append(f"Cells: {finished.count(True)} finished of the scale's {len(planned)}{extra}; "
                  f"sweep file `{doc.get('file')}`; intervals are 95 % confidence intervals of the mean over seeds.")
     lines += ["", "## Results", "", "| group | n | " + " | ".join(METRICS) + " |",
               "|---|---|" + "---|" * len(METRICS)]

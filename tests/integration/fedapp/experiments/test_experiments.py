@@ -347,6 +347,23 @@ def test_a_claim_whose_sides_never_share_a_setting_is_reported_not_dropped(tmp_p
     assert "**not run: no cell matches its worse side**" in report
 
 
+def test_the_cell_count_is_of_the_scales_grid_not_of_the_index_entries(tmp_path: Path):
+    """A partial sweep reads "k finished of the scale's N" with N from the grid; an entry outside the grid is
+    counted apart, and a failed entry not at all."""
+    index = _fabricate_sweep(tmp_path / "sweep")
+    doc = json.loads(index.read_text())
+    dropped = [cid for cid, c in doc["cells"].items() if c["assignments"]["seed"] == 3]
+    for cid in dropped[:3]:
+        del doc["cells"][cid]
+    doc["cells"][dropped[3]]["status"] = "failed"
+    doc["grid"]["seed"] = [1, 2, 3, 4]
+    outside = dict(next(iter(doc["cells"].values())), assignments={"strategy": "fedavg", "lr": 0.05, "seed": 9})
+    doc["cells"]["outside"] = outside
+    index.write_text(json.dumps(doc))
+    report = write_report(index).read_text()
+    assert "Cells: 8 finished of the scale's 16 (and 1 outside its grid, reported too);" in report
+
+
 COMMITTED_REPORTS = sorted(p.parent for p in (REPO / "docs" / "benchmarks").glob("*/index.json")
                            if (p.parent / "report.md").is_file())
 
