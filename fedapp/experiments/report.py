@@ -480,11 +480,17 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
     for setting, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         cols = [_fmt(*interval([c["summary"].get(m) for c in group]), m) for m in METRICS]
         lines.append(f"| {_label(setting)} | {len(group)} | " + " | ".join(cols) + " |")
-    if choices:
+    chosen_here = {s: c for s, c in choices.items() if c["candidates"] > 1}
+    fixed = {s: c for s, c in choices.items() if c["candidates"] == 1}
+    if fixed:
+        given = "; ".join(f"{_label(s)}: {_label(tuple((k, v) for k, v in c.items() if k not in ('candidates', 'scores')))}"
+                          for s, c in sorted(fixed.items(), key=lambda kv: str(kv[0])))
+        lines += ["", f"Set by the sweep file, one value a group (no choice made here): {given}."]
+    if chosen_here:
         metric = tuning_metric(doc)
         lines += ["", f"## Tuned on the clients' validation split ({metric}, mean over seeds)", "",
                   "| group | chosen | candidates |", "|---|---|---|"]
-        for setting, choice in sorted(choices.items(), key=lambda kv: str(kv[0])):
+        for setting, choice in sorted(chosen_here.items(), key=lambda kv: str(kv[0])):
             chosen = {k: v for k, v in choice.items() if k not in ("candidates", "scores")}
             scores = "; ".join(f"{t}: {_fmt(v, math.nan, 1, metric)}" for t, v in choice["scores"].items())
             lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))} | {scores} |")

@@ -163,7 +163,11 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
         tuning_metric({"meta": sweep.meta})
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    choosing = any(len({json.dumps(c.get(t), sort_keys=True) for c in sweep.cells()}) > 1 for t in sweep.tune)
+    candidates: dict[str, set[str]] = {}  # per group of cells equal but for seed and the tune keys: their values
+    for cell in sweep.cells():
+        group = json.dumps({k: v for k, v in cell.items() if k not in ("seed", *sweep.tune)}, sort_keys=True)
+        candidates.setdefault(group, set()).add(json.dumps([cell.get(t) for t in sweep.tune], sort_keys=True))
+    choosing = any(len(values) > 1 for values in candidates.values())
     for cell in sweep.cells():
         resolved = resolve_config(None, {**config, **cell})  # ConfigError names the key before anything runs
         if choosing and not (resolved["validation-fraction"] > 0 and resolved["fraction-evaluate"] > 0):

@@ -81,6 +81,11 @@ def test_sweep_file_is_validated_before_anything_runs(tmp_path: Path):
         load_sweep(no_validation)  # choosing among two lrs without a validation split would tune on a test split
     no_validation.write_text(SWEEP.replace("validation-fraction = 0.2", "").replace("lr = [0.05, 0.5]", "lr = [0.05]"))
     assert len(load_sweep(no_validation).cells()) == 4  # one candidate: nothing is chosen
+    per_method = SWEEP.replace("validation-fraction = 0.2", "").replace('strategy = ["fedavg", "dpsgd-fedavg"]\n', "")
+    per_method = per_method.replace("lr = [0.05, 0.5]\n", "") + (
+        '\n[[sweep.variants]]\nstrategy = "fedavg"\nlr = 0.5\n\n[[sweep.variants]]\nstrategy = "dpsgd-fedavg"\nlr = 0.05\n')
+    no_validation.write_text(per_method)
+    assert len(load_sweep(no_validation).cells()) == 4  # two lrs in all, one a method: nothing is chosen
     bad_metric = tmp_path / "metric.toml"
     bad_metric.write_text(SWEEP.replace('tune = ["lr"]', 'tune = ["lr"]\ntune-metric = "final_client_accuracy"'))
     with pytest.raises(ConfigError, match="final_client_accuracy"):
@@ -362,6 +367,22 @@ def test_the_cell_count_is_of_the_scales_grid_not_of_the_index_entries(tmp_path:
     index.write_text(json.dumps(doc))
     report = write_report(index).read_text()
     assert "Cells: 8 finished of the scale's 16 (and 1 outside its grid, reported too);" in report
+
+
+def test_a_tune_key_with_one_value_a_group_is_stated_as_set_not_as_chosen(tmp_path: Path):
+    """Each method at an lr an earlier validation sweep chose: the report says the file set it, and the claims
+    compare the methods at those lrs."""
+    index = _fabricate_sweep(tmp_path / "sweep")
+    doc = json.loads(index.read_text())
+    doc["cells"] = {cid: c for cid, c in doc["cells"].items()
+                    if (c["assignments"]["strategy"], c["assignments"]["lr"]) in (("fedavg", 0.05), ("dpsgd-fedavg", 0.5))}
+    index.write_text(json.dumps(doc))
+    report = write_report(index).read_text()
+    assert "Set by the sweep file, one value a group (no choice made here): strategy=dpsgd-fedavg: lr=0.5; " \
+           "strategy=fedavg: lr=0.05." in report
+    assert "Tuned on the clients' validation split" not in report
+    assert ("| no privacy beats DP-SGD | (all) | final_accuracy | 62.2 ± 49.8 (n=3) | 60.2 ± 49.8 (n=3) "
+            "| +2.0 ± 0.0 (n=3) |") in report  # fedavg at its 0.05 against DP-SGD at its 0.5
 
 
 COMMITTED_REPORTS = sorted(p.parent for p in (REPO / "docs" / "benchmarks").glob("*/index.json")
