@@ -121,6 +121,21 @@ def test_every_paper_sweep_file_loads_at_every_scale(path: Path, tmp_path: Path)
         assert sweep.cells()
 
 
+def test_every_paper_file_has_a_mid_scale_and_a_paper_scale(tmp_path: Path):
+    """A paper table is run in the paper's regime on 2 cores (mid, five seeds) and at the paper's scale on a GPU."""
+    import tomllib
+
+    files = sorted((REPO / "configs" / "papers").glob("*.toml"))
+    assert len(files) == 4
+    for path in files:
+        text = path.read_text()
+        assert {"quick", "mid", "paper"} <= set(tomllib.loads(text).get("scales", {})), path.name
+        if not Path("../shared/data").is_dir():  # a clone without the shared datasets: any existing folder will do
+            path = tmp_path / path.name
+            path.write_text(text.replace('"../shared/data"', json.dumps(str(tmp_path))))
+        assert len({c["seed"] for c in load_sweep(path, "mid").cells()}) >= 5, path.name
+
+
 def test_common_random_numbers_seed_the_noise_of_every_cell(tmp_path: Path):
     path = tmp_path / "crn.toml"
     path.write_text(SWEEP.replace('tune = ["lr"]', 'tune = ["lr"]\ncommon-random-numbers = true'))
