@@ -480,8 +480,12 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
     for setting, group in sorted(groups.items(), key=lambda kv: str(kv[0])):
         cols = [_fmt(*interval([c["summary"].get(m) for c in group]), m) for m in METRICS]
         lines.append(f"| {_label(setting)} | {len(group)} | " + " | ".join(cols) + " |")
-    chosen_here = {s: c for s, c in choices.items() if c["candidates"] > 1}
-    fixed = {s: c for s, c in choices.items() if c["candidates"] == 1}
+    tune = list(doc.get("tune", []))
+    offered: dict[tuple, set[str]] = defaultdict(set)  # the scale's own values of the tune keys, per setting
+    for a in planned:
+        offered[_key(a, ["seed", *tune])].add(json.dumps([a.get(t) for t in tune], sort_keys=True))
+    fixed = {s: c for s, c in choices.items() if len(offered.get(s, set())) <= 1 and c["candidates"] == 1}
+    chosen_here = {s: c for s, c in choices.items() if s not in fixed}
     if fixed:
         given = "; ".join(f"{_label(s)}: {_label(tuple((k, v) for k, v in c.items() if k not in ('candidates', 'scores')))}"
                           for s, c in sorted(fixed.items(), key=lambda kv: str(kv[0])))

@@ -391,6 +391,9 @@ def test_a_tune_key_with_one_value_a_group_is_stated_as_set_not_as_chosen(tmp_pa
     doc = json.loads(index.read_text())
     doc["cells"] = {cid: c for cid, c in doc["cells"].items()
                     if (c["assignments"]["strategy"], c["assignments"]["lr"]) in (("fedavg", 0.05), ("dpsgd-fedavg", 0.5))}
+    grid = doc["grid"]
+    doc["grid"], doc["variants"] = {"seed": [1, 2, 3]}, [{"strategy": "fedavg", "lr": 0.05},
+                                                        {"strategy": "dpsgd-fedavg", "lr": 0.5}]
     index.write_text(json.dumps(doc))
     report = write_report(index).read_text()
     assert "Set by the sweep file, one value a group (no choice made here): strategy=dpsgd-fedavg: lr=0.5; " \
@@ -398,6 +401,11 @@ def test_a_tune_key_with_one_value_a_group_is_stated_as_set_not_as_chosen(tmp_pa
     assert "Tuned on the clients' validation split" not in report
     assert ("| no privacy beats DP-SGD | (all) | final_accuracy | 62.2 ± 49.8 (n=3) | 60.2 ± 49.8 (n=3) "
             "| +2.0 ± 0.0 (n=3) |") in report  # fedavg at its 0.05 against DP-SGD at its 0.5
+    doc["grid"] = grid  # a tuning sweep with one lr a method finished so far: still a choice, not a setting
+    del doc["variants"]
+    index.write_text(json.dumps(doc))
+    report = write_report(index).read_text()
+    assert "Set by the sweep file" not in report and "Tuned on the clients' validation split" in report
 
 
 COMMITTED_REPORTS = sorted(p.parent for p in (REPO / "docs" / "benchmarks").glob("*/index.json")
