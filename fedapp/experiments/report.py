@@ -178,12 +178,28 @@ def _key(assignments: Mapping[str, Any], drop: Iterable[str]) -> tuple[tuple[str
     return tuple((k, v) for k, v in assignments.items() if k not in set(drop))
 
 
-def scale_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The assignments of every cell of the index's scale: its grid's combinations, once per variant."""
-    grid = dict(doc.get("grid") or {})
+def grid_cells(grid: Mapping[str, Sequence[Any]], variants: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every combination of ``grid``, each once per variant (when there are variants), in file order."""
     keys = list(grid)
     return [{**dict(zip(keys, values)), **variant}
-            for values in itertools.product(*(grid[k] for k in keys)) for variant in doc.get("variants") or [{}]]
+            for values in itertools.product(*(grid[k] for k in keys)) for variant in variants or [{}]]
+
+
+def scale_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The assignments of every cell of the index's scale."""
+    return grid_cells(doc.get("grid") or {}, doc.get("variants") or [])
+
+
+def _setting_id(assignments: Mapping[str, Any], tune: Sequence[str]) -> str:
+    return json.dumps({k: v for k, v in assignments.items() if k not in ("seed", *tune)}, sort_keys=True)
+
+
+def tune_values(cells: Iterable[Mapping[str, Any]], tune: Sequence[str]) -> dict[str, set[str]]:
+    """Per setting (a cell's assignments less the seed and the ``tune`` keys), the tune values its cells offer."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for cell in cells:
+        out[_setting_id(cell, tune)].add(json.dumps([cell.get(t) for t in tune], sort_keys=True))
+    return out
 
 
 def finished_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -481,10 +497,9 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
         cols = [_fmt(*interval([c["summary"].get(m) for c in group]), m) for m in METRICS]
         lines.append(f"| {_label(setting)} | {len(group)} | " + " | ".join(cols) + " |")
     tune = list(doc.get("tune", []))
-    offered: dict[tuple, set[str]] = defaultdict(set)  # the scale's own values of the tune keys, per setting
-    for a in planned:
-        offered[_key(a, ["seed", *tune])].add(json.dumps([a.get(t) for t in tune], sort_keys=True))
-    fixed = {s: c for s, c in choices.items() if len(offered.get(s, set())) <= 1 and c["candidates"] == 1}
+    offered = tune_values(planned, tune)  # the scale's own values of the tune keys, per setting
+    fixed = {s: c for s, c in choices.items()
+             if len(offered.get(_setting_id(dict(s), tune), set())) <= 1 and c["candidates"] == 1}
     chosen_here = {s: c for s, c in choices.items() if s not in fixed}
     if fixed:
         given = "; ".join(f"{_label(s)}: {_label(tuple((k, v) for k, v in c.items() if k not in ('candidates', 'scores')))}"

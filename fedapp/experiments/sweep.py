@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import itertools
 import json
 import multiprocessing
 import os
@@ -81,7 +80,15 @@ from typing import Any
 import tomllib
 
 from fedapp.config import SCHEMA, ConfigError, resolve_config
-from fedapp.experiments.report import TUNING_METRICS, compact_summary, run_record, tuning_metric, write_index
+from fedapp.experiments.report import (
+    TUNING_METRICS,
+    compact_summary,
+    grid_cells,
+    run_record,
+    tune_values,
+    tuning_metric,
+    write_index,
+)
 
 ENGINES = ("flwr", "inprocess")
 
@@ -102,9 +109,7 @@ class Sweep:
 
     def cells(self) -> list[dict[str, Any]]:
         """Every combination of the grid, each once per variant (when there are variants), in file order."""
-        keys = list(self.grid)
-        return [{**dict(zip(keys, values)), **variant}
-                for values in itertools.product(*(self.grid[k] for k in keys)) for variant in self.variants or [{}]]
+        return grid_cells(self.grid, self.variants)
 
 
 def cell_id(assignments: Mapping[str, Any]) -> str:
@@ -163,11 +168,7 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
         tuning_metric({"meta": sweep.meta})
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    candidates: dict[str, set[str]] = {}  # per group of cells equal but for seed and the tune keys: their values
-    for cell in sweep.cells():
-        group = json.dumps({k: v for k, v in cell.items() if k not in ("seed", *sweep.tune)}, sort_keys=True)
-        candidates.setdefault(group, set()).add(json.dumps([cell.get(t) for t in sweep.tune], sort_keys=True))
-    choosing = any(len(values) > 1 for values in candidates.values())
+    choosing = any(len(values) > 1 for values in tune_values(sweep.cells(), sweep.tune).values())
     for cell in sweep.cells():
         resolved = resolve_config(None, {**config, **cell})  # ConfigError names the key before anything runs
         if choosing and not (resolved["validation-fraction"] > 0 and resolved["fraction-evaluate"] > 0):
