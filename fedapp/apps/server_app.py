@@ -17,15 +17,16 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp.apps.factories import build_strategy
 from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.clients.common import make_model
-from fedapp.clients.guard import check_fault_config
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
+from fedapp.compat.server_log import log_to_file_from_env
 from fedapp.config import (
     ClientDPConfig,
     ConfigError,
     DataConfig,
     GeneralConfig,
     TrainingConfig,
+    check_fault_config,
     resolve_config,
     unused_keys,
 )
@@ -262,3 +263,4 @@ def build_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:
 
 
 app = build_server_app()
+log_to_file_from_env()  # in `flwr-simulation` started by the launcher: the log it prints (fedapp.compat.server_log)

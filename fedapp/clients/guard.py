@@ -77,17 +77,6 @@ class InjectedFault(ClientFailure):
     kind = "injected fault"
 
 
-def check_fault_config(deployment: DeploymentConfig) -> None:
-    """Cross-field checks of the fault/timeout keys (``ConfigError`` naming the values)."""
-    if deployment.fault_fraction > 0 and deployment.fault_mode == "timeout":
-        if deployment.round_timeout <= 0:
-            raise ConfigError("run-config 'fault-mode' = 'timeout' needs 'round-timeout' > 0 (got "
-                              f"{deployment.round_timeout!r}); otherwise the server waits for the late clients")
-        if deployment.fault_delay <= deployment.round_timeout:
-            raise ConfigError(f"run-config 'fault-delay' = {deployment.fault_delay!r} must exceed 'round-timeout' = "
-                              f"{deployment.round_timeout!r} for an injected timeout to be one")
-
-
 def failing_clients(seed: int, server_round: int, num_clients: int, fraction: float) -> set[int]:
     """Client ids that fail in ``server_round``: round(fraction·n) of them, a seeded permutation prefix."""
     if not 0 <= fraction < 1:

@@ -12,6 +12,7 @@ from fedapp.config.run_config import (
     ADAPTIVE_CLIP_STRATEGIES,
     FAMILY_SECTIONS,
     RunConfig,
+    check_fault_config,
     check_federation_size,
     check_secure_sum,
     clear_cache,
@@ -36,7 +37,8 @@ from strategies.errors import ConfigError
 __all__ = [
     "ADAPTIVE_CLIP_STRATEGIES", "CONFIG_DOC", "DATASETS", "FAMILY_SECTIONS", "PARTITIONERS", "PRIVACY_DISTS", "SCHEMA", "TABLE_END",
     "TABLE_START", "ClientDPConfig", "ConfigError", "DP2FedSAMConfig", "DataConfig", "DeploymentConfig",
-    "GeneralConfig", "Key", "RobustHDPConfig", "RunConfig", "SoteriaFLConfig", "TrainingConfig", "check_federation_size",
+    "GeneralConfig", "Key", "RobustHDPConfig", "RunConfig", "SoteriaFLConfig", "TrainingConfig", "check_fault_config",
+    "check_federation_size",
     "check_secure_sum", "check_value", "clear_cache", "doc_with_table", "ignored_keys", "markdown_table",
     "parse_int_list", "resolve_config", "unused_keys", "validate_cross_fields",
 ]

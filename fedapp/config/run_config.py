@@ -289,6 +289,17 @@ def check_secure_sum(cfg: Mapping[str, Any]) -> None:
                           "client-dp-adversary = 'server' or secagg-mechanism = 'gaussian'")
 
 
+def check_fault_config(deployment: DeploymentConfig) -> None:
+    """Cross-field checks of the fault/timeout keys (``ConfigError`` naming the values)."""
+    if deployment.fault_fraction > 0 and deployment.fault_mode == "timeout":
+        if deployment.round_timeout <= 0:
+            raise ConfigError("run-config 'fault-mode' = 'timeout' needs 'round-timeout' > 0 (got "
+                              f"{deployment.round_timeout!r}); otherwise the server waits for the late clients")
+        if deployment.fault_delay <= deployment.round_timeout:
+            raise ConfigError(f"run-config 'fault-delay' = {deployment.fault_delay!r} must exceed 'round-timeout' = "
+                              f"{deployment.round_timeout!r} for an injected timeout to be one")
+
+
 def check_federation_size(general: GeneralConfig, training: TrainingConfig, num_clients: int, source: str = "") -> None:
     """Keys that count or name clients must fit a federation of ``num_clients``; ``source`` says where that number
     comes from in the message ('num-clients', the launcher's --num-supernodes; '' = the clients of the run)."""

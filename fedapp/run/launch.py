@@ -3,9 +3,11 @@
 ``flwr run . local`` would start a *detached* SuperLink on fixed ports that outlives the
 command. This launcher instead starts ``flower-superlink --simulation`` itself on a free
 loopback port, writes a Flower config (``$FLWR_HOME/config.toml``, default ``./.flwr``)
-naming it, runs ``flwr run <app> dpfl --stream`` (on a staged copy of the app's packages and
-``pyproject.toml``, :mod:`fedapp.run.fab`), prints where the results are, and always
-stops the SuperLink and its children by PID: when the run ends or fails, on SIGINT (Ctrl-C),
+naming it, submits the run with ``flwr run <app> dpfl`` (on a staged copy of the app's packages and
+``pyproject.toml``, :mod:`fedapp.run.fab`), prints the ServerApp's log while the run goes on (from a file, not
+through a ``flwr run --stream`` process held for the whole run: :mod:`fedapp.compat.server_log`), prints where
+the results are, and stops the SuperLink and its children by PID as soon as the ServerApp's process has ended,
+when the run fails, on SIGINT (Ctrl-C),
 SIGTERM or SIGHUP (exit code 128 + signal), and — through a parent-death signal and a
 watchdog process — when the launcher itself is killed.
 
@@ -29,11 +31,13 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fedapp.config import SCHEMA, ConfigError, RunConfig, check_federation_size, resolve_config
+from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
+from fedapp.compat.server_log import LogFollower
+from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
     CONNECTION,
@@ -129,10 +133,10 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     else:
         flwr_home = resolve_flwr_home(app, flwr_home)
         port = port or free_port()
-        log_hint = f"{flwr_home}/superlink-{port}.log"
+        log_hint = f"{server_log_path(flwr_home, port)} and {flwr_home}/superlink-{port}.log"
         _run_superlink_engine(app, overrides, flwr_home, port, num_supernodes, num_cpus, num_gpus, timeout,
-                              ray_address)
-    new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+                              ray_address, NewRun(output_dir, before))
+    new_runs = _new_runs(output_dir, before)
     if not new_runs or not (new_runs[-1] / "summary.json").exists():
         raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see "
                            f"{log_hint}")
@@ -142,6 +146,36 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
         raise RuntimeError(f"{summary.get('rounds_trained')} of {cfg.rounds} rounds trained{why}; partial "
                            f"results in {new_runs[-1]}, server log: {log_hint}")
     return new_runs[-1]
+
+
+def _new_runs(output_dir: Path, before: set[Path]) -> list[Path]:
+    return sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+
+
+class NewRun:
+    """The results folder this launch's ServerApp creates under ``output_dir`` (the first not in ``before``) and
+    what its ``summary.json`` says. A summary with ``finished`` or a ``stopped_reason`` is the ServerApp's last
+    file of a run that ended (:meth:`fedapp.state.results.RunLogger.finish`)."""
+
+    def __init__(self, output_dir: Path, before: set[Path]) -> None:
+        self.output_dir, self.before = output_dir, before
+        self.folder: Path | None = None
+
+    def summary(self) -> dict[str, Any]:
+        if self.folder is None:
+            runs = _new_runs(self.output_dir, self.before)
+            self.folder = runs[0] if runs else None
+        try:
+            return json.loads((self.folder / "summary.json").read_text(encoding="utf-8")) if self.folder else {}
+        except (OSError, ValueError):
+            return {}
+
+    def ended(self) -> bool:
+        summary = self.summary()
+        return bool(summary.get("finished") or summary.get("stopped_reason"))
+
+    def finished(self) -> bool:
+        return bool(self.summary().get("finished"))
 
 
 def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tuple[RunConfig, dict, dict]:
@@ -159,8 +193,6 @@ def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tu
         if cfg.general.min_available_clients == SCHEMA["min-available-clients"].default:
             overrides["min-available-clients"] = num_supernodes
         cfg = resolve_config({**merged, **overrides})
-    from fedapp.clients.guard import check_fault_config
-
     check_fault_config(cfg.deployment)
     if num_supernodes < 2:
         raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
@@ -224,38 +256,44 @@ def _run_python_engine(overrides: dict, num_supernodes: int, num_cpus: float, nu
 
 
 def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int, num_supernodes: int,
-                          num_cpus: float, num_gpus: float, timeout: float | None, ray_address: str) -> None:
-    """A private SuperLink on ``port``, ``flwr run --stream`` of the staged app, everything stopped by PID."""
+                          num_cpus: float, num_gpus: float, timeout: float | None, ray_address: str,
+                          results: NewRun | None = None) -> None:
+    """A private SuperLink on ``port``; the staged app submitted with ``flwr run``; the ServerApp's log
+    (:mod:`fedapp.compat.server_log`) printed until ``results`` says the run ended or the ServerApp's process
+    ends; everything stopped by PID. A run that did not finish gets the SuperLink's whole log of it printed
+    before the SuperLink stops."""
     write_flower_config(flwr_home, f"127.0.0.1:{port}")
     if ray_address:  # attach the simulation runtime to an existing (multi-node) Ray cluster
         os.environ.update(simulation_backend(num_cpus, num_gpus, ray_address)[1])
+    server_log = server_log_path(flwr_home, port)
+    server_log.unlink(missing_ok=True)
     procs = Processes()
     watchdog = None
     staged: Path | None = None
+    grace = STOP_GRACE_S
     with signals_as_interrupt():
         try:
-            superlink = procs.add(start_superlink(flwr_home, port))
+            superlink = procs.add(start_superlink(flwr_home, port, env={SERVER_LOG_ENV: str(server_log)}))
             watchdog = start_watchdog(superlink)  # stops the SuperLink's tree if this process is killed
             wait_http_health(port, proc=superlink)
             cpus = int(num_cpus) if float(num_cpus).is_integer() else num_cpus
             federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} "
                           f"client-resources-num-gpus={num_gpus} init-args-logging-level=\"ERROR\"")
             staged = stage_app(app, flwr_home / "staged")  # what `flwr run` packs, without walking .venv (5 s)
-            cmd = [venv_bin("flwr"), "run", str(staged), CONNECTION, "--stream",
-                   "--run-config", to_toml_assignments(overrides), "--federation-config", federation]
             print(f"[dpfl] SuperLink pid {superlink.pid} on 127.0.0.1:{port} (FLWR_HOME {flwr_home}); running: "
                   f"flwr run {app.name} {CONNECTION}", flush=True)
-            flwr = procs.add(subprocess.Popen(cmd, env=flower_env(flwr_home), cwd=str(app), start_new_session=True,
-                                              preexec_fn=parent_death_preexec()))  # own group: stopped by PID
+            run_id = submit_run(staged, app, flwr_home, overrides, federation)
+            print(f"[dpfl] run {run_id} started; ServerApp log: {server_log}", flush=True)
             procs.watch()
-            code, server_died = wait_for_run(flwr, procs, timeout)
-            if server_died is not None:
-                print(f"[dpfl] the ServerApp process {server_died} died while `flwr run` was still waiting; stopping "
-                      "the run", file=sys.stderr, flush=True)
-            elif code != 0:
-                raise RuntimeError(f"flwr run exited with code {code}")
+            server = follow_run(procs, server_log, timeout, ended=results.ended if results else None)
+            if results is not None and results.ended():
+                grace = ENDED_STOP_GRACE_S  # its results are written: nothing left for a graceful shutdown to save
+            if results is not None and not results.finished():
+                print(f"[dpfl] the ServerApp process {server} ended and the run did not finish; the SuperLink's "
+                      f"log of run {run_id}:", file=sys.stderr, flush=True)
+                print_flower_log(run_id, flwr_home, app)
         finally:
-            leftovers = procs.stop_all()
+            leftovers = procs.stop_all(grace)
             if staged is not None and staged != app:
                 shutil.rmtree(staged, ignore_errors=True)
             if watchdog is not None:
@@ -264,36 +302,85 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
                 print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
 
 
-#: command-line markers of the process that runs the ServerApp (simulation runtime, or a deployed ServerApp)
-SERVER_APP_MARKERS = ("flwr-simulation", "flwr-serverapp")
+def server_log_path(flwr_home: Path, port: int) -> Path:
+    """The file the ServerApp of the launch on ``port`` logs to (:mod:`fedapp.compat.server_log`)."""
+    return flwr_home / f"serverapp-{port}.log"
 
 
-def wait_for_run(flwr: subprocess.Popen, procs: Processes, timeout: float | None, grace: float = 5.0,
-                 poll: float = 0.5) -> tuple[int | None, int | None]:
-    """Wait for ``flwr run``; (exit code, None) when it ends, (None, pid) when the ServerApp process died
-    and ``flwr run`` did not end within ``grace`` seconds after it (Flower itself notices only ~45 s later)."""
+#: how long stopping waits after SIGTERM before SIGKILL: after a failure or an interrupt, and after a run whose results
+#: are all written (Flower's simulation runtime takes ~4 s to shut Ray down on SIGTERM; nothing of the run needs it)
+STOP_GRACE_S = 10.0
+ENDED_STOP_GRACE_S = 0.5
+#: how long the launcher waits for ``flwr run`` to submit, and for Flower's simulation runtime to start after that
+SUBMIT_TIMEOUT_S = 120.0
+SERVER_START_TIMEOUT_S = 120.0
+
+
+def submit_run(staged: Path, app: Path, flwr_home: Path, overrides: dict, federation: str) -> int:
+    """``flwr run`` without ``--stream``: it returns once the SuperLink has started the run; returns the run ID.
+
+    A process of its own, stopped by ``subprocess.run`` when this one is interrupted."""
+    cmd = [venv_bin("flwr"), "run", str(staged), CONNECTION, "--format", "json",
+           "--run-config", to_toml_assignments(overrides), "--federation-config", federation]
+    try:
+        done = subprocess.run(cmd, env=flower_env(flwr_home), cwd=str(app), capture_output=True, text=True,
+                              timeout=SUBMIT_TIMEOUT_S, preexec_fn=parent_death_preexec())
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"flwr run did not submit the run within {SUBMIT_TIMEOUT_S:.0f} s") from None
+    try:
+        reply = json.loads(done.stdout[done.stdout.index("{"):])
+    except ValueError:
+        reply = {}
+    if done.returncode != 0 or not reply.get("success") or not reply.get("run-id"):
+        raise RuntimeError(f"flwr run exited with code {done.returncode} without starting the run: "
+                           f"{(done.stdout + done.stderr).strip()[-2000:]}")
+    return int(reply["run-id"])
+
+
+def follow_run(procs: Processes, server_log: Path, timeout: float | None, poll: float = 0.25,
+               start_timeout: float = SERVER_START_TIMEOUT_S, ended: Callable[[], bool] | None = None) -> int:
+    """Print ``server_log`` as it grows until ``ended()`` or until the process that runs the ServerApp (Flower's
+    simulation runtime, a descendant of the SuperLink) has ended; returns that process's PID. ``ended`` lets the
+    launcher stop the run as soon as its results are written, not seconds later when Flower's runtime has shut
+    Ray down and exited. Raises ``TimeoutError`` after ``timeout`` and ``RuntimeError`` when no such process
+    appears within ``start_timeout``."""
     import psutil
 
-    deadline = None if timeout is None else time.monotonic() + timeout
-    server: dict[int, psutil.Process] = {}
-    died_at: float | None = None
+    follower = LogFollower(server_log)
+    start = time.monotonic()
+    server: psutil.Process | None = None
     while True:
-        code = flwr.poll()
-        if code is not None:
-            return code, None
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(f"flwr run did not finish within {timeout:.0f}s")
-        for pid, p in list(procs.seen.items()):
-            if pid not in server and any(m in _cmdline(p) for m in SERVER_APP_MARKERS):
-                server[pid] = p
-        alive = [p for p in server.values() if _running(p)]
-        if server and not alive:
-            died_at = died_at or time.monotonic()
-            if time.monotonic() - died_at > grace:
-                return None, next(iter(server))
-        else:
-            died_at = None
+        for line in follower.new_lines():
+            print(line, flush=True)
+        if server is None:
+            procs.snapshot()  # the tree is small until Ray starts, and the runtime starts within seconds
+            server = next((p for p in list(procs.seen.values())
+                           if any(m in _cmdline(p) for m in SERVER_APP_MARKERS)), None)
+            if server is None and time.monotonic() - start > start_timeout:
+                raise RuntimeError(f"the SuperLink started no ServerApp process within {start_timeout:.0f} s")
+        elif not _running(server) or (ended is not None and ended()):
+            for line in follower.new_lines(final=True):
+                print(line, flush=True)
+            return server.pid
+        if timeout is not None and time.monotonic() - start > timeout:
+            raise TimeoutError(f"the run did not finish within {timeout:.0f}s")
         time.sleep(poll)
+
+
+def print_flower_log(run_id: int, flwr_home: Path, app: Path) -> None:
+    """``flwr log RUN_ID --show``: everything the SuperLink holds of the run's log (Flower's own messages from
+    before the ServerApp's module was loaded included), to stderr."""
+    try:
+        done = subprocess.run([venv_bin("flwr"), "log", str(run_id), CONNECTION, "--show"], env=flower_env(flwr_home),
+                              cwd=str(app), capture_output=True, text=True, timeout=60,
+                              preexec_fn=parent_death_preexec())
+        print((done.stdout + done.stderr).rstrip(), file=sys.stderr, flush=True)
+    except subprocess.TimeoutExpired:
+        print("[dpfl] flwr log did not answer within 60 s", file=sys.stderr, flush=True)
+
+
+#: command-line markers of the process that runs the ServerApp (simulation runtime, or a deployed ServerApp)
+SERVER_APP_MARKERS = ("flwr-simulation", "flwr-serverapp")
 
 
 def _cmdline(p) -> str:
@@ -313,7 +400,9 @@ def _running(p) -> bool:
 
 
 def _stop_watchdog(proc: subprocess.Popen) -> None:
-    """The watchdog exits by itself once the tree is gone; make sure it does, by PID."""
+    """Stop the watchdog by PID once the tree it guards has been stopped (on its own it notices only at its next
+    look, up to ``WATCH_INTERVAL_S`` later)."""
+    proc.terminate()
     try:
         proc.wait(timeout=3)
     except subprocess.TimeoutExpired:

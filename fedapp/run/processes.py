@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,19 +128,46 @@ def pyproject_run_config(app: Path) -> dict[str, Any]:
     return dict(data["tool"]["flwr"]["app"]["config"])
 
 
+#: one ``key=value`` of a ``--run-config`` string, as ``flwr run`` reads them (``flwr.common.config.parse_config_args``)
+RUN_CONFIG_ASSIGNMENT = re.compile(r"(\S+?)=(\'[^\']*\'|\"[^\"]*\"|\S+)")
+
+
+def parse_config_assignments(text: str) -> dict[str, Any]:
+    """A ``--run-config`` value read as ``flwr run`` reads it: a TOML file's path, or ``key=value`` pairs whose values
+    are TOML; nested tables flattened to dotted keys. The same rules as Flower's ``parse_config_args`` (a test
+    compares them), without importing ``flwr.common`` (numpy, gRPC, cryptography: 45 MB kept by the launcher for
+    the whole run)."""
+    if text.endswith(".toml"):
+        data = tomllib.loads(Path(text).expanduser().read_text(encoding="utf-8"))
+    else:
+        data = tomllib.loads("\n".join(f"{k} = {v}" for k, v in RUN_CONFIG_ASSIGNMENT.findall(text)))
+    return _flatten(data)
+
+
+def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict):
+            out.update(_flatten(value, name))
+        elif isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            raise ValueError(f"the value for key {key} needs to be of type int, float, bool, str, or a table of those")
+    return out
+
+
 def parse_overrides(text: str | None) -> dict[str, Any]:
     """TOML assignments (``"key=value key2='x'"``) or a TOML file path; an assignment without a value is an error."""
     if not text:
         return {}
-    from flwr.common.config import parse_config_args
-
     empty = re.search(r"(?:^|\s)([A-Za-z0-9_.-]+)\s*=\s*(?=\s|$)", text) if not text.endswith(".toml") else None
     if empty:
         raise ConfigError(f"--run-config assigns no value to {empty.group(1)!r} (in {text!r}); give one or leave the "
                           "key out")
     try:
-        return dict(parse_config_args([text]))
-    except Exception as exc:  # flwr raises ValueError/TOML errors
+        return parse_config_assignments(text)
+    except Exception as exc:  # TOML errors, a file that cannot be read, a value of another type
         raise ConfigError(f"cannot parse --run-config {text!r}: {exc}") from None
 
 
@@ -264,8 +291,9 @@ def _record_descendants(seen: dict[int, Any]) -> None:
 
 # ----------------------------------------------------------------------------- SuperLink
 def start_superlink(flwr_home: Path, port: int, *, simulation: bool = True,
-                    extra_args: list[str] | None = None) -> subprocess.Popen:
-    """``flower-superlink`` on loopback in a session of its own, told to stop when this process dies."""
+                    extra_args: list[str] | None = None, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+    """``flower-superlink`` on loopback in a session of its own, told to stop when this process dies; ``env``: more
+    environment for it and its descendants (SuperExec, the simulation runtime)."""
     log_path = flwr_home / f"superlink-{port}.log"
     cmd = [venv_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
            "--disable-runtime-dependency-installation", "--log-file", str(log_path)]
@@ -273,7 +301,7 @@ def start_superlink(flwr_home: Path, port: int, *, simulation: bool = True,
         cmd += ["--simulation", "--isolation", "subprocess"]
     cmd += extra_args if extra_args is not None else ["--insecure"]
     out = open(flwr_home / f"superlink-{port}.out", "w")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(cmd, env=flower_env(flwr_home), stdout=out, stderr=subprocess.STDOUT,
+    proc = subprocess.Popen(cmd, env={**flower_env(flwr_home), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=str(PROJECT_ROOT), preexec_fn=parent_death_preexec())
     out.close()  # the child holds its own descriptor
     return proc

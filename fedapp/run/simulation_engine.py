@@ -3,9 +3,8 @@
 ``python -m fedapp.run.launch --engine run-simulation`` trains the same ServerApp and ClientApps as the
 default SuperLink engine, on the same Flower Simulation Engine (one Ray actor per ``--num-cpus`` of the
 machine), from the same validated run-config. What it leaves out are the three Flower processes that
-stand between the launcher and the ServerApp — ``flower-superlink``, its ``flower-superexec`` and
-``flwr run --stream`` (~0.29 GB together at the peak) — and
-their start-up (~4 s outside rounds). Both engines start their Ray head lean (:mod:`fedapp.compat.lean_ray`: no
+stand between the launcher and the ServerApp — ``flower-superlink`` and its ``flower-superexec`` (~0.21 GB together
+at the peak; the SuperLink engine's short-lived ``flwr run`` submits and exits) — and their start-up. Both engines start their Ray head lean (:mod:`fedapp.compat.lean_ray`: no
 autoscaler monitor, log monitor, dashboard API server or prestarted idle workers): here around
 ``run_simulation``, in the SuperLink engine inside Flower's ``flwr-simulation``. Measured in docs/benchmarks.md.
 

@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from fedapp.config import ConfigError, DeploymentConfig, GeneralConfig
-from fedapp.state.results import write_json_atomic
 
 CHECKPOINT_FILE = "checkpoint.npz"
 FORMAT = "dpfl-checkpoint-v1"
@@ -243,23 +242,23 @@ class CheckpointingRecorder:
         })
 
     def finish(self) -> None:
-        self.inner.finish()
         done = int(self.resumed["state"]["round"]) if self.resumed else 0
         new = [r for r in self.rounds if int(r["round"]) > done]
         if self.resumed and self.run_dir is not None and not any((r["metrics"].get("clients_ok") or 0) > 0 for r in new):
-            # the copied rounds trained, this process did not: a resume that cannot train has not finished
-            path = Path(self.run_dir) / "summary.json"
-            summary = json.loads(path.read_text(encoding="utf-8"))
-            summary.update(finished=False, stopped_reason=f"the resumed run aggregated no client update in rounds "
-                           f"{done + 1}..{self.num_rounds} (every client refused or failed, e.g. privacy state lost)")
-            write_json_atomic(path, summary)
+            # the copied rounds trained, this process did not: a resume that cannot train has not finished (said in
+            # the one final summary: the launcher ends a run on it)
+            self.inner.finish(amend={"finished": False, "stopped_reason": (
+                f"the resumed run aggregated no client update in rounds {done + 1}..{self.num_rounds} (every client "
+                "refused or failed, e.g. privacy state lost)")})
+        else:
+            self.inner.finish()
 
 
 def attach(strategy: Any, recorder: Any, *, run_values: Mapping[str, Any], general: GeneralConfig,
            deployment: DeploymentConfig) -> int:
     """Wire checkpointing and resume into a built strategy; returns the number of rounds Flower must
     still run. ``run_values``: the run-config by key (what a checkpoint stores). Raises ``ConfigError`` before
-    anything is written. (The fault keys are checked by :func:`fedapp.clients.guard.check_fault_config`, called
+    anything is written. (The fault keys are checked by :func:`fedapp.config.check_fault_config`, called
     by the caller.)"""
     from strategies.base import DPFLStrategy
 

@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -118,14 +119,18 @@ class ResultsWriter:
                 self.tensorboard = TensorBoardWriter(self.run_dir)
             self.tensorboard.write_round(record)
 
-    def finish(self) -> None:
+    def finish(self, amend: Mapping[str, Any] | None = None) -> None:
+        """The plots, then the run's final summary (``amend``: keys that replace what the rounds give)."""
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
         if self.run_dir is None:
             return
-        write_json_atomic(self.run_dir / "summary.json", summarize(self.rounds, time.time() - self.started, done=True))
-        plot_run(self.run_dir, self.rounds)
+        try:
+            plot_run(self.run_dir, self.rounds)
+        finally:  # the last file written: a summary of a run that ended says so (the launcher stops on it)
+            write_json_atomic(self.run_dir / "summary.json",
+                              {**summarize(self.rounds, time.time() - self.started, done=True), **(amend or {})})
 
 
 def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = False) -> dict[str, Any]:

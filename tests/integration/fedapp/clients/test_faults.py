@@ -11,8 +11,8 @@ from conftest import read_rounds, run_small_simulation
 from flwr.client import Client
 from flwr.common import Code, Context, FitIns, FitRes, RecordDict, Status, ndarrays_to_parameters
 
-from fedapp.clients.guard import TAINT_KEY, InjectedFault, check_fault_config, failing_clients, guard_client
-from fedapp.config import ConfigError, resolve_config
+from fedapp.clients.guard import TAINT_KEY, InjectedFault, failing_clients, guard_client
+from fedapp.config import ConfigError, check_fault_config, resolve_config
 from strategies.base import LEDGER_CONFIG_KEY
 from strategies.privacy.accountants import epsilon_of
 

@@ -228,6 +228,31 @@ def test_an_assignment_without_value_is_refused() -> None:
     assert parse_overrides("strategy='fedavg' seed=3") == {"strategy": "fedavg", "seed": 3}
 
 
+@pytest.mark.parametrize("text", [
+    "strategy='fedavg' seed=3", 'dataset="hf:ylecun/mnist" lr=0.05 secure-aggregation=true',
+    "a.b=1 a.c='x y' d=-2.5e-3 e=false", "lr=1e-3, seed=4", "name='it''s'", "x=[1, 2]", "strategy=fedavg",
+])
+def test_run_config_strings_are_read_as_flwr_run_reads_them(text, tmp_path) -> None:
+    """The launcher reads --run-config without importing flwr.common; the same text gives the same values (or
+    fails on both sides) as Flower's own parser, which `flwr run` uses on what the launcher passes on."""
+    from flwr.common.config import parse_config_args
+
+    from fedapp.run.processes import parse_config_assignments
+
+    try:
+        expected: object = dict(parse_config_args([text]))
+    except Exception:  # noqa: BLE001 — Flower refuses it (click.ClickException or ValueError)
+        expected = "refused"
+    try:
+        ours: object = parse_config_assignments(text)
+    except Exception:  # noqa: BLE001
+        ours = "refused"
+    assert ours == expected
+    toml_file = tmp_path / "overrides.toml"
+    toml_file.write_text('strategy = "dp-fedavg"\n[robust]\nrank = 3\n')
+    assert parse_config_assignments(str(toml_file)) == dict(parse_config_args([str(toml_file)]))
+
+
 def test_the_launchers_dry_run_raises_the_config_error_itself_from_its_child(tmp_path) -> None:
     """The launcher's dry run runs in a spawned child (memory freed at exit), also from a multi-threaded
     caller (this test process, plus one extra thread): the ConfigError naming the value comes back unchanged."""

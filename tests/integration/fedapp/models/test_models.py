@@ -124,7 +124,7 @@ def test_the_torch_free_catalog_names_every_model_and_the_launcher_never_imports
 
     assert tuple(MODELS) == MODEL_NAMES and set(DEFAULT_MODEL.values()) <= set(MODEL_NAMES)
     code = ("import sys; from fedapp.run.launch import PROJECT_ROOT, pyproject_run_config, resolve_config; "
-            "from fedapp.clients.guard import check_fault_config; "
+            "from fedapp.config import check_fault_config; "
             "check_fault_config(resolve_config({**pyproject_run_config(PROJECT_ROOT), 'grad-sample-mode': 'ew'}).deployment); "
             "assert 'torch' not in sys.modules, 'the launcher imported torch'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -57,9 +57,10 @@ def _round_records(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path):
+def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path, capsys):
     """The SuperLink engine (``flwr run``) and the run_simulation engine train the same apps: same rounds,
-    same central loss/accuracy and uplink, and each leaves no Flower or Ray process behind."""
+    same central loss/accuracy and uplink, and each leaves no Flower or Ray process behind. The SuperLink
+    engine prints the ServerApp's log from the file it writes (no ``flwr run --stream`` process)."""
     config = "num-server-rounds=2 strategy='fedavg' max-samples=300 seed=7 output-dir='{out}'"
     port = free_port()
     sessions = _ray_sessions()
@@ -67,6 +68,10 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path)
                         flwr_home=tmp_path / "flwr-home", timeout=300, port=port)
     leftovers = _flower_processes(f"127.0.0.1:{port}") | _flower_processes(f"--port {port}")
     assert not leftovers, f"processes left running: {leftovers}"
+    printed = capsys.readouterr().out
+    server_log = (tmp_path / "flwr-home" / f"serverapp-{port}.log").read_text()
+    for line in ("[round 1/2] accuracy=", "[round 2/2] accuracy=", "[SUMMARY]"):
+        assert line in server_log and line in printed, printed[-3000:]
     python_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "python"), timeout=300,
                      engine="run-simulation")
     # both engines started a lean Ray head: flwr-simulation through fedapp.apps.client_app's import, ours in process

@@ -34,3 +34,20 @@ def test_a_round_poisson_sampling_left_with_fewer_than_two_clients_is_named_not_
     s = summarize(rounds, 1.0, done=True)
     assert s["finished"] and s["rounds_unsampled"] == [2, 3] and s["rounds_untrained"] == []
     assert "client sampling drew fewer than 2 clients in 2 of 4 rounds (rounds 2, 3)" in s["stopped_reason"]
+
+
+def test_the_final_summary_is_the_last_file_a_run_writes(tmp_path, monkeypatch) -> None:
+    """The launcher ends a run as soon as summary.json says it ended, so the plots come before it."""
+    import json
+
+    from fedapp.state import results
+
+    seen_by_plots: list[dict] = []
+    monkeypatch.setattr(results, "plot_run", lambda run_dir, rounds: seen_by_plots.append(
+        json.loads((run_dir / "summary.json").read_text())))
+    writer = results.ResultsWriter(tmp_path, {"strategy": "fedavg", "dataset": "digits", "seed": 1})
+    writer.write_round(_round(1, 2))
+    writer.finish(amend={"finished": False, "stopped_reason": "resumed without training"})
+    assert len(seen_by_plots) == 1 and not seen_by_plots[0]["finished"] and not seen_by_plots[0]["stopped_reason"]
+    final = json.loads((writer.run_dir / "summary.json").read_text())
+    assert final["stopped_reason"] == "resumed without training" and not final["finished"]
