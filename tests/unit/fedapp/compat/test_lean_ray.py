@@ -4,19 +4,22 @@ prestarted idle workers."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import psutil
 import pytest
+from conftest import REPO
 
 ray = pytest.importorskip("ray")
 
-from fedapp.compat.lean_ray import LEAN_RAY_SETTINGS, lean_local_ray_head, lean_ray_env  # noqa: E402
+from fedapp.compat.lean_ray import ACTOR_HOOK_ENV, LEAN_RAY_SETTINGS, lean_local_ray_head, lean_ray_env  # noqa: E402
 
 
 def _lean_env() -> dict[str, str | None]:
     """This process's values of the settings fedapp.compat.lean_ray may set (None: unset)."""
-    return {k: os.environ.get(k) for k in LEAN_RAY_SETTINGS}
+    return {k: os.environ.get(k) for k in (*LEAN_RAY_SETTINGS, ACTOR_HOOK_ENV)}
 
 
 def _idle_workers(raylet_pid: int) -> list[str]:
@@ -53,8 +56,43 @@ def test_the_lean_head_runs_tasks_without_the_unused_daemons_and_the_patch_is_un
             return v * v
 
         assert ray.get([square.remote(i) for i in range(4)]) == [0, 1, 4, 9]
+
+        @ray.remote
+        def load_actor_class() -> tuple[str, bool, bool]:
+            """What a worker that loads Flower's ClientAppActor imports (fedapp.compat.lean_actor's setup hook)."""
+            import sys
+
+            import flwr.simulation.ray_transport.ray_actor  # noqa: F401
+
+            package = type(sys.modules["flwr.simulation"]).__name__
+            return package, "sqlalchemy" in sys.modules, "flwr.simulation.run_simulation" in sys.modules
+
+        # the hook ran in the worker: the package's __init__ (Flower's server runtime, SQLAlchemy) is not loaded
+        assert ray.get(load_actor_class.remote()) == ("_DeferredPackage", False, False)
     finally:
         ray.shutdown()
+
+
+def test_a_deferred_flower_simulation_package_loads_its_init_on_first_use():
+    """In a fresh interpreter: the actor module loads without the package's __init__; the first use of a name the
+    __init__ defines runs it, and then everything Flower's package offers is there."""
+    code = """
+import sys
+from fedapp.compat.lean_actor import defer_flower_simulation_package
+defer_flower_simulation_package()
+from flwr.simulation.ray_transport.ray_actor import ClientAppActor
+print("sqlalchemy" in sys.modules, type(sys.modules["flwr.simulation"]).__name__)
+import flwr.simulation
+print(flwr.simulation.ray_transport.ray_actor.ClientAppActor is ClientAppActor)
+from flwr.simulation import run_simulation, start_simulation
+print(type(sys.modules["flwr.simulation"]).__name__, callable(run_simulation), callable(start_simulation))
+defer_flower_simulation_package()  # imported already: left alone
+print(type(sys.modules["flwr.simulation"]).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=str(REPO),
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:4] == ["False _DeferredPackage", "True", "module True True", "module"], out.stdout
 
 
 def test_lean_ray_env_keeps_what_the_user_set(monkeypatch):
