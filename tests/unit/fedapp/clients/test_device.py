@@ -166,8 +166,8 @@ HOST_SIDE = {
         "config dry run: a freshly built CPU model on two CPU samples, no device involved",
     ("fedapp/clients/training.py", "set_weights", "torch.as_tensor(np.asarray(w), dtype=old.dtype)"):
         "staging copy of a numpy array; load_state_dict copies it onto the model's own device",
-    ("fedapp/clients/training.py", "_shuffled_batches", "torch.from_numpy(order[pos:pos + batch_size])"):
-        "indices into the host copy of the dataset; the batch is moved to the device in local_train",
+    ("fedapp/clients/training.py", "_shuffled_batches", "torch.from_numpy(rng.permutation(len(y)))"):
+        "an epoch's permutation of the host copy of the dataset; each batch is moved to the device in local_train",
     ("fedapp/clients/training.py", "local_train", "torch.from_numpy(data.x)"):
         "host data of the non-private loop; each batch is moved (xb.to)",
     ("fedapp/clients/training.py", "local_train", "torch.from_numpy(data.y)"):

@@ -111,3 +111,24 @@ def test_an_epoch_is_ceil_n_over_b_steps_at_q_one_over_that_where_opacus_loader_
                          LocalTraining(batch_size=1, steps=93, lr=0.1, seed=1, dp=PerSampleDP(1.0, 1.0, "hooks")),
                          torch.device("cpu"))
     assert result.steps == 93 and result.extra["sample_rate"] == 1 / 93
+
+
+def test_the_non_private_loops_batches_are_each_epochs_permutation_in_slices():
+    """``_shuffled_batches`` (one gather per epoch, contiguous slices) yields, batch for batch, the rows of a seeded
+    per-epoch permutation taken b at a time: the batches the loop had when it gathered each batch's rows itself,
+    a short last batch and a partial last epoch included."""
+    from fedapp.clients.training import _shuffled_batches
+
+    x, y = _arrays(50)
+    got = list(_shuffled_batches(x, y, batch_size=16, steps=9, seed=5))
+    rng = np.random.default_rng(5)
+    expected, order, pos = [], np.empty(0, dtype=np.int64), 0
+    for _ in range(9):
+        if pos >= len(order):
+            order, pos = rng.permutation(50), 0
+        rows = torch.from_numpy(order[pos:pos + 16])
+        expected.append((x[rows], y[rows]))
+        pos += 16
+    assert [len(b[1]) for b in got] == [16, 16, 16, 2, 16, 16, 16, 2, 16]
+    for (xb, yb), (xe, ye) in zip(got, expected, strict=True):
+        assert xb.is_contiguous() and torch.equal(xb, xe) and torch.equal(yb, ye)
