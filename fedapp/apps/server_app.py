@@ -19,7 +19,7 @@ from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.clients.common import make_model
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
-from fedapp.compat.server_log import log_to_file_from_env
+from fedapp.compat.server_log import RESULTS_FOLDER_LINE, log_to_file_from_env
 from fedapp.config import (
     ClientDPConfig,
     ConfigError,
@@ -191,7 +191,7 @@ def build_components(run_config: Mapping[str, Any], *, transport: bool = True,
         "privacy_plan": None,  # below, from the built strategy
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
-    })
+    }, on_open=lambda folder: log(INFO, "%s%s", RESULTS_FOLDER_LINE, folder))  # the launcher reads it in the log
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg.general, inputs),
                           recorder=recorder, prevalidate=make_prevalidate(cfg.general, cfg.data, cfg.training,
                                                                           cfg.client_dp),

@@ -23,6 +23,9 @@ ENV = "DPFL_SERVER_LOG"
 #: the process that runs the ServerApp when ``flwr run`` targets a SuperLink started with ``--simulation``
 SIMULATION_RUNTIME = "flwr-simulation"
 FORMAT = "%(levelname)-8s %(message)s"
+#: what the ServerApp logs, followed by the path, once its results folder exists: the launcher's way to tell its own
+#: run's folder from another one started into the same output folder meanwhile
+RESULTS_FOLDER_LINE = "results folder: "
 
 _attached: logging.Handler | None = None
 

@@ -6,8 +6,8 @@ loopback port, writes a Flower config (``$FLWR_HOME/config.toml``, default ``./.
 naming it, submits the run with ``flwr run <app> dpfl`` (on a staged copy of the app's packages and
 ``pyproject.toml``, :mod:`fedapp.run.fab`), prints the ServerApp's log while the run goes on (from a file, not
 through a ``flwr run --stream`` process held for the whole run: :mod:`fedapp.compat.server_log`), prints where
-the results are, and stops the SuperLink and its children by PID as soon as the ServerApp's process has ended,
-when the run fails, on SIGINT (Ctrl-C),
+the results are, and stops the SuperLink and its children by PID as soon as the run's ``summary.json`` says it
+ended (or the ServerApp's process has), when the run fails, on SIGINT (Ctrl-C),
 SIGTERM or SIGHUP (exit code 128 + signal), and — through a parent-death signal and a
 watchdog process — when the launcher itself is killed.
 
@@ -31,12 +31,12 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
-from fedapp.compat.server_log import LogFollower
+from fedapp.compat.server_log import RESULTS_FOLDER_LINE, LogFollower
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
@@ -127,6 +127,7 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
     output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
     before = list_runs(output_dir)
+    folder: Path | None = None
     if engine == "run-simulation":
         log_hint = "the output above"
         _run_python_engine({**merged, **overrides}, num_supernodes, num_cpus, num_gpus, timeout, ray_address)
@@ -134,37 +135,39 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
         flwr_home = resolve_flwr_home(app, flwr_home)
         port = port or free_port()
         log_hint = f"{server_log_path(flwr_home, port)} and {flwr_home}/superlink-{port}.log"
+        results = NewRun()
         _run_superlink_engine(app, overrides, flwr_home, port, num_supernodes, num_cpus, num_gpus, timeout,
-                              ray_address, NewRun(output_dir, before))
-    new_runs = _new_runs(output_dir, before)
-    if not new_runs or not (new_runs[-1] / "summary.json").exists():
+                              ray_address, results)
+        folder = results.folder  # named by this run's ServerApp in its log
+    if folder is None:
+        new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+        folder = new_runs[-1] if new_runs else None
+    if folder is None or not (folder / "summary.json").exists():
         raise RuntimeError(f"the run finished but wrote no results folder under {output_dir}; see "
                            f"{log_hint}")
-    summary = json.loads((new_runs[-1] / "summary.json").read_text(encoding="utf-8"))
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     if not summary.get("finished"):
         why = f" ({summary['stopped_reason']})" if summary.get("stopped_reason") else ""
         raise RuntimeError(f"{summary.get('rounds_trained')} of {cfg.rounds} rounds trained{why}; partial "
-                           f"results in {new_runs[-1]}, server log: {log_hint}")
-    return new_runs[-1]
-
-
-def _new_runs(output_dir: Path, before: set[Path]) -> list[Path]:
-    return sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
+                           f"results in {folder}, server log: {log_hint}")
+    return folder
 
 
 class NewRun:
-    """The results folder this launch's ServerApp creates under ``output_dir`` (the first not in ``before``) and
-    what its ``summary.json`` says. A summary with ``finished`` or a ``stopped_reason`` is the ServerApp's last
-    file of a run that ended (:meth:`fedapp.state.results.RunLogger.finish`)."""
+    """The results folder this launch's ServerApp names in its log (:data:`RESULTS_FOLDER_LINE`: another launch
+    into the same output folder cannot be mistaken for it) and what its ``summary.json`` says. A summary with
+    ``finished`` or a ``stopped_reason`` is the ServerApp's last file of a run that ended
+    (:meth:`fedapp.state.results.ResultsWriter.finish`)."""
 
-    def __init__(self, output_dir: Path, before: set[Path]) -> None:
-        self.output_dir, self.before = output_dir, before
+    def __init__(self) -> None:
         self.folder: Path | None = None
 
+    def saw(self, line: str) -> None:
+        """Read a line of the ServerApp's log."""
+        if self.folder is None and RESULTS_FOLDER_LINE in line:
+            self.folder = Path(line.split(RESULTS_FOLDER_LINE, 1)[1].strip())
+
     def summary(self) -> dict[str, Any]:
-        if self.folder is None:
-            runs = _new_runs(self.output_dir, self.before)
-            self.folder = runs[0] if runs else None
         try:
             return json.loads((self.folder / "summary.json").read_text(encoding="utf-8")) if self.folder else {}
         except (OSError, ValueError):
@@ -285,7 +288,7 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
             run_id = submit_run(staged, app, flwr_home, overrides, federation)
             print(f"[dpfl] run {run_id} started; ServerApp log: {server_log}", flush=True)
             procs.watch()
-            server = follow_run(procs, server_log, timeout, ended=results.ended if results else None)
+            server = follow_run(procs, server_log, timeout, results)
             if results is not None and results.ended():
                 grace = ENDED_STOP_GRACE_S  # its results are written: nothing left for a graceful shutdown to save
             if results is not None and not results.finished():
@@ -337,30 +340,34 @@ def submit_run(staged: Path, app: Path, flwr_home: Path, overrides: dict, federa
     return int(reply["run-id"])
 
 
-def follow_run(procs: Processes, server_log: Path, timeout: float | None, poll: float = 0.25,
-               start_timeout: float = SERVER_START_TIMEOUT_S, ended: Callable[[], bool] | None = None) -> int:
-    """Print ``server_log`` as it grows until ``ended()`` or until the process that runs the ServerApp (Flower's
-    simulation runtime, a descendant of the SuperLink) has ended; returns that process's PID. ``ended`` lets the
-    launcher stop the run as soon as its results are written, not seconds later when Flower's runtime has shut
-    Ray down and exited. Raises ``TimeoutError`` after ``timeout`` and ``RuntimeError`` when no such process
-    appears within ``start_timeout``."""
+def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun | None = None,
+               poll: float = 0.25, start_timeout: float = SERVER_START_TIMEOUT_S) -> int:
+    """Print ``server_log`` as it grows (each line also to ``results``) until ``results`` says the run ended or the
+    process that runs the ServerApp (Flower's simulation runtime, a descendant of the SuperLink) has ended; returns
+    that process's PID. ``results`` lets the launcher stop the run as soon as its results are written, not seconds
+    later when Flower's runtime has shut Ray down and exited. Raises ``TimeoutError`` after ``timeout`` and
+    ``RuntimeError`` when no such process appears within ``start_timeout``."""
     import psutil
 
     follower = LogFollower(server_log)
     start = time.monotonic()
     server: psutil.Process | None = None
-    while True:
-        for line in follower.new_lines():
+    def show(lines: list[str]) -> None:
+        for line in lines:
             print(line, flush=True)
+            if results is not None:
+                results.saw(line)
+
+    while True:
+        show(follower.new_lines())
         if server is None:
             procs.snapshot()  # the tree is small until Ray starts, and the runtime starts within seconds
             server = next((p for p in list(procs.seen.values())
                            if any(m in _cmdline(p) for m in SERVER_APP_MARKERS)), None)
             if server is None and time.monotonic() - start > start_timeout:
                 raise RuntimeError(f"the SuperLink started no ServerApp process within {start_timeout:.0f} s")
-        elif not _running(server) or (ended is not None and ended()):
-            for line in follower.new_lines(final=True):
-                print(line, flush=True)
+        elif not _running(server) or (results is not None and results.ended()):
+            show(follower.new_lines(final=True))
             return server.pid
         if timeout is not None and time.monotonic() - start > timeout:
             raise TimeoutError(f"the run did not finish within {timeout:.0f}s")
@@ -421,8 +428,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", default="superlink", choices=ENGINES,
                         help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
                              "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
-                             "SuperLink, SuperExec and `flwr run`: 1.30 vs 1.62 GB peak on the pfl-research task "
-                             "(docs/benchmarks.md)")
+                             "SuperLink and SuperExec: less memory and start-up (docs/benchmarks.md)")
     parser.add_argument("--plan", action="store_true",
                         help="validate and build everything, print the privacy plan (mechanism, σ, q, rounds, planned "
                              "epsilon_vs_server / epsilon_vs_release per client) and start nothing")

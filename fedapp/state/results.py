@@ -22,7 +22,7 @@ import os
 import platform
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -68,8 +68,11 @@ def write_json_atomic(path: Path, payload: Any) -> None:
 class ResultsWriter:
     """Implements ``strategies.base.RoundRecorder`` for the Flower app."""
 
-    def __init__(self, root: str | os.PathLike, config: dict[str, Any], meta: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: str | os.PathLike, config: dict[str, Any], meta: dict[str, Any] | None = None,
+                 on_open: Callable[[Path], None] | None = None) -> None:
+        """``on_open``: called with the new results folder once it exists (the ServerApp logs it)."""
         self.root = Path(root)
+        self.on_open = on_open
         self.config = dict(config)
         self.meta = dict(meta or {})
         self.run_dir: Path | None = None
@@ -101,6 +104,8 @@ class ResultsWriter:
             "started": datetime.now(timezone.utc).isoformat(), "versions": package_versions(), **self.meta,
         })
         (self.run_dir / "rounds.jsonl").touch()
+        if self.on_open is not None:
+            self.on_open(self.run_dir)
 
     def write_round(self, record: dict[str, Any]) -> None:
         if self.run_dir is None:

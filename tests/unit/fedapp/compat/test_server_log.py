@@ -46,3 +46,30 @@ def test_the_follower_returns_whole_lines_once_and_a_last_unterminated_line_at_t
     assert follow.new_lines() == []
     assert follow.new_lines(final=True) == ["three \u20ac"]
     assert follow.new_lines(final=True) == []
+
+
+def test_the_launcher_takes_its_runs_folder_from_the_log_not_from_whatever_appeared_in_the_output_folder(tmp_path):
+    """Two launches into one output folder: each ends on its own run's summary, named in its own ServerApp log."""
+    import json
+
+    from fedapp.compat.server_log import RESULTS_FOLDER_LINE
+    from fedapp.run.launch import NewRun
+    from fedapp.state.results import ResultsWriter
+
+    logged: list[str] = []
+    ours = ResultsWriter(tmp_path, {"strategy": "fedavg", "dataset": "digits", "seed": 1, "run-name": "ours"},
+                         on_open=lambda folder: logged.append(f"INFO     {RESULTS_FOLDER_LINE}{folder}"))
+    other = ResultsWriter(tmp_path, {"strategy": "fedavg", "dataset": "digits", "seed": 2, "run-name": "other"})
+    results = NewRun()
+    for line in ["INFO     [INIT]", *logged]:
+        results.saw(line)
+    assert results.folder is None and not results.ended()  # no folder named yet
+    other.open()
+    ours.open()
+    other.finish()  # the other launch's run ended first
+    for line in logged:
+        results.saw(line)
+    assert results.folder == ours.run_dir and not results.ended()
+    ours.finish()
+    assert results.ended() and not results.finished()  # no round trained: ended, not finished
+    assert json.loads((ours.run_dir / "summary.json").read_text())["stopped_reason"]
