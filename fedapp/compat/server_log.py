@@ -1,7 +1,7 @@
 """The ServerApp's log as a file that the project's launcher prints while the run goes on.
 
 ``flwr run --stream`` relays the ServerApp's log through the SuperLink's Control API to a Flower CLI process that
-lives as long as the run (76 MB of PSS at the run's peak, docs/benchmarks/peer_pfl.md). The launcher
+lives as long as the run (76 MB of PSS at the run's peak, docs/benchmarks.md). The launcher
 (:mod:`fedapp.run.launch`) instead submits the run with a plain ``flwr run``, which returns once the run has started,
 names a file in :data:`ENV` for the Flower processes it starts, and prints that file as it grows. Flower's
 simulation runtime ``flwr-simulation`` imports this project's ServerApp and ClientApp modules before it starts
