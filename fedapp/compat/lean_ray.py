@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedapp.compat.lean_actor import HOOK
+from fedapp.compat.lean_actor import HOOK as ACTOR_HOOK
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,6 @@ LEAN_RAY_SETTINGS = {"RAY_prestart_worker_first_driver": "0"}
 #: the environment variable from which a Ray worker reads its ``worker_process_setup_hook`` (``ray_constants``), and
 #: the hook: actors load ``ClientAppActor`` without the rest of Flower's simulation package (fedapp.compat.lean_actor)
 ACTOR_HOOK_ENV = "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR"
-ACTOR_HOOK = HOOK
 
 
 def lean_ray_env() -> dict[str, str]:

@@ -177,9 +177,6 @@ class NewRun:
         summary = self.summary()
         return bool(summary.get("finished") or summary.get("stopped_reason"))
 
-    def finished(self) -> bool:
-        return bool(self.summary().get("finished"))
-
 
 def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tuple[RunConfig, dict, dict]:
     """Every check before a process starts: the run-config, the federation size, fault options and the dry run
@@ -260,7 +257,7 @@ def _run_python_engine(overrides: dict, num_supernodes: int, num_cpus: float, nu
 
 def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int, num_supernodes: int,
                           num_cpus: float, num_gpus: float, timeout: float | None, ray_address: str,
-                          results: NewRun | None = None) -> None:
+                          results: NewRun) -> None:
     """A private SuperLink on ``port``; the staged app submitted with ``flwr run``; the ServerApp's log
     (:mod:`fedapp.compat.server_log`) printed until ``results`` says the run ended or the ServerApp's process
     ends; everything stopped by PID. A run that did not finish gets the SuperLink's whole log of it printed
@@ -289,9 +286,10 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
             print(f"[dpfl] run {run_id} started; ServerApp log: {server_log}", flush=True)
             procs.watch()
             server = follow_run(procs, server_log, timeout, results)
-            if results is not None and results.ended():
+            summary = results.summary()
+            if summary.get("finished") or summary.get("stopped_reason"):
                 grace = ENDED_STOP_GRACE_S  # its results are written: nothing left for a graceful shutdown to save
-            if results is not None and not results.finished():
+            if not summary.get("finished"):
                 print(f"[dpfl] the ServerApp process {server} ended and the run did not finish; the SuperLink's "
                       f"log of run {run_id}:", file=sys.stderr, flush=True)
                 print_flower_log(run_id, flwr_home, app)
@@ -340,8 +338,8 @@ def submit_run(staged: Path, app: Path, flwr_home: Path, overrides: dict, federa
     return int(reply["run-id"])
 
 
-def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun | None = None,
-               poll: float = 0.25, start_timeout: float = SERVER_START_TIMEOUT_S) -> int:
+def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun, poll: float = 0.25,
+               start_timeout: float = SERVER_START_TIMEOUT_S) -> int:
     """Print ``server_log`` as it grows (each line also to ``results``) until ``results`` says the run ended or the
     process that runs the ServerApp (Flower's simulation runtime, a descendant of the SuperLink) has ended; returns
     that process's PID. ``results`` lets the launcher stop the run as soon as its results are written, not seconds
@@ -352,11 +350,11 @@ def follow_run(procs: Processes, server_log: Path, timeout: float | None, result
     follower = LogFollower(server_log)
     start = time.monotonic()
     server: psutil.Process | None = None
+
     def show(lines: list[str]) -> None:
         for line in lines:
             print(line, flush=True)
-            if results is not None:
-                results.saw(line)
+            results.saw(line)
 
     while True:
         show(follower.new_lines())
@@ -366,7 +364,7 @@ def follow_run(procs: Processes, server_log: Path, timeout: float | None, result
                            if any(m in _cmdline(p) for m in SERVER_APP_MARKERS)), None)
             if server is None and time.monotonic() - start > start_timeout:
                 raise RuntimeError(f"the SuperLink started no ServerApp process within {start_timeout:.0f} s")
-        elif not _running(server) or (results is not None and results.ended()):
+        elif not _running(server) or results.ended():
             show(follower.new_lines(final=True))
             return server.pid
         if timeout is not None and time.monotonic() - start > timeout:

@@ -71,5 +71,5 @@ def test_the_launcher_takes_its_runs_folder_from_the_log_not_from_whatever_appea
         results.saw(line)
     assert results.folder == ours.run_dir and not results.ended()
     ours.finish()
-    assert results.ended() and not results.finished()  # no round trained: ended, not finished
+    assert results.ended() and not results.summary()["finished"]  # no round trained: ended, not finished
     assert json.loads((ours.run_dir / "summary.json").read_text())["stopped_reason"]
