@@ -50,7 +50,8 @@ DATA_DIR = (REPO.parent / "shared" / "data").resolve()
 PFL_PYTHON = Path(os.environ.get("PFL_PYTHON", str(REPO.parent / "pfl-venv" / "bin" / "python")))
 PFL_SIDE = REPO / "benchmarks" / "pfl_side.py"
 PFL_PLAIN = REPO / "benchmarks" / "pfl_plain.py"  # the control: pfl written the plain way
-PFL_LABELS = {"side": "pfl", "plain": "pfl/plain"}  # pfl script (--pfl-scripts) -> the report's label of its runs
+#: pfl script (--pfl-scripts) -> the report's label of its runs; side-cl: the peer with channels-last weights
+PFL_LABELS = {"side": "pfl", "plain": "pfl/plain", "side-cl": "pfl/channels-last"}
 NUM_CLIENTS = 20
 TARGET_WALL_RATIO = 1.0
 TARGET_PEAK_GB = 1.5
@@ -269,9 +270,9 @@ def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}  # nothing of this repo
     env["PYTHONUNBUFFERED"] = "1"
     out = work / f"pfl-{script}-{tag}.json"
-    if script == "side":
+    if script in ("side", "side-cl"):
         cmd = [str(args.pfl_python), str(PFL_SIDE), "--inputs", str(inputs), "--out", str(out),
-               "--sampling", args.pfl_sampling]
+               "--sampling", args.pfl_sampling] + (["--channels-last"] if script == "side-cl" else [])
     else:
         cmd = [str(args.pfl_python), str(PFL_PLAIN), "--inputs", str(inputs), "--out", str(out)]
     cmd += [] if seed is None else ["--seed", str(seed)]
@@ -326,8 +327,10 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
     pfl = [r for r in runs if r["side"] == "pfl"]
     busiest = max((r.get("load_before", 0.0) for r in runs), default=0.0)
     out = rows
+    pfl_cl = [r for r in runs if r["side"] == PFL_LABELS["side-cl"]]
     for label in dict.fromkeys(r["side"] for r in runs if not r["side"].startswith("pfl")):
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl, label, busiest)
+        out += _versus_pfl([r for r in runs if r["side"] == label], pfl_cl, label, busiest, PFL_LABELS["side-cl"])
     out += _secagg_cost(runs)
     out += _side_vs_plain(runs)
     if busiest > QUIET_LOAD:
@@ -388,8 +391,9 @@ def _side_vs_plain(runs: list[dict[str, Any]]) -> list[str]:
             f"{acc(side)} vs {acc(plain)}."]
 
 
-def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: str, busiest: float) -> list[str]:
-    """Medians of one of our sides against pfl's, their ratios and the issue's targets."""
+def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: str, busiest: float,
+                pfl_label: str = "pfl") -> list[str]:
+    """Medians of one of our sides against one of pfl's (``pfl_label``), their ratios and the issue's targets."""
     out: list[str] = []
     if ours and pfl:
         def ratio(key: str) -> str:
@@ -399,8 +403,8 @@ def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: st
         peak = _med(ours, "peak_bytes") / 1e9
         outside = statistics.median(r["wall"] - r["rounds_sum"] for r in ours), \
             statistics.median(r["wall"] - r["rounds_sum"] for r in pfl)
-        out += ["", f"Medians over {len(ours)} run(s) per side, ratios {label} ÷ pfl:", "",
-                f"| metric | {label} | pfl | {label} ÷ pfl |", "|---|---|---|---|",
+        out += ["", f"Medians over {len(ours)} run(s) per side, ratios {label} ÷ {pfl_label}:", "",
+                f"| metric | {label} | {pfl_label} | {label} ÷ {pfl_label} |", "|---|---|---|---|",
                 f"| wall | {_med(ours, 'wall'):.1f} s | {_med(pfl, 'wall'):.1f} s | {ratio('wall')} |",
                 f"| steady round | {_med(ours, 'steady_median'):.2f} s | {_med(pfl, 'steady_median'):.2f} s | "
                 f"{ratio('steady_median')} |",
@@ -409,14 +413,14 @@ def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: st
                 f"| peak PSS Σ | {peak:.2f} GB | {_med(pfl, 'peak_bytes') / 1e9:.2f} GB | {ratio('peak_bytes')} |",
                 f"| CPU s (sampled) | {_med(ours, 'cpu_seconds'):.0f} | {_med(pfl, 'cpu_seconds'):.0f} | "
                 f"{ratio('cpu_seconds')} |", "",
-                f"Targets, {label}: wall ≤ {TARGET_WALL_RATIO:.1f}× pfl: "
+                f"Targets, {label}: wall ≤ {TARGET_WALL_RATIO:.1f}× {pfl_label}: "
                 f"{'met' if wall_ratio <= TARGET_WALL_RATIO else 'not met'} ({wall_ratio:.2f}×"
                 f"{', not meaningful: busy machine' if busiest > QUIET_LOAD else ''}); "
                 f"peak summed memory ≤ {TARGET_PEAK_GB} GB: {'met' if peak <= TARGET_PEAK_GB else 'not met'} "
                 f"({peak:.2f} GB)."]
         pairs = [(o["wall"] / q["wall"]) for o in ours for q in pfl if o["tag"] == q["tag"]]
         if pairs:  # each repeat runs both sides back to back: the spread of the ratio within a pair
-            out.append(f"Wall ratio within each repeat ({label} ÷ pfl, same machine state): "
+            out.append(f"Wall ratio within each repeat ({label} ÷ {pfl_label}, same machine state): "
                        f"{', '.join(f'{x:.2f}×' for x in pairs)}.")
     return out
 
@@ -430,8 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="pfl's client sampling (benchmarks/pfl_side.py); poisson matches ours")
     parser.add_argument("--side", choices=("both", "ours", "pfl"), default="both")
     parser.add_argument("--pfl-scripts", nargs="+", choices=tuple(PFL_LABELS), default=["side"],
-                        help="pfl's runs, once per script per repeat: side (benchmarks/pfl_side.py, the peer) and/or "
-                             "plain (benchmarks/pfl_plain.py, pfl written the plain way: the peer's control)")
+                        help="pfl's runs, once per script per repeat: side (benchmarks/pfl_side.py, the peer), "
+                             "plain (benchmarks/pfl_plain.py, pfl written the plain way: the peer's control) and/or "
+                             "side-cl (the peer with the CNN's weights channels-last, as our side lays them out)")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
     parser.add_argument("--partitioner", default="iid", choices=("iid", "shards", "pathological", "dirichlet"))
     parser.add_argument("--clients-per-round", type=int, default=10)

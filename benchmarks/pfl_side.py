@@ -25,6 +25,9 @@ uniform subset of that size, which is Poisson sampling with rate q = r/n like th
 ``fixed`` takes exactly r distinct clients; ``random`` and ``minimize_reuse`` are pfl's built-in user
 samplers (``random`` draws with replacement, so a cohort may repeat a client).
 
+``--channels-last`` lays the CNN's weights out channels-last, as this project's local loop and evaluation do on a
+CPU (``fedapp.models.zoo``): pfl given the same layout, to separate the layout's speed from the frameworks'.
+
     /work/pfl-venv/bin/python benchmarks/pfl_side.py --inputs DIR --out result.json
 """
 
@@ -197,7 +200,7 @@ def user_sampler(kind: str, user_ids: list[int], cohort: int | PoissonCohort,
     return get_user_sampler(kind, user_ids)
 
 
-def run(inputs: dict[str, Any], sampling: str, seed: int | None) -> dict[str, Any]:
+def run(inputs: dict[str, Any], sampling: str, seed: int | None, channels_last: bool = False) -> dict[str, Any]:
     """Train as the settings say; returns per-round records and the final central accuracy."""
     s = inputs["settings"]
     n, r, rounds = int(s["num_clients"]), int(s["clients_per_round"]), int(s["rounds"])
@@ -218,6 +221,8 @@ def run(inputs: dict[str, Any], sampling: str, seed: int | None) -> dict[str, An
 
     module = MnistCNN()
     module.load_state_dict(inputs["init"], strict=True)  # the project's initial weights, by parameter name
+    if channels_last:
+        module.to(memory_format=torch.channels_last)
     model = PyTorchModel(model=module,
                          local_optimizer_create=torch.optim.SGD,
                          central_optimizer=torch.optim.SGD(module.parameters(), lr=float(s["server_lr"])))
@@ -250,14 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON result file")
     parser.add_argument("--sampling", choices=SAMPLINGS, default="poisson")
     parser.add_argument("--seed", type=int, default=None, help="seed of sampling, shuffling and noise (default: random)")
+    parser.add_argument("--channels-last", action="store_true", help="the CNN's weights channels-last")
     args = parser.parse_args(argv)
     import pfl
 
     t0 = time.perf_counter()
     inputs = load_inputs(args.inputs)
     load_seconds = time.perf_counter() - t0
-    result = run(inputs, args.sampling, args.seed)
-    result.update(load_seconds=load_seconds, sampling=args.sampling, pfl_version=pfl.__version__,
+    result = run(inputs, args.sampling, args.seed, args.channels_last)
+    result.update(load_seconds=load_seconds, sampling=args.sampling, channels_last=args.channels_last,
+                  pfl_version=pfl.__version__,
                   torch_version=torch.__version__, torch_threads=torch.get_num_threads())
     args.out.write_text(json.dumps(result, indent=1), encoding="utf-8")
     return 0

@@ -10,9 +10,10 @@ the accountant composes (Robust-HDP Sec. 3, Eq. 1 and Algorithm 1).
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +147,29 @@ class PlainSGD:
             p.add_(grad, alpha=-lr)
 
 
+@contextlib.contextmanager
+def cpu_memory_format(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """While open, ``model``'s weights on a CPU are in its class's ``CPU_MEMORY_FORMAT`` (channels-last for the
+    plain CNNs of :mod:`fedapp.models.zoo`, whose convolutions run faster so), contiguous again after.
+    Not for per-sample gradients: Opacus' convolution grad-samplers assume the default layout."""
+    fmt = getattr(type(model), "CPU_MEMORY_FORMAT", None)  # the class's: a wrapper's __getattr__ must not answer
+    if fmt is None or device.type != "cpu":
+        yield
+        return
+    _relayout(model, fmt)
+    try:
+        yield
+    finally:
+        _relayout(model, torch.contiguous_format)
+
+
+def _relayout(model: nn.Module, fmt: torch.memory_format) -> None:
+    """What ``model.to(memory_format=fmt)`` does: the same Parameter objects, each 4-d one's data re-laid."""
+    for p in model.parameters():
+        if p.dim() == 4:
+            p.data = p.data.contiguous(memory_format=fmt)
+
+
 def epochs_to_steps(num_examples: int, batch_size: int, epochs: int) -> int:
     return int(epochs) * steps_per_epoch(num_examples, batch_size)
 
@@ -233,6 +257,7 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
     loss_fn = nn.CrossEntropyLoss()
     start, steps, total, extra = time.perf_counter(), 0, 0.0, {}
     module, optimizer = model, opt
+    layout = contextlib.ExitStack()
     try:
         if spec.dp is not None:
             per_epoch = steps_per_epoch(len(data), spec.batch_size)
@@ -241,7 +266,8 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
             extra["sample_rate"] = sample_rate
             x_dev, y_dev = torch.from_numpy(data.x).to(device), torch.from_numpy(data.y).to(device)
             batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, -(-spec.steps // per_epoch))
-        else:
+        else:  # a plain CNN runs channels-last on a CPU (per-sample gradients keep the default layout)
+            layout.enter_context(cpu_memory_format(model, device))
             batches = _shuffled_batches(torch.from_numpy(data.x), torch.from_numpy(data.y), spec.batch_size, spec.steps,
                                         spec.seed)
         for xb, yb in batches:
@@ -273,6 +299,7 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
             steps += 1
             total += float(loss)
     finally:
+        layout.close()
         close = getattr(module, "_close", None) if module is not model else None
         if callable(close):
             close()  # remove Opacus hooks so the plain module can be reused/serialized
@@ -302,10 +329,11 @@ def evaluate_model(model: nn.Module, data: ArrayDataset, *, batch_size: int = 51
     model.to(device).eval()
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
     total_loss, correct = 0.0, 0
-    for start in range(0, len(data), batch_size):
-        xb = torch.tensor(data.x[start:start + batch_size], device=device)  # a copy: pools are read-only
-        yb = torch.tensor(data.y[start:start + batch_size], device=device)
-        out = model(xb)
-        total_loss += float(loss_fn(out, yb))
-        correct += int((out.argmax(1) == yb).sum())
+    with cpu_memory_format(model, device):
+        for start in range(0, len(data), batch_size):
+            xb = torch.tensor(data.x[start:start + batch_size], device=device)  # a copy: pools are read-only
+            yb = torch.tensor(data.y[start:start + batch_size], device=device)
+            out = model(xb)
+            total_loss += float(loss_fn(out, yb))
+            correct += int((out.argmax(1) == yb).sum())
     return total_loss / len(data), correct / len(data)
