@@ -75,3 +75,29 @@ def test_per_sample_gradients_keep_the_default_layout() -> None:
     local_train(model, _data(), spec)
     assert seen and not any(seen)
     assert any(not torch.equal(p, q) for p, q in zip(model.parameters(), before.parameters()))
+
+
+def test_opacus_per_sample_gradients_are_wrong_with_channels_last_weights_so_dp_sgd_refuses_them() -> None:
+    """Why the layout stays default under DP-SGD: Opacus' hooks give per-sample gradients that differ from each
+    sample's own gradient when the conv weights are channels-last; the private loop refuses such weights."""
+    from opacus import GradSampleModule
+
+    torch.manual_seed(0)
+    model = MnistCNN()
+    x, y = torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))
+    reference = []
+    for i in range(4):
+        single = copy.deepcopy(model)
+        torch.nn.CrossEntropyLoss()(single(x[i:i + 1]), y[i:i + 1]).backward()
+        reference.append([p.grad for p in single.parameters()])
+    errors = {}
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        gsm = GradSampleModule(copy.deepcopy(model).to(memory_format=fmt))
+        torch.nn.CrossEntropyLoss()(gsm(x), y).backward()
+        errors[fmt] = max(float((p.grad_sample[i] - reference[i][k]).abs().max())
+                          for k, p in enumerate(gsm.parameters()) for i in range(4))
+    assert errors[torch.contiguous_format] < 1e-5 and errors[torch.channels_last] > 1e-2
+    relaid = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    spec = LocalTraining(batch_size=16, steps=2, lr=0.1, seed=3, dp=PerSampleDP(1.0, 1.0, "hooks"))
+    with pytest.raises(ValueError, match="features.3.weight"):
+        local_train(relaid, _data(), spec)
