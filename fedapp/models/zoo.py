@@ -5,9 +5,9 @@ GroupNorm) — ``tests/unit/fedapp/models/test_dp_models.py`` takes one real pri
 Parameter counts are checked in ``tests/integration/fedapp/models/test_models.py`` against the papers.
 
 A model class whose ``CPU_MEMORY_FORMAT`` is ``torch.channels_last`` trains (without per-sample gradients) and
-evaluates faster on a CPU in that layout, oneDNN's convolutions: 0.64-0.80x the CPU time of a plain-SGD step and
-0.45-0.61x of an evaluation pass for the four plain CNNs (0.84-0.91x and 0.56x for the 8x8 digits CNN), where the
-GroupNorm ResNet takes 1.22x and keeps the default (``python -m benchmarks.memory_format``, docs/benchmarks.md).
+evaluates faster on a CPU in that layout, oneDNN's convolutions: 0.62-0.79x the CPU time of a plain-SGD step and
+0.49-0.63x of an evaluation pass for the three 28/32-pixel CNNs (0.96x and 0.57x for the 8x8 digits CNN), where the
+GroupNorm ResNet takes 1.16x and keeps the default (``python -m benchmarks.memory_format``, docs/benchmarks.md).
 :mod:`fedapp.clients.training` switches the layout around its loops only; weights leave them contiguous.
 """
 

@@ -34,7 +34,7 @@ def _record_weight_layouts(model: torch.nn.Module) -> list[bool]:
 
 def test_the_plain_cnns_declare_channels_last_and_the_others_do_not() -> None:
     assert all(cls.CPU_MEMORY_FORMAT is torch.channels_last for cls in (MnistCNN, FmnistCNN, CifarCNN, DigitsCNN))
-    assert getattr(ResNet18GN, "CPU_MEMORY_FORMAT", None) is None  # slower so (1.22x CPU time, module docstring)
+    assert getattr(ResNet18GN, "CPU_MEMORY_FORMAT", None) is None  # slower so (1.16x CPU time, module docstring)
 
 
 def test_plain_training_runs_channels_last_and_matches_the_default_layout() -> None:
