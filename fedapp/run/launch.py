@@ -173,8 +173,9 @@ class NewRun:
         except (OSError, ValueError):
             return {}
 
-    def ended(self) -> bool:
-        summary = self.summary()
+    def ended(self, summary: dict[str, Any] | None = None) -> bool:
+        """Whether the run ended, from ``summary`` (one already read) or a fresh read of summary.json."""
+        summary = self.summary() if summary is None else summary
         return bool(summary.get("finished") or summary.get("stopped_reason"))
 
 
@@ -287,7 +288,7 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
             procs.watch()
             server = follow_run(procs, server_log, timeout, results)
             summary = results.summary()
-            if summary.get("finished") or summary.get("stopped_reason"):
+            if results.ended(summary):
                 grace = ENDED_STOP_GRACE_S  # its results are written: nothing left for a graceful shutdown to save
             if not summary.get("finished"):
                 print(f"[dpfl] the ServerApp process {server} ended and the run did not finish; the SuperLink's "
