@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
 from fedapp.compat import server_log
@@ -25,7 +23,8 @@ def test_only_flowers_simulation_runtime_named_by_the_launcher_writes_the_file(t
     assert log_to_file_from_env("/venv/bin/python") is None  # a Ray actor or the launcher itself: inherits the env
     assert log_to_file_from_env("/venv/bin/flwr-simulation") == path
     assert log_to_file_from_env("/venv/bin/flwr-simulation") == path  # the ServerApp and ClientApp modules both call
-    flwr = logging.getLogger("flwr")
+    from flwr.common.logger import FLOWER_LOGGER as flwr  # Flower's logger as the runtime has it (level DEBUG)
+
     flwr.info("[round 1/2] accuracy=0.5")
     flwr.debug("not what `flwr run --stream` shows")
     assert path.read_text().splitlines() == ["INFO     [round 1/2] accuracy=0.5"]  # one handler, INFO and up
