@@ -57,6 +57,7 @@ from flwr.common import (
 from fedapp.config import ConfigError, DataConfig, DeploymentConfig, GeneralConfig, TrainingConfig
 from fedapp.state.client_state import (
     COMMITTED_ROUND_KEY,
+    DEFAULT_STATE_SUBDIR,
     LINEAGE_CONFIG_KEY,
     ClientStateStore,
     fit_digest,
@@ -68,7 +69,6 @@ from strategies.errors import ClientFailure
 from strategies.privacy.mechanisms import max_delta
 
 TAINT_KEY = "dpfl-privacy-state-lost"
-DEFAULT_STATE_SUBDIR = ".client-state"  # under output-dir, when no state dir is configured
 
 
 class InjectedFault(ClientFailure):

@@ -174,8 +174,9 @@ class CheckpointingRecorder:
     """
 
     def __init__(self, inner: Any, run_values: Mapping[str, Any], rounds: int, every: int, strategy: Any = None,
-                 resumed: Mapping[str, Any] | None = None) -> None:
+                 resumed: Mapping[str, Any] | None = None, journal_root: Path | None = None) -> None:
         self.inner = inner
+        self.journal_root = journal_root  # the clients' journal when it is on this disk: compacted when the run ends
         self.run_values = dict(run_values)  # what the checkpoint stores and a resume compares
         self.num_rounds = rounds
         self.strategy = strategy
@@ -252,6 +253,10 @@ class CheckpointingRecorder:
                 "refused or failed, e.g. privacy state lost)")})
         else:
             self.inner.finish()
+        if self.journal_root is not None and self.lineage:
+            from fedapp.state.client_state import compact_lineage
+
+            compact_lineage(self.journal_root, self.lineage, self.num_rounds)
 
 
 def attach(strategy: Any, recorder: Any, *, run_values: Mapping[str, Any], general: GeneralConfig,
@@ -280,7 +285,10 @@ def attach(strategy: Any, recorder: Any, *, run_values: Mapping[str, Any], gener
             raise ConfigError(f"run-config 'resume-from' = {resumed['path']!r}: cannot restore the strategy: "
                               f"{exc}") from None
     if recorder is not None:
+        from fedapp.state.client_state import DEFAULT_STATE_SUBDIR
+
+        journal = Path(deployment.client_state_dir or Path(general.output_dir) / DEFAULT_STATE_SUBDIR)
         checkpointer = CheckpointingRecorder(recorder, run_values, rounds, deployment.checkpoint_every, strategy,
-                                             resumed)
+                                             resumed, journal_root=journal)
         strategy.record_with(checkpointer, checkpointer.fit_config)
     return rounds - strategy.round_offset

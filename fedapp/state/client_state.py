@@ -7,7 +7,9 @@ journals it under ``<dir>/<run-lineage>/client-<id>/`` (``client-state-dir`` or 
 *committed* (its checkpoint is durable, announced by the fit-config key ``committed-round``) plus
 one pending entry per later round (state, released reply, request digest). A resumed run replays
 the released replies of the same requests and otherwise trains afresh from the committed training
-state while keeping the newest privacy spend — see the class docstring and ``docs/deployment.md``.
+state while keeping the newest privacy spend — see the class docstring and ``docs/deployment.md``. A
+client keeps at most ``checkpoint-every`` + 1 pending entries per run; when a run ends, the server commits
+every journal on its own disk (:func:`compact_lineage`), so a finished run keeps no released update.
 
 Without a journal, a client that lost its accountant must not restart its ε at zero:
 :func:`lost_accountant_reason` compares the ε it reports with the server's ledger
@@ -30,6 +32,14 @@ from fedapp.state.checkpoint import COMMITTED_ROUND_KEY, fsync_dir, load_checkpo
 
 #: fit-config key carrying the run lineage (the original results folder name) to the clients
 LINEAGE_CONFIG_KEY = "run-lineage"
+#: the journal's folder under ``output-dir`` when neither ``client-state-dir`` nor node-config ``state-dir`` is set
+DEFAULT_STATE_SUBDIR = ".client-state"
+
+
+def lineage_folder(root: Path, lineage: str) -> Path:
+    """``<root>/<lineage>`` with the lineage reduced to a safe folder name."""
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in lineage) or "default"
+    return root / safe
 
 
 def _record_to_dict(record: Any) -> tuple[str, Any]:
@@ -146,8 +156,7 @@ class ClientStateStore:
 
     def path(self, lineage: str) -> Path:
         """This client's folder for ``lineage``."""
-        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in lineage) or "default"
-        return self.root / safe / f"client-{self.client_id}"
+        return lineage_folder(self.root, lineage) / f"client-{self.client_id}"
 
     def _committed(self, lineage: str) -> Path:
         return self.path(lineage) / "committed.npz"
@@ -180,11 +189,12 @@ class ClientStateStore:
             load_payload(state, self._load(committed)["records"])
         return committed.is_file() or bool(self._pending(lineage))
 
-    def commit(self, lineage: str, committed_round: int) -> None:
-        """Promote the newest pending round ≤ ``committed_round`` to ``committed.npz``; drop older ones."""
+    def commit(self, lineage: str, committed_round: int) -> int:
+        """Promote the newest pending round ≤ ``committed_round`` to ``committed.npz`` (its records, not its
+        reply); drop it and older ones. Returns how many pending entries were dropped."""
         done = [r for r in self._pending(lineage) if r <= committed_round]
         if not done:
-            return
+            return 0
         pending = self._pending(lineage)
         doc = self._load(pending[done[-1]])
         save_checkpoint(self._committed(lineage), {"client_id": self.client_id, "round": done[-1],
@@ -192,6 +202,7 @@ class ClientStateStore:
         for r in done:
             pending[r].unlink(missing_ok=True)
         fsync_dir(self.path(lineage))
+        return len(done)
 
     def replay(self, state: Any, lineage: str, rnd: int, digest: str) -> Any:
         """The reply released for the same request ``(rnd, digest)`` before a crash, with ``state`` moved to
@@ -223,6 +234,27 @@ class ClientStateStore:
             if r > rnd:
                 p.unlink(missing_ok=True)
         return path
+
+
+def compact_lineage(root: Path, lineage: str, final_round: int) -> int:
+    """Commit every client journal of a run that ended at ``final_round``; returns the pending files removed.
+
+    A pending entry holds the client's released reply (a model-sized update) until the client is asked
+    again and learns the committed round; a client not sampled again would keep it for good, so a run over
+    N clients would leave N updates on disk. Once the run has ended no round can be re-asked (a resume of an
+    ended run is refused), so the server, when the journal is on its disk (simulation, or a shared
+    ``client-state-dir``), promotes each client's newest pending state — its newest privacy records — to
+    ``committed.npz`` without the reply, exactly as the client itself would on ``committed-round``.
+    """
+    folder = lineage_folder(root, lineage)
+    removed = 0
+    for client in sorted(folder.glob("client-*")) if folder.is_dir() else []:
+        try:
+            store = ClientStateStore(root, int(client.name.split("-", 1)[1]))
+        except ValueError:
+            continue
+        removed += store.commit(lineage, final_round)
+    return removed
 
 
 def ledger_epsilon(config: Mapping[str, Any], client_id: int) -> float | None:

@@ -138,6 +138,8 @@ def test_twenty_percent_failing_run_completes_with_exact_accounting(tmp_path) ->
     run_dir = run_small_simulation(ov, num_supernodes=n)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["finished"] and summary["rounds_completed"] == rounds
+    journal = tmp_path / ".client-state" / run_dir.name  # the ended run's journal: committed, no update left
+    assert len(list(journal.glob("client-*/committed.npz"))) == n and not list(journal.glob("client-*/pending-*"))
     per_round_steps: dict[int, int] = {}
     for rec in read_rounds(run_dir):
         expected_failed = failing_clients(seed, rec["round"], n, 0.2)
@@ -253,6 +255,29 @@ def test_journal_replays_released_rounds_and_keeps_the_spend_of_discarded_ones(t
     assert ctx4.state["dp2-head"]["r"] == 2 and "dp2-head" in TRAINING_RECORDS  # training state: committed + 1
     names = sorted(p.name for p in (tmp_path / "x" / "runJ" / "client-2").iterdir())
     assert names == ["committed.npz", "pending-2.npz"]  # round 3's entry is void; its spend lives in round 2's
+
+
+def test_ended_run_compaction_keeps_the_newest_spend_and_drops_the_released_updates(tmp_path) -> None:
+    """A client that is never asked again keeps its released updates until the server, at the end of the run,
+    commits its journal: the newest privacy records survive (a later run of the lineage restores them), the
+    replies do not."""
+    from fedapp.state.checkpoint import load_checkpoint
+    from fedapp.state.client_state import ClientStateStore, compact_lineage
+
+    client, _, _ = _journal_client(tmp_path)
+    for r in (1, 2, 3):
+        client.fit(_journal_ins(r, float(r), committed=r - 1 if r < 3 else 1))
+    folder = tmp_path / "runJ" / "client-2"
+    assert sorted(p.name for p in folder.iterdir()) == ["committed.npz", "pending-2.npz", "pending-3.npz"]
+    assert load_checkpoint(folder / "pending-3.npz")["reply"] is not None
+    (tmp_path / "runJ" / "client-x").mkdir()  # not a client folder: left alone
+    assert compact_lineage(tmp_path, "runJ", 3) == 2 and compact_lineage(tmp_path, "runJ", 3) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["committed.npz"]
+    doc = load_checkpoint(folder / "committed.npz")
+    assert doc["round"] == 3 and "reply" not in doc
+    assert compact_lineage(tmp_path, "no-such-run", 3) == 0
+    state = RecordDict()  # a later process of this lineage restores the newest spend
+    assert ClientStateStore(tmp_path, 2).restore(state, "runJ") and state["acct"]["rounds"] == 3
 
 
 def test_training_records_name_the_families_state_keys() -> None:
