@@ -227,9 +227,11 @@ def round_stats(walls: list[float]) -> dict[str, float]:
 
 
 def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace,
-             engine: str = "superlink", num_cpus: float = 1.0, secure_aggregation: bool = False) -> dict[str, Any]:
+             engine: str = "superlink", num_cpus: float = 1.0, secure_aggregation: bool = False,
+             wakeups: bool = True) -> dict[str, Any]:
     """This project's side through ``python -m fedapp.run.launch --engine ENGINE --num-cpus NUM_CPUS`` (with
-    ``secure_aggregation``: SecAgg+ and the default secure-sum mechanism); its record."""
+    ``secure_aggregation``: SecAgg+ and the default secure-sum mechanism; without ``wakeups``:
+    ``DPFL_WAKEUPS=off``); its record."""
     from fedapp.run.processes import to_toml_assignments
 
     overrides = {**overrides, "secure-aggregation": secure_aggregation}
@@ -238,9 +240,12 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
     env = os.environ.copy()
     env.update({"FLWR_HOME": str(work / ".flwr"), "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
+    if not wakeups:
+        env["DPFL_WAKEUPS"] = "off"  # fedapp.compat.wakeups.SWITCH
     cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(NUM_CLIENTS),
            "--num-cpus", str(num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
-    log = work / f"ours-{engine}-cpus{num_cpus:g}{'-secagg' if secure_aggregation else ''}-{tag}.log"
+    log = work / (f"ours-{engine}-cpus{num_cpus:g}{'' if wakeups else '-polls'}{'-secagg' if secure_aggregation else ''}"
+                  f"-{tag}.log")
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)
     if code != 0:
         raise RuntimeError(f"our run failed (exit {code}); log {log}:\n{_tail(log)}")
@@ -255,7 +260,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
                         log.read_text(encoding="utf-8", errors="replace"))
     walls = [float(r["wall_seconds"]) for r in rounds]
     sampled = [r["metrics"].get("clients_sampled", r["metrics"].get("clients_ok")) for r in rounds]
-    return {"side": our_side(engine, num_cpus, secure_aggregation), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+    return {"side": our_side(engine, num_cpus, secure_aggregation, wakeups), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
             "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
@@ -303,11 +308,13 @@ def pfl_available(python: Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- report
-def our_side(engine: str, num_cpus: float = 1.0, secure_aggregation: bool = False) -> str:
-    """The report's label of this project's side on ``engine`` with ``num_cpus`` per client, ``/secagg`` with SecAgg+
-    (plain ``ours``: the launcher's defaults, SuperLink engine and one CPU per client, no SecAgg+)."""
+def our_side(engine: str, num_cpus: float = 1.0, secure_aggregation: bool = False, wakeups: bool = True) -> str:
+    """The report's label of this project's side on ``engine`` with ``num_cpus`` per client, ``/polls`` with Flower's
+    0.1 s message polls (``DPFL_WAKEUPS=off``), ``/secagg`` with SecAgg+ (plain ``ours``: the launcher's defaults,
+    SuperLink engine and one CPU per client, no SecAgg+)."""
     label = "ours" if engine == "superlink" else f"ours/{engine}"
     label = label if num_cpus == 1.0 else f"{label}/cpus={num_cpus:g}"
+    label = label if wakeups else f"{label}/polls"
     return f"{label}/secagg" if secure_aggregation else label
 
 
@@ -332,6 +339,7 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl, label, busiest)
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl_cl, label, busiest, PFL_LABELS["side-cl"])
     out += _secagg_cost(runs)
+    out += _wakeup_gain(runs)
     out += _side_vs_plain(runs)
     if busiest > QUIET_LOAD:
         out.append(f"\nWARNING: the load average was up to {busiest:.1f} before a run (2 cores): the machine was not "
@@ -368,6 +376,24 @@ def _secagg_cost(runs: list[dict[str, Any]]) -> list[str]:
                 f"≤ {TARGET_SECAGG_RATIO:.2f}×: {'met' if steady <= TARGET_SECAGG_RATIO else 'not met'}); wall "
                 f"{_med(on, 'wall') / _med(off, 'wall'):.2f}×; peak PSS Σ "
                 f"{_med(on, 'peak_bytes') / _med(off, 'peak_bytes'):.2f}×."]
+    return out
+
+
+def _wakeup_gain(runs: list[dict[str, Any]]) -> list[str]:
+    """Medians of each side with wake-ups (the default) against the same side with Flower's 0.1 s polls."""
+    out: list[str] = []
+    for polls_label in dict.fromkeys(r["side"] for r in runs if "/polls" in r["side"]):
+        label = polls_label.replace("/polls", "")
+        on = [r for r in runs if r["side"] == label]
+        off = [r for r in runs if r["side"] == polls_label]
+        if not on:
+            continue
+        pairs = [a["steady_median"] / b["steady_median"] for a in on for b in off if a["tag"] == b["tag"]]
+        out += ["", f"Wake-ups, medians over {len(on)} / {len(off)} run(s), {label} ÷ {polls_label}: steady round "
+                f"{_med(on, 'steady_median'):.2f} / {_med(off, 'steady_median'):.2f} s = "
+                f"{_med(on, 'steady_median') / _med(off, 'steady_median'):.2f}× (within each repeat: "
+                f"{', '.join(f'{x:.2f}×' for x in pairs)}); round 1 {_med(on, 'round1'):.2f} / {_med(off, 'round1'):.2f} s; "
+                f"wall {_med(on, 'wall') / _med(off, 'wall'):.2f}×; peak PSS Σ {_med(on, 'peak_bytes') / _med(off, 'peak_bytes'):.2f}×."]
     return out
 
 
@@ -450,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="our side, once per value (and engine, CPUs) per repeat: SecAgg+ with the default "
                              "secure-sum mechanism (on; its cost over the plain round is reported) or not (off: "
                              "the trusted-server setting pfl's central mechanism matches)")
+    parser.add_argument("--wakeups", nargs="+", default=["on"], choices=("on", "off"),
+                        help="our side with message wake-ups (on, the default) and/or Flower's 0.1 s polls (off)")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=42, help="run seed: partition and initial weights")
     parser.add_argument("--interval", type=float, default=2.0,
@@ -474,8 +502,9 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         settings = export_inputs(work / "inputs", overrides)
         print(f"[peer_pfl] inputs exported in {time.perf_counter() - t0:.1f} s", flush=True)
-        config_of = {our_side(e, c, a == "on"): (e, c, a == "on")
-                     for e in args.engines for c in args.num_cpus for a in args.secure_aggregation}
+        config_of = {our_side(e, c, a == "on", w == "on"): (e, c, a == "on", w == "on")
+                     for e in args.engines for c in args.num_cpus for a in args.secure_aggregation
+                     for w in args.wakeups}
         ours = list(config_of)
         pfl_sides = [PFL_LABELS[s] for s in args.pfl_scripts]
         sides = {"both": ours + pfl_sides, "ours": ours, "pfl": pfl_sides}[args.side]

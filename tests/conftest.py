@@ -86,7 +86,9 @@ def run_small_simulation(overrides: dict[str, Any], num_supernodes: int = 4) -> 
 
     from fedapp.apps.client_app import build_client_app
     from fedapp.apps.server_app import build_server_app
+    from fedapp.compat.wakeups import wake_feeder
 
+    wake_feeder()  # as the launcher's engines do (fedapp.compat.wakeups)
     os.environ["PYTHONPATH"] = str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")
     out = Path(overrides["output-dir"])
     before = set(out.iterdir()) if out.exists() else set()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,7 @@ from fedapp.clients.common import make_model
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, log_to_file_from_env
+from fedapp.compat.wakeups import wake_grid
 from fedapp.config import (
     ClientDPConfig,
     ConfigError,
@@ -39,6 +42,7 @@ from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
 from fedapp.state.cache import release_mapped_pages
 from fedapp.state.checkpoint import attach as attach_checkpointing
+from fedapp.state.client_state import DEFAULT_STATE_SUBDIR, compact_lineage
 from fedapp.state.results import ResultsWriter
 from strategies.base import DPFLStrategy, StrategyContext
 from strategies.client_level import ClientLevelDPStrategy
@@ -201,8 +205,10 @@ def build_components(run_config: Mapping[str, Any], *, transport: bool = True,
         payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
         recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
     check_fault_config(cfg.deployment)
-    remaining = attach_checkpointing(strategy, recorder, run_values=dict(cfg), general=cfg.general,
-                                     deployment=cfg.deployment)  # resume-from, checkpoints, faults
+    journal = Path(cfg.deployment.client_state_dir or Path(cfg.general.output_dir) / DEFAULT_STATE_SUBDIR)
+    remaining = attach_checkpointing(  # resume-from, checkpoints, faults; an ended run's journals on this disk
+        strategy, recorder, run_values=dict(cfg), general=cfg.general, deployment=cfg.deployment,
+        on_end=functools.partial(compact_lineage, journal))
     return ServerParts(strategy=strategy, config=ServerConfig(
         num_rounds=remaining, round_timeout=cfg.deployment.round_timeout or None))
 
@@ -244,6 +250,7 @@ def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = 
     cfg = resolve_config(context.run_config, overrides)
     components = build_components(cfg)
     strategy = components.strategy
+    wake_grid(grid)  # in the simulation runtime: replies wake the round loop instead of its 0.1 s poll
     if getattr(strategy, "secure_aggregation", False):
         log(INFO, "secure aggregation (SecAgg+) on: the server sees only the sum of each round's updates")
         run_with_secure_aggregation(grid, context, strategy, components.config, cfg.client_dp, cfg.deployment)

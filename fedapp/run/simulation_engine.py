@@ -51,7 +51,9 @@ def run_from_spec(spec: dict[str, Any]) -> None:
     os.environ.update(env)
     overrides = dict(spec["overrides"])
     from fedapp.compat.lean_ray import lean_local_ray_head
+    from fedapp.compat.wakeups import wake_feeder
 
+    wake_feeder()  # instructions wake the engine's feeder (fedapp.compat.wakeups); the ServerApp wakes its grid
     with lean_local_ray_head():
         run_simulation(build_server_app(overrides), build_client_app(overrides),
                        num_supernodes=int(spec["num_supernodes"]), backend_config=backend)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -174,9 +174,10 @@ class CheckpointingRecorder:
     """
 
     def __init__(self, inner: Any, run_values: Mapping[str, Any], rounds: int, every: int, strategy: Any = None,
-                 resumed: Mapping[str, Any] | None = None, journal_root: Path | None = None) -> None:
+                 resumed: Mapping[str, Any] | None = None,
+                 on_end: Callable[[str, int], object] | None = None) -> None:
         self.inner = inner
-        self.journal_root = journal_root  # the clients' journal when it is on this disk: compacted when the run ends
+        self.on_end = on_end  # called with (lineage, last round) once the run has ended: see attach
         self.run_values = dict(run_values)  # what the checkpoint stores and a resume compares
         self.num_rounds = rounds
         self.strategy = strategy
@@ -253,18 +254,17 @@ class CheckpointingRecorder:
                 "refused or failed, e.g. privacy state lost)")})
         else:
             self.inner.finish()
-        if self.journal_root is not None and self.lineage:
-            from fedapp.state.client_state import compact_lineage
-
-            compact_lineage(self.journal_root, self.lineage, self.num_rounds)
+        if self.on_end is not None and self.lineage:
+            self.on_end(self.lineage, self.num_rounds)
 
 
 def attach(strategy: Any, recorder: Any, *, run_values: Mapping[str, Any], general: GeneralConfig,
-           deployment: DeploymentConfig) -> int:
+           deployment: DeploymentConfig, on_end: Callable[[str, int], object] | None = None) -> int:
     """Wire checkpointing and resume into a built strategy; returns the number of rounds Flower must
     still run. ``run_values``: the run-config by key (what a checkpoint stores). Raises ``ConfigError`` before
     anything is written. (The fault keys are checked by :func:`fedapp.config.check_fault_config`, called
-    by the caller.)"""
+    by the caller.) ``on_end(lineage, last_round)`` runs once the run has ended (the server app commits the
+    clients' journals there: :func:`fedapp.state.client_state.compact_lineage`)."""
     from strategies.base import DPFLStrategy
 
     rounds = general.num_server_rounds
@@ -285,10 +285,7 @@ def attach(strategy: Any, recorder: Any, *, run_values: Mapping[str, Any], gener
             raise ConfigError(f"run-config 'resume-from' = {resumed['path']!r}: cannot restore the strategy: "
                               f"{exc}") from None
     if recorder is not None:
-        from fedapp.state.client_state import DEFAULT_STATE_SUBDIR
-
-        journal = Path(deployment.client_state_dir or Path(general.output_dir) / DEFAULT_STATE_SUBDIR)
         checkpointer = CheckpointingRecorder(recorder, run_values, rounds, deployment.checkpoint_every, strategy,
-                                             resumed, journal_root=journal)
+                                             resumed, on_end=on_end)
         strategy.record_with(checkpointer, checkpointer.fit_config)
     return rounds - strategy.round_offset

@@ -1,0 +1,115 @@
+"""Stored messages wake the waiting side of Flower's in-memory simulation runtime (fedapp.compat.wakeups)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+from fedapp.compat import wakeups
+
+#: a fallback poll this long would fail every test below: only a wake-up returns in time
+NEVER_S = 30.0
+
+
+class FakeState:
+    """The two store methods the wake-ups wrap, and the replies a pull returns."""
+
+    def __init__(self) -> None:
+        self.replies: list[Any] = []
+
+    def store_message_ins(self, message: Any) -> str:
+        return "ins"
+
+    def store_message_res(self, message: Any) -> str:
+        self.replies.append(message)
+        return "res"
+
+
+class FakeGrid(InMemoryGrid):
+    def __init__(self) -> None:  # noqa: D107 - no LinkStateFactory: the loop is what is tested
+        self.state = FakeState()
+        self.pulls = 0
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        return [m for m in messages]
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        self.pulls += 1
+        return [r for r in list(self.state.replies) if r.metadata.reply_to_message_id in set(message_ids)]
+
+
+def _reply(to: str) -> Any:
+    return SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=to))
+
+
+@pytest.fixture(autouse=True)
+def _long_fallback(monkeypatch) -> None:
+    monkeypatch.setattr(wakeups, "FALLBACK_S", NEVER_S)
+    monkeypatch.delenv(wakeups.SWITCH, raising=False)
+
+
+def test_grid_returns_when_the_last_reply_is_stored_not_at_its_next_poll() -> None:
+    grid = FakeGrid()
+    assert wakeups.wake_grid(grid)
+
+    def answer() -> None:
+        for to in ("a", "b"):
+            time.sleep(0.2)
+            grid.state.store_message_res(_reply(to))
+
+    threading.Thread(target=answer, daemon=True).start()
+    start = time.monotonic()
+    got = grid.send_and_receive(["a", "b"])
+    assert sorted(r.metadata.reply_to_message_id for r in got) == ["a", "b"]
+    assert time.monotonic() - start < NEVER_S / 3 and grid.pulls == 3  # the first pull, then one per stored reply
+
+
+def test_grid_timeout_still_ends_the_wait_and_pulls_once_when_zero() -> None:
+    grid = FakeGrid()
+    assert wakeups.wake_grid(grid)
+    start = time.monotonic()
+    assert list(grid.send_and_receive(["a"], timeout=0.3)) == []
+    assert 0.3 <= time.monotonic() - start < NEVER_S / 3
+    grid.pulls = 0
+    grid.state.replies.append(_reply("c"))
+    assert len(list(grid.send_and_receive(["c"], timeout=0.0))) == 1 and grid.pulls == 1
+
+
+def test_feeder_wait_returns_on_a_stored_instruction_and_reports_the_stop_flag() -> None:
+    state, stop = FakeState(), threading.Event()
+    waiter = wakeups._StopOrStored(stop, wakeups.stored_events(state).ins)
+    threading.Timer(0.2, lambda: state.store_message_ins(object())).start()
+    start = time.monotonic()
+    assert waiter.wait(0.1 * NEVER_S) is False and time.monotonic() - start < NEVER_S / 3
+    assert not waiter.is_set()
+    stop.set()
+    assert waiter.is_set() and waiter.wait(0.01) is True
+
+
+def test_store_methods_are_wrapped_once_and_still_return_flowers_value() -> None:
+    state = FakeState()
+    first = wakeups.stored_events(state)
+    assert wakeups.stored_events(state) is first
+    assert state.store_message_res(_reply("x")) == "res" and first.res.is_set() and not first.ins.is_set()
+
+
+def test_feeder_patch_is_in_place_once_and_off_switch_and_other_processes_leave_flower_alone(monkeypatch) -> None:
+    original = vce_api.add_messages_to_queue
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", original)  # restored after the test
+    if getattr(original, "dpfl_wakeups", False):  # another test's simulation patched this process already
+        monkeypatch.setattr(vce_api, "add_messages_to_queue", original.__wrapped__)
+    assert not wakeups.wake_feeder_in_simulation_runtime("/usr/bin/python")  # e.g. a Ray worker
+    assert not getattr(vce_api.add_messages_to_queue, "dpfl_wakeups", False)
+    monkeypatch.setenv(wakeups.SWITCH, "off")
+    assert not wakeups.wake_feeder() and not wakeups.wake_grid(FakeGrid())
+    monkeypatch.delenv(wakeups.SWITCH)
+    assert wakeups.wake_feeder_in_simulation_runtime("/venv/bin/flwr-simulation")
+    patched = vce_api.add_messages_to_queue
+    assert patched.dpfl_wakeups and wakeups.wake_feeder() and vce_api.add_messages_to_queue is patched
+    assert not wakeups.wake_grid(SimpleNamespace())  # a deployed ServerApp's grid
