@@ -1,4 +1,5 @@
-"""Wake-ups instead of 0.1 s polls between the ServerApp and the ClientApps in Flower's simulation runtime.
+"""Wake-ups instead of 0.1 s polls between the ServerApp and the ClientApps in Flower's simulation runtime, and
+a deployed ServerApp that asks its SuperLink for replies every 0.1 s instead of every 3 s.
 
 Both of the launcher's engines run the ServerApp and the Simulation Engine in one process around one in-memory
 ``LinkState``, and both sides poll it: the engine's feeder thread looks for new instructions every 0.1 s
@@ -15,8 +16,9 @@ from a thread each). Here a store into that ``LinkState`` wakes the side waiting
   the event *before* it pulls, so no reply is missed.
 
 Nothing about the messages changes — the same ``LinkState`` calls, in the same order, only sooner. A deployed
-ServerApp talks to its SuperLink through another grid (``HttpGrid``) and is left alone, as is any Flower whose
-internals differ from :data:`PATCHED_FLOWER`'s (a warning says so). ``DPFL_WAKEUPS=off`` keeps Flower's polls.
+ServerApp talks to its SuperLink through ``HttpGrid``, whose ``send_and_receive`` sleeps 3 s between pulls: there
+it pulls every :data:`HTTP_POLL_S` instead. Any Flower other than :data:`PATCHED_FLOWER` is left alone (a warning
+says so). ``DPFL_WAKEUPS=off`` keeps Flower's polls everywhere.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,8 @@ PATCHED_FLOWER = "1.41"
 SWITCH = "DPFL_WAKEUPS"
 #: the longest a waiting side sleeps without a wake-up (Flower's own poll interval)
 FALLBACK_S = 0.1
+#: how often a deployed ServerApp asks its SuperLink for replies (Flower's ``HttpGrid``: every 3 s)
+HTTP_POLL_S = 0.1
 
 
 def wanted() -> bool:
@@ -116,7 +120,11 @@ class _StopOrStored:
 
 def wake_feeder() -> bool:
     """Give Flower's Simulation Engine feeder the wake-ups (call before the engine starts); True when in place."""
-    if not wanted() or not _flower_matches():
+    if not wanted():
+        return False
+    if not _flower_matches():
+        log.warning("the Simulation Engine's wake-ups are written for flwr %s's internals, which this Flower does "
+                    "not have; keeping its 0.1 s poll", PATCHED_FLOWER)
         return False
     from flwr.server.superlink.fleet.vce import vce_api
 
@@ -143,37 +151,60 @@ def wake_feeder_in_simulation_runtime(program: str | None = None) -> bool:
     return wake_feeder()
 
 
-def wake_grid(grid: Any) -> bool:
-    """Replace ``send_and_receive`` of an ``InMemoryGrid`` by one woken by stored replies; True when done."""
-    if all(c.__name__ != "InMemoryGrid" for c in type(grid).__mro__) or not wanted() or not _flower_matches():
-        return False  # (a deployed ServerApp's HttpGrid: nothing imported)
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    if not isinstance(grid, InMemoryGrid):
-        return False
-    replied = stored_events(grid.state).res
+def _exchange(grid: Any, wait: Callable[[float], object], arm: Callable[[], object]) -> Callable[..., Iterable[Any]]:
+    """``send_and_receive`` for ``grid``: push, then pull until every reply arrived or ``timeout`` passed (pulling at
+    least once); between pulls ``wait(seconds)``, with ``arm()`` called before each pull."""
 
     def send_and_receive(messages: Iterable[Any], *, timeout: float | None = None) -> Iterable[Any]:
         waiting = set(grid.push_messages(messages))
         deadline = None if timeout is None else time.monotonic() + timeout
         received: list[Any] = []
         while waiting:
-            replied.clear()  # before the pull: a reply stored after it sets the event again
+            arm()
             pulled = list(grid.pull_messages(waiting))
             received.extend(pulled)
             waiting.difference_update(m.metadata.reply_to_message_id for m in pulled)
             left = None if deadline is None else deadline - time.monotonic()
             if not waiting or (left is not None and left <= 0):
                 break
-            replied.wait(FALLBACK_S if left is None else min(left, FALLBACK_S))
+            wait(FALLBACK_S if left is None else min(left, FALLBACK_S))
         return received
 
-    grid.send_and_receive = send_and_receive  # type: ignore[method-assign]  # this instance only
+    return send_and_receive
+
+
+def _is_a(grid: Any, name: str) -> bool:
+    return any(c.__name__ == name for c in type(grid).__mro__)
+
+
+def wake_grid(grid: Any) -> bool:
+    """Give the ServerApp's grid a ``send_and_receive`` that waits less; True when done.
+
+    ``InMemoryGrid`` (both simulation engines): woken by stored replies. ``HttpGrid`` (a ServerApp deployed
+    behind a SuperLink): Flower's loop sleeps 3 s between pulls; here it pulls every :data:`HTTP_POLL_S`, one
+    small request to the SuperLink's loopback or LAN Runtime API each time (the SuperNodes' own 3 s poll for
+    instructions is Flower's and stays)."""
+    if not wanted():
+        return False
+    if _is_a(grid, "InMemoryGrid") and _flower_matches():
+        replied = stored_events(grid.state).res
+        exchange = _exchange(grid, replied.wait, replied.clear)  # cleared before a pull: no reply is missed
+    elif _is_a(grid, "HttpGrid") and _http_grid_matches():
+        exchange = _exchange(grid, lambda s: time.sleep(min(s, HTTP_POLL_S)), lambda: None)
+    else:
+        if _is_a(grid, "InMemoryGrid") or _is_a(grid, "HttpGrid"):
+            log.warning("the grid's faster message exchange is written for flwr %s, which this Flower is not; "
+                        "keeping its polls", PATCHED_FLOWER)
+        return False
+    grid.send_and_receive = exchange  # type: ignore[method-assign]  # this instance only
     return True
 
 
-def warn_if_unpatched() -> None:
-    """Say when the wake-ups are wanted but this Flower is not the one they were written for."""
-    if wanted() and not _flower_matches():
-        log.warning("message wake-ups are written for flwr %s's simulation internals, which this Flower does not "
-                    "have; keeping its 0.1 s polls", PATCHED_FLOWER)
+def _http_grid_matches() -> bool:
+    try:
+        import flwr
+        from flwr.superlink.grid.http_grid import HttpGrid
+    except ImportError:
+        return False
+    return ".".join(str(flwr.__version__).split(".")[:2]) == PATCHED_FLOWER and all(
+        callable(getattr(HttpGrid, name, None)) for name in ("push_messages", "pull_messages", "send_and_receive"))

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from flwr.server.superlink.fleet.vce import vce_api
+from flwr.superlink.grid.http_grid import HttpGrid
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from fedapp.compat import wakeups
@@ -42,6 +43,19 @@ class FakeGrid(InMemoryGrid):
     def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
         self.pulls += 1
         return [r for r in list(self.state.replies) if r.metadata.reply_to_message_id in set(message_ids)]
+
+
+class FakeHttpGrid(HttpGrid):
+    def __init__(self) -> None:  # noqa: D107 - no SuperLink: the loop is what is tested
+        self.replies: list[Any] = []
+        self.pulls = 0
+
+    def push_messages(self, messages):  # type: ignore[no-untyped-def]
+        return [m for m in messages]
+
+    def pull_messages(self, message_ids):  # type: ignore[no-untyped-def]
+        self.pulls += 1
+        return [r for r in list(self.replies) if r.metadata.reply_to_message_id in set(message_ids)]
 
 
 def _reply(to: str) -> Any:
@@ -79,6 +93,16 @@ def test_grid_timeout_still_ends_the_wait_and_pulls_once_when_zero() -> None:
     grid.pulls = 0
     grid.state.replies.append(_reply("c"))
     assert len(list(grid.send_and_receive(["c"], timeout=0.0))) == 1 and grid.pulls == 1
+
+
+def test_deployed_grid_pulls_every_tenth_of_a_second_not_every_three() -> None:
+    grid = FakeHttpGrid()
+    assert wakeups.wake_grid(grid)
+    threading.Timer(0.35, lambda: grid.replies.append(_reply("a"))).start()
+    start = time.monotonic()
+    assert len(list(grid.send_and_receive(["a"]))) == 1
+    took = time.monotonic() - start
+    assert 0.35 <= took < 1.5 and 4 <= grid.pulls <= 10, (took, grid.pulls)  # Flower's loop: 3 s, 2 pulls
 
 
 def test_feeder_wait_returns_on_a_stored_instruction_and_reports_the_stop_flag() -> None:
