@@ -115,3 +115,36 @@ def test_tls_authenticated_federation_of_three_supernodes(tmp_path) -> None:
     alive = [pid for pid in res.pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == [], f"processes left running: {alive}"
     assert len(res.pids) >= 6  # SuperLink + gateway + 3 SuperNodes + intruder at least
+
+
+@pytest.mark.slow
+def test_dp_ftrl_under_secagg_in_a_deployment_spends_the_recomputed_epsilon(tmp_path) -> None:
+    """DP-FTRL's client-side noise streams live in each SuperNode's Context.state across rounds (a ClientApp process
+    per message in a deployment); under SecAgg+ every round's sum holds all three streams and ε against the server is
+    the factorization's, recomputed here from the encoder and the analytic Gaussian mechanism."""
+    import numpy as np
+    from conftest import analytic_gaussian_epsilon
+
+    from fedapp.privacy.profiles import ftrl_mechanism
+    from fedapp.run.deploy import deploy
+    from fedapp.run.processes import to_toml_assignments
+    from strategies.privacy.ftrl_accounting import run_factorization
+
+    ov = {"strategy": "dp-ftrl", "secure-aggregation": True, "secagg-mechanism": "gaussian", "num-server-rounds": 3,
+          "privacy-dist": "fixed", "batch-size": 16, "local-steps": 2, "clip-norm": 1.0, "target-epsilon": 4.0,
+          "fraction-evaluate": 0.0, "max-samples": 400, "ftrl-bands": 2}
+    res = deploy(3, to_toml_assignments({**ov, "output-dir": str(tmp_path / "results")}), work_dir=tmp_path / "work",
+                 timeout=900, log=lambda *_: None)
+    summary = json.loads((res.run_dir / "summary.json").read_text())
+    assert summary["finished"] and summary["rounds_completed"] == 3 and res.leftover_pids == []
+    cfg = resolve_config({}, ov)
+    m = ftrl_mechanism(cfg.general, cfg.training, cfg.client_dp, 3)
+    f = run_factorization(m.kind, m.rounds, m.bands, m.restart_every)
+    for rec in (json.loads(line) for line in (res.run_dir / "rounds.jsonl").read_text().splitlines()):
+        t = rec["round"]
+        c = f.encoder[f.row_round < t][:, :t]
+        eps = analytic_gaussian_epsilon(m.noise_multiplier / float(np.linalg.norm(c @ np.ones(t))), m.delta)
+        assert rec["metrics"]["secure_aggregation"] is True and rec["metrics"]["clients_present"] == 3
+        assert [c["status"] for c in rec["clients"]] == ["ok"] * 3
+        assert all(c["epsilon_vs_server"] == pytest.approx(eps, rel=0.01) for c in rec["clients"])
+    assert 3.9 <= summary["max_epsilon_vs_server"] <= 4.0
