@@ -188,7 +188,9 @@ def wake_grid(grid: Any) -> bool:
         return False
     if _is_a(grid, "InMemoryGrid") and _flower_matches():
         replied = stored_events(grid.state).res
-        exchange = _exchange(grid, replied.wait, replied.clear)  # cleared before a pull: no reply is missed
+        # cleared before a pull: no reply is missed. Concurrent exchanges (the legacy loop runs one per client, each in
+        # a thread) share the event, so one may clear another's wake-up: that one waits the 0.1 s fallback, as before
+        exchange = _exchange(grid, replied.wait, replied.clear)
     elif _is_a(grid, "HttpGrid") and _http_grid_matches():
         exchange = _exchange(grid, lambda s: time.sleep(min(s, HTTP_POLL_S)), lambda: None)
     else:
