@@ -25,6 +25,7 @@ import json
 import os
 import zipfile
 from collections.abc import Callable, Mapping
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +256,12 @@ class CheckpointingRecorder:
         else:
             self.inner.finish()
         if self.on_end is not None and self.lineage:
-            self.on_end(self.lineage, self.num_rounds)
+            try:
+                self.on_end(self.lineage, self.num_rounds)
+            except OSError as exc:  # housekeeping after the results are complete: never a failed run
+                from flwr.common.logger import log
+
+                log(WARNING, "after the run: %s", exc)
 
 
 def attach(strategy: Any, recorder: Any, *, run_values: Mapping[str, Any], general: GeneralConfig,

@@ -23,6 +23,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +254,12 @@ def compact_lineage(root: Path, lineage: str, final_round: int) -> int:
             store = ClientStateStore(root, int(client.name.split("-", 1)[1]))
         except ValueError:
             continue
-        removed += store.commit(lineage, final_round)
+        try:
+            removed += store.commit(lineage, final_round)
+        except (OSError, ValueError) as exc:  # ConfigError is a ValueError: an unreadable entry stays as it is
+            from flwr.common.logger import log
+
+            log(WARNING, "client journal %s left uncommitted: %s", client, exc)
     return removed
 
 

@@ -301,3 +301,17 @@ def test_default_state_dir_lives_under_the_output_dir(tmp_path) -> None:
     res = guard_client(FakeClient(ctx), ctx, cfg.general, cfg.data, cfg.training, cfg.deployment).fit(
         _ins(1, lineage="runD"))
     assert res.metrics["status"] == "ok"
+
+
+def test_ended_run_compaction_leaves_an_unreadable_entry_and_commits_the_rest(tmp_path) -> None:
+    from fedapp.state.client_state import ClientStateStore, compact_lineage
+
+    client, _, _ = _journal_client(tmp_path)
+    for r in (1, 2):
+        client.fit(_journal_ins(r, float(r), committed=r - 1))
+    broken = tmp_path / "runJ" / "client-7"
+    broken.mkdir()
+    (broken / "pending-2.npz").write_bytes(b"not a checkpoint")
+    assert compact_lineage(tmp_path, "runJ", 2) == 1  # client 2's entry; client 7's stays, the run is not failed
+    assert (broken / "pending-2.npz").is_file() and not list((tmp_path / "runJ" / "client-2").glob("pending-*"))
+    assert ClientStateStore(tmp_path, 2).restore(RecordDict(), "runJ")
