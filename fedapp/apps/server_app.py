@@ -42,7 +42,7 @@ from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
 from fedapp.state.cache import release_mapped_pages
 from fedapp.state.checkpoint import attach as attach_checkpointing
-from fedapp.state.client_state import DEFAULT_STATE_SUBDIR, compact_lineage
+from fedapp.state.client_state import compact_lineage, default_state_dir
 from fedapp.state.results import ResultsWriter
 from strategies.base import DPFLStrategy, StrategyContext
 from strategies.client_level import ClientLevelDPStrategy
@@ -205,7 +205,7 @@ def build_components(run_config: Mapping[str, Any], *, transport: bool = True,
         payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
         recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
     check_fault_config(cfg.deployment)
-    journal = Path(cfg.deployment.client_state_dir or Path(cfg.general.output_dir) / DEFAULT_STATE_SUBDIR)
+    journal = Path(cfg.deployment.client_state_dir or default_state_dir(cfg.general))
     remaining = attach_checkpointing(  # resume-from, checkpoints, faults; an ended run's journals on this disk
         strategy, recorder, run_values=dict(cfg), general=cfg.general, deployment=cfg.deployment,
         on_end=functools.partial(compact_lineage, journal))

@@ -57,9 +57,9 @@ from flwr.common import (
 from fedapp.config import ConfigError, DataConfig, DeploymentConfig, GeneralConfig, TrainingConfig
 from fedapp.state.client_state import (
     COMMITTED_ROUND_KEY,
-    DEFAULT_STATE_SUBDIR,
     LINEAGE_CONFIG_KEY,
     ClientStateStore,
+    default_state_dir,
     fit_digest,
     ledger_epsilon,
     lost_accountant_reason,
@@ -185,11 +185,6 @@ class GuardedClient(Client):
             log(WARNING, "client %d: cannot persist client state under %s (%s); continuing without it",
                 self.client_id, journal.root, exc)
             self.store = None
-
-
-def default_state_dir(general: GeneralConfig) -> str:
-    """Where clients journal their state when neither ``client-state-dir`` nor ``state-dir`` is set."""
-    return str(Path(general.output_dir) / DEFAULT_STATE_SUBDIR)
 
 
 def guard_client(inner: Client, context: Context, general: GeneralConfig, data: DataConfig, training: TrainingConfig,

@@ -51,18 +51,22 @@ def wanted() -> bool:
     return os.environ.get(SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
 
 
+def _exchanges_like_flower(grid_class: type) -> bool:
+    """This Flower is :data:`PATCHED_FLOWER` and ``grid_class`` has the methods the exchange loop uses."""
+    import flwr
+
+    return ".".join(str(flwr.__version__).split(".")[:2]) == PATCHED_FLOWER and all(
+        callable(getattr(grid_class, name, None)) for name in ("push_messages", "pull_messages", "send_and_receive"))
+
+
 def _flower_matches() -> bool:
     try:
-        import flwr
         from flwr.server.superlink.fleet.vce import vce_api
         from flwr.superlink.grid.inmemory_grid import InMemoryGrid
     except ImportError:
         return False
-    if ".".join(str(flwr.__version__).split(".")[:2]) != PATCHED_FLOWER:
-        return False
     feeder = list(inspect.signature(vce_api.add_messages_to_queue).parameters)
-    return feeder == ["state", "queue", "nodes_mapping", "f_stop"] and all(
-        callable(getattr(InMemoryGrid, name, None)) for name in ("push_messages", "pull_messages", "send_and_receive"))
+    return feeder == ["state", "queue", "nodes_mapping", "f_stop"] and _exchanges_like_flower(InMemoryGrid)
 
 
 class _Stored:
@@ -204,9 +208,7 @@ def wake_grid(grid: Any) -> bool:
 
 def _http_grid_matches() -> bool:
     try:
-        import flwr
         from flwr.superlink.grid.http_grid import HttpGrid
     except ImportError:
         return False
-    return ".".join(str(flwr.__version__).split(".")[:2]) == PATCHED_FLOWER and all(
-        callable(getattr(HttpGrid, name, None)) for name in ("push_messages", "pull_messages", "send_and_receive"))
+    return _exchanges_like_flower(HttpGrid)

@@ -29,12 +29,18 @@ from typing import Any
 
 import numpy as np
 
+from fedapp.config import GeneralConfig
 from fedapp.state.checkpoint import COMMITTED_ROUND_KEY, fsync_dir, load_checkpoint, save_checkpoint
 
 #: fit-config key carrying the run lineage (the original results folder name) to the clients
 LINEAGE_CONFIG_KEY = "run-lineage"
 #: the journal's folder under ``output-dir`` when neither ``client-state-dir`` nor node-config ``state-dir`` is set
 DEFAULT_STATE_SUBDIR = ".client-state"
+
+
+def default_state_dir(general: GeneralConfig) -> str:
+    """Where clients journal their state when neither ``client-state-dir`` nor ``state-dir`` is set."""
+    return str(Path(general.output_dir) / DEFAULT_STATE_SUBDIR)
 
 
 def lineage_folder(root: Path, lineage: str) -> Path:
