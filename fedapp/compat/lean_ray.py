@@ -31,7 +31,8 @@ around ``run_simulation``) and, for ``flwr run`` against a SuperLink, Flower's s
 the backend). :mod:`fedapp.apps.client_app` therefore calls :func:`lean_head_in_simulation_runtime` when it is
 imported, which acts only in that runtime and only when the environment switches it on (``DPFL_LEAN_RAY=on``,
 which the project's launcher sets for the Flower processes it starts); a plain ``flwr run`` starts Ray as Flower
-does. ``DPFL_LEAN_RAY=off`` starts Ray with everything in both places.
+does. Under the launcher, :mod:`fedapp.compat.early_ray` starts that head sooner, while the apps load, and opens
+the same lean settings first. ``DPFL_LEAN_RAY=off`` starts Ray with everything in both places.
 
 The patch is written for Ray :data:`PATCHED_RAY` (``ray._private`` changes between minor versions): under any
 other Ray it is not applied and a warning says so.

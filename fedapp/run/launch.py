@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fedapp.compat.early_ray import init_args_env as early_ray_env
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, LogFollower
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
@@ -274,12 +275,15 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
     grace = STOP_GRACE_S
     with signals_as_interrupt():
         try:
-            superlink = procs.add(start_superlink(flwr_home, port, env={SERVER_LOG_ENV: str(server_log)}))
+            superlink = procs.add(start_superlink(flwr_home, port, env={SERVER_LOG_ENV: str(server_log),
+                                                                        **runtime_env(ray_address)}))
             watchdog = start_watchdog(superlink)  # stops the SuperLink's tree if this process is killed
             wait_http_health(port, proc=superlink)
             cpus = int(num_cpus) if float(num_cpus).is_integer() else num_cpus
             federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} "
-                          f"client-resources-num-gpus={num_gpus} init-args-logging-level=\"ERROR\"")
+                          f"client-resources-num-gpus={num_gpus} "
+                          + " ".join(f"init-args-{k.replace('_', '-')}={json.dumps(v)}"
+                                     for k, v in FEDERATION_INIT_ARGS.items()))
             staged = stage_app(app, flwr_home / "staged")  # what `flwr run` packs, without walking .venv (5 s)
             print(f"[dpfl] SuperLink pid {superlink.pid} on 127.0.0.1:{port} (FLWR_HOME {flwr_home}); running: "
                   f"flwr run {app.name} {CONNECTION}", flush=True)
@@ -304,15 +308,34 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
                 print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
 
 
+#: the launcher's Ray ``init_args`` for the federation it submits (``--federation-config`` ``init-args-*``)
+FEDERATION_INIT_ARGS = {"logging_level": "ERROR", "log_to_driver": True}
+#: how often the SuperExec asks the SuperLink for a run to start (Flower's default: every 1 s)
+SUPEREXEC_POLL_S = 0.1
+SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+
+
+def runtime_env(ray_address: str = "") -> dict[str, str]:
+    """Environment for the SuperLink and what it starts: the SuperExec asks for new runs every
+    :data:`SUPEREXEC_POLL_S` (Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; a value the caller set is kept), and
+    the simulation runtime starts Ray while it loads the apps (:mod:`fedapp.compat.early_ray`), except when it
+    attaches to an existing cluster (``ray_address``)."""
+    env = {} if SUPEREXEC_POLL_ENV in os.environ else {SUPEREXEC_POLL_ENV: str(SUPEREXEC_POLL_S)}
+    if not ray_address:
+        env.update(early_ray_env(FEDERATION_INIT_ARGS))
+    return env
+
+
 def server_log_path(flwr_home: Path, port: int) -> Path:
     """The file the ServerApp of the launch on ``port`` logs to (:mod:`fedapp.compat.server_log`)."""
     return flwr_home / f"serverapp-{port}.log"
 
 
 #: how long stopping waits after SIGTERM before SIGKILL: after a failure or an interrupt, and after a run whose results
-#: are all written (Flower's simulation runtime takes ~4 s to shut Ray down on SIGTERM; nothing of the run needs it)
+#: are all written (Flower's simulation runtime takes ~4 s to shut Ray down on SIGTERM, nothing of the run needs it;
+#: the SuperLink and its SuperExec exit within ~0.2 s)
 STOP_GRACE_S = 10.0
-ENDED_STOP_GRACE_S = 0.5
+ENDED_STOP_GRACE_S = 0.25
 #: how long the launcher waits for ``flwr run`` to submit, and for Flower's simulation runtime to start after that
 SUBMIT_TIMEOUT_S = 120.0
 SERVER_START_TIMEOUT_S = 120.0
@@ -339,7 +362,7 @@ def submit_run(staged: Path, app: Path, flwr_home: Path, overrides: dict, federa
     return int(reply["run-id"])
 
 
-def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun, poll: float = 0.25,
+def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun, poll: float = 0.1,
                start_timeout: float = SERVER_START_TIMEOUT_S) -> int:
     """Print ``server_log`` as it grows (each line also to ``results``) until ``results`` says the run ended or the
     process that runs the ServerApp (Flower's simulation runtime, a descendant of the SuperLink) has ended; returns

@@ -95,7 +95,7 @@ def wait_http_health(port: int, timeout: float = 30.0, proc: subprocess.Popen | 
                 return
         except httpx.HTTPError:
             pass
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise TimeoutError(f"nothing healthy on 127.0.0.1:{port} after {timeout:.0f}s")
 
 

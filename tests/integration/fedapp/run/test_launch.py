@@ -72,9 +72,11 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path,
     server_log = (tmp_path / "flwr-home" / f"serverapp-{port}.log").read_text()
     for line in ("[round 1/2] accuracy=", "[round 2/2] accuracy=", "[SUMMARY]"):
         assert line in server_log and line in printed, printed[-3000:]
+    assert "Ray started while the apps loaded" in server_log  # fedapp.compat.early_ray, with Flower's arguments
     python_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "python"), timeout=300,
                      engine="run-simulation")
-    # both engines started a lean Ray head: flwr-simulation through fedapp.apps.client_app's import, ours in process
+    # both engines started one lean Ray head each: flwr-simulation early, from the import of fedapp.apps (a restart
+    # with other arguments would add a session), ours in process
     new_sessions = _ray_sessions() - sessions
     assert len(new_sessions) == 2, new_sessions
     for session in new_sessions:
