@@ -15,7 +15,8 @@ watchdog process — when the launcher itself is killed.
 
 The run-config is validated here first, so bad input fails before anything starts: the keys and values in
 process (with the client counts and indices they give against ``--num-supernodes``), then a dry run that builds
-the strategy, its mechanism (the noise calibration included) and one client in a spawned child.
+the strategy, its mechanism (the noise calibration included) and one client in a spawned child — skipped when the
+same run-config passed it before with the same code, libraries and data (:mod:`fedapp.run.dry_run_cache`).
 
 ``--engine run-simulation`` runs the same apps on Flower's ``run_simulation`` Python API in one child
 process instead (:mod:`fedapp.run.simulation_engine`): no SuperLink, SuperExec or ``flwr run``, so less
@@ -39,6 +40,7 @@ from fedapp.compat.early_ray import init_args_env as early_ray_env
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, LogFollower
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
+from fedapp.run.dry_run_cache import dry_run_fields, passed_before, remember_pass
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
     CONNECTION,
@@ -198,7 +200,15 @@ def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tu
     check_fault_config(cfg.deployment)
     if num_supernodes < 2:
         raise ConfigError(f"--num-supernodes = {num_supernodes}: a federation needs at least 2 clients")
-    for key in dry_run_in_child(cfg, num_supernodes):
+    fields = dry_run_fields(cfg, num_supernodes, app)
+    unused = passed_before(fields)
+    if unused is None:
+        unused = dry_run_in_child(cfg, num_supernodes)
+        remember_pass(fields, unused)
+    else:
+        print("[dpfl] configuration check: this run-config passed the dry run before with the same code, libraries "
+              "and data (fedapp.run.dry_run_cache)", flush=True)
+    for key in unused:
         print(f"[dpfl] WARNING: run-config {key!r} = {cfg[key]!r} is not read by strategy {cfg.general.strategy!r}; "
               "it has no effect", file=sys.stderr, flush=True)
     return cfg, overrides, merged

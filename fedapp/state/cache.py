@@ -27,8 +27,10 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:  # numpy is imported where arrays are handled: the launcher reads this cache without it
+    import numpy as np
 
 DISABLED = "off"
 
@@ -86,6 +88,8 @@ def cached_arrays(key: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[
     """The arrays ``build()`` returns, memory-mapped from the cache when present (built and stored once).
 
     Arrays come back copy-on-write (writable, shared until written). Without a cache, ``build()``."""
+    import numpy as np
+
     base = cache_dir()
     if base is None:
         return build()
@@ -131,6 +135,8 @@ def release_mapped_pages(*arrays: np.ndarray) -> None:
 
 
 def _save_npy(path: str, arr: np.ndarray) -> None:
+    import numpy as np
+
     with open(path, "wb") as fh:
         np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
 
