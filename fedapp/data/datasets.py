@@ -19,6 +19,7 @@ import numpy as np
 
 from fedapp.config import ConfigError
 from fedapp.models.catalog import A9A_FEATURES
+from fedapp.state.cache import read_rows
 
 # name -> (torchvision's class name, which names its folder layout; per-channel mean; per-channel std)
 _IMAGE_SETS = {
@@ -55,7 +56,9 @@ class ArrayDataset:
         return tuple(self.x.shape[1:])
 
     def subset(self, idx: np.ndarray) -> ArrayDataset:
-        return ArrayDataset(self.x[idx], self.y[idx], self.num_classes)
+        """The rows ``idx``, copied (a memory-mapped pool is read without mapping it:
+        :func:`fedapp.state.cache.read_rows`)."""
+        return ArrayDataset(read_rows(self.x, idx), read_rows(self.y, idx), self.num_classes)
 
 
 def load_digits_dataset(test_fraction: float = 0.2) -> tuple[ArrayDataset, ArrayDataset]:
