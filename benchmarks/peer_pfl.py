@@ -118,9 +118,36 @@ def export_inputs(folder: Path, overrides: dict[str, Any]) -> dict[str, Any]:
         "server_lr": float(cfg["server-lr"]), "eval_batch_size": int(cfg["eval-batch-size"]),
         "partitioner": cfg["partitioner"], "client_sizes": [len(v) for v in train_idx.values()],
         "num_parameters": int(sum(p.numel() for p in model.parameters())),
+        "cohort_sizes": our_cohort_sizes(cfg),
     }
     (folder / "settings.json").write_text(json.dumps(settings, indent=1), encoding="utf-8")
     return settings
+
+
+def our_cohort_sizes(cfg: Any, n: int = NUM_CLIENTS) -> list[int]:
+    """The number of clients our server samples in rounds 1..T of this run: its own sampler
+    (``strategies.server.sampling``), seeded from the run seed (``seeded-noise``) at the client-level rate
+    q = r/n, over the n registered clients. pfl's ``paired`` side trains cohorts of these sizes; the report
+    checks them against what our run's ``rounds.jsonl`` says it sampled."""
+    from strategies.server.sampling import ClientSampler
+
+    r = int(cfg["clients-per-round"])
+    sampler = ClientSampler(r, "poisson", int(cfg["seed"]))
+    sampler.fixed_rate = r / n
+    return [len(sampler.sample(t, list(range(n)))) for t in range(1, int(cfg["num-server-rounds"]) + 1)]
+
+
+def check_config(overrides: dict[str, Any], secure_aggregation: bool) -> None:
+    """``python -m fedapp.run.launch --plan`` on our side's run-config: every check of a launch, nothing started.
+    Its dry run passes and is remembered (``fedapp.run.dry_run_cache``), so the timed runs start as a second run
+    of the same configuration does, as they already find the data cache warm."""
+    from fedapp.run.processes import to_toml_assignments
+
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(NUM_CLIENTS), "--plan", "--run-config",
+           to_toml_assignments({**overrides, "secure-aggregation": secure_aggregation})]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"our run-config does not pass the launcher's checks: {done.stderr[-2000:]}")
 
 
 # --------------------------------------------------------------------------- measurement
@@ -264,6 +291,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
             "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
+            "cohort_sizes": [None if s is None else int(s) for s in sampled],
             "initial": {"loss": float(initial.group(1)), "accuracy": float(initial.group(2))} if initial else {},
             "results": str(new[-1]), "log": str(log)}
 
@@ -293,6 +321,7 @@ def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: 
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": res.get("final_accuracy"), "rounds": len(walls),
             "mean_clients": float(np.mean(clients)) if clients else float("nan"),
+            "cohort_sizes": [None if r.get("clients") is None else int(r["clients"]) for r in res["rounds"]],
             "versions": {"pfl": res.get("pfl_version"), "torch": res.get("torch_version"),
                          "torch_threads": res.get("torch_threads")},
             "initial": res.get("initial") or {}, "log": str(log)}
@@ -338,6 +367,7 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
     for label in dict.fromkeys(r["side"] for r in runs if not r["side"].startswith("pfl")):
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl, label, busiest)
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl_cl, label, busiest, PFL_LABELS["side-cl"])
+    out += _cohort_check(runs, settings)
     out += _secagg_cost(runs)
     out += _wakeup_gain(runs)
     out += _side_vs_plain(runs)
@@ -359,6 +389,19 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
                f"{settings['batch_size']}, {settings['local_epochs']} local epoch, lr {settings['lr']}, "
                f"{settings['rounds']} rounds.")
     return out
+
+
+def _cohort_check(runs: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
+    """Whether every run trained cohorts of the sizes our sampler draws for the run seed, round by round."""
+    planned = list(settings.get("cohort_sizes") or [])
+    differ = [f"{r['side']} #{r['tag']}" for r in runs if r.get("cohort_sizes") != planned]
+    if not planned:
+        return []
+    if not differ:
+        return ["", f"Cohorts: every run trained the same number of clients in each round as the others "
+                f"({', '.join(map(str, planned))}; mean {statistics.fmean(planned):.1f})."]
+    return ["", f"Cohorts: {', '.join(differ)} trained other cohort sizes than {planned} (see clients/round): the "
+            "sides did not do the same work each round."]
 
 
 def _secagg_cost(runs: list[dict[str, Any]]) -> list[str]:
@@ -456,8 +499,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=1, help="runs per side, alternating (ABBA)")
     parser.add_argument("--pfl-python", type=Path, default=PFL_PYTHON, help="python of pfl's virtual environment")
-    parser.add_argument("--pfl-sampling", choices=("poisson", "fixed", "random", "minimize_reuse"), default="poisson",
-                        help="pfl's client sampling (benchmarks/pfl_side.py); poisson matches ours")
+    parser.add_argument("--pfl-sampling", choices=("paired", "poisson", "fixed", "random", "minimize_reuse"),
+                        default="paired", help="pfl's client sampling (benchmarks/pfl_side.py): paired trains cohorts "
+                                               "of the sizes our server draws for the run seed, round by round; "
+                                               "poisson draws its own")
     parser.add_argument("--side", choices=("both", "ours", "pfl"), default="both")
     parser.add_argument("--pfl-scripts", nargs="+", choices=tuple(PFL_LABELS), default=["side"],
                         help="pfl's runs, once per script per repeat: side (benchmarks/pfl_side.py, the peer), "
@@ -486,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split", action="store_true", help="print each run's per-process PSS at its peak")
     parser.add_argument("--json", type=Path, default=None, help="also write every run's record here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder (inputs, logs, results)")
+    parser.add_argument("--cold", action="store_true",
+                        help="do not check our run-configs before the timed runs: the first run of each then does "
+                             "the launcher's dry run (later ones find it cached, fedapp.run.dry_run_cache)")
     args = parser.parse_args(argv)
 
     version = pfl_available(args.pfl_python) if args.side != "ours" else "not used"
@@ -502,6 +550,12 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         settings = export_inputs(work / "inputs", overrides)
         print(f"[peer_pfl] inputs exported in {time.perf_counter() - t0:.1f} s", flush=True)
+        if args.side != "pfl" and not args.cold:
+            t0 = time.perf_counter()
+            for value in dict.fromkeys(args.secure_aggregation):
+                check_config(overrides, value == "on")
+            print(f"[peer_pfl] our run-configs checked (dry-run cache warm) in {time.perf_counter() - t0:.1f} s",
+                  flush=True)
         config_of = {our_side(e, c, a == "on", w == "on"): (e, c, a == "on", w == "on")
                      for e in args.engines for c in args.num_cpus for a in args.secure_aggregation
                      for w in args.wakeups}

@@ -19,11 +19,13 @@ settings, and trains with pfl's own pieces as its documentation shows them:
   training in iterations that are multiples of ``evaluation_frequency`` (iteration 0 included); the
   project's run does no federated evaluation (``fraction-evaluate = 0``), so it is switched off here.
 
-Client sampling (``--sampling``): ``poisson`` (default) draws r_t ~ Binomial(n, q) each round and a
-uniform subset of that size, which is Poisson sampling with rate q = r/n like the project's server
-(pfl has no built-in Poisson sampler; an adaptive cohort size is pfl's documented ``HyperParam`` use);
-``fixed`` takes exactly r distinct clients; ``random`` and ``minimize_reuse`` are pfl's built-in user
-samplers (``random`` draws with replacement, so a cohort may repeat a client).
+Client sampling (``--sampling``): ``paired`` (default) trains cohorts of exactly the sizes r_1, …, r_T that
+the project's server draws for the same run seed (``cohort_sizes`` in the exported settings), each a uniform
+subset of distinct clients, so both sides train the same number of clients in every round; ``poisson`` draws
+r_t ~ Binomial(n, q) each round and a uniform subset of that size, which is Poisson sampling with rate q = r/n
+like the project's server (pfl has no built-in Poisson sampler; an adaptive cohort size is pfl's documented
+``HyperParam`` use); ``fixed`` takes exactly r distinct clients; ``random`` and ``minimize_reuse`` are pfl's
+built-in user samplers (``random`` draws with replacement, so a cohort may repeat a client).
 
 ``--channels-last`` lays the CNN's weights out channels-last, as this project's local loop and evaluation do on a
 CPU (``fedapp.models.zoo``): pfl given the same layout, to separate the layout's speed from the frameworks'.
@@ -57,7 +59,7 @@ from pfl.model.pytorch import PyTorchModel
 from pfl.privacy import CentrallyAppliedPrivacyMechanism, GaussianMechanism
 from torch import nn
 
-SAMPLINGS = ("poisson", "fixed", "random", "minimize_reuse")
+SAMPLINGS = ("paired", "poisson", "fixed", "random", "minimize_reuse")
 
 
 class MnistCNN(nn.Module):
@@ -108,6 +110,23 @@ class PoissonCohort(HyperParam, TrainingProcessCallback):
     def after_central_iteration(self, aggregate_metrics: Metrics, model: Any, *,
                                 central_iteration: int) -> tuple[bool, Metrics]:
         self._value = self._draw()
+        return False, Metrics()
+
+
+class CohortSchedule(HyperParam, TrainingProcessCallback):
+    """Cohort size r_t from a given list, one entry per central iteration (the sizes the project's server draws)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        if not sizes or min(sizes) < 1:
+            raise ValueError(f"cohort sizes must be positive, got {sizes}")
+        self._sizes, self._t = [int(s) for s in sizes], 0
+
+    def value(self) -> int:
+        return self._sizes[min(self._t, len(self._sizes) - 1)]
+
+    def after_central_iteration(self, aggregate_metrics: Metrics, model: Any, *,
+                                central_iteration: int) -> tuple[bool, Metrics]:
+        self._t += 1
         return False, Metrics()
 
 
@@ -192,10 +211,10 @@ def load_inputs(folder: Path) -> dict[str, Any]:
     }
 
 
-def user_sampler(kind: str, user_ids: list[int], cohort: int | PoissonCohort,
+def user_sampler(kind: str, user_ids: list[int], cohort: int | PoissonCohort | CohortSchedule,
                  rng: np.random.Generator) -> Callable[[], int]:
-    if kind in ("poisson", "fixed"):
-        size = cohort.value if isinstance(cohort, PoissonCohort) else (lambda: int(cohort))
+    if kind in ("paired", "poisson", "fixed"):
+        size = cohort.value if isinstance(cohort, (PoissonCohort, CohortSchedule)) else (lambda: int(cohort))
         return DistinctCohortSampler(user_ids, size, rng)
     return get_user_sampler(kind, user_ids)
 
@@ -214,7 +233,11 @@ def run(inputs: dict[str, Any], sampling: str, seed: int | None, channels_last: 
         idx = parts[uid][torch.randperm(len(parts[uid]))]  # shuffled once per participation
         return Dataset(raw_data=[x[idx], y[idx]], user_id=uid)
 
-    cohort: int | PoissonCohort = PoissonCohort(n, r / n, rng) if sampling == "poisson" else r
+    cohort: int | PoissonCohort | CohortSchedule = r
+    if sampling == "poisson":
+        cohort = PoissonCohort(n, r / n, rng)
+    elif sampling == "paired":
+        cohort = CohortSchedule(list(s["cohort_sizes"]))
     users = list(range(n))
     train_data = FederatedDataset(make_user, user_sampler(sampling, users, cohort, rng))
     val_data = FederatedDataset(make_user, get_user_sampler("random", users))  # never sampled (no val cohort)
@@ -239,7 +262,7 @@ def run(inputs: dict[str, Any], sampling: str, seed: int | None, channels_last: 
     timer = RoundTimer()
     central = CentralTestEvaluation(Dataset(raw_data=[inputs["test_x"], inputs["test_y"]]), eval_params)
     callbacks: list[TrainingProcessCallback] = [central]
-    if isinstance(cohort, PoissonCohort):
+    if isinstance(cohort, (PoissonCohort, CohortSchedule)):
         callbacks.append(cohort)
     callbacks.append(timer)  # last: its round time includes the central evaluation
     NoUserEvaluation().run(algorithm_params=algorithm_params, backend=backend, model=model,
@@ -253,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--inputs", type=Path, required=True, help="folder written by benchmarks/peer_pfl.py")
     parser.add_argument("--out", type=Path, required=True, help="JSON result file")
-    parser.add_argument("--sampling", choices=SAMPLINGS, default="poisson")
+    parser.add_argument("--sampling", choices=SAMPLINGS, default="paired")
     parser.add_argument("--seed", type=int, default=None, help="seed of sampling, shuffling and noise (default: random)")
     parser.add_argument("--channels-last", action="store_true", help="the CNN's weights channels-last")
     args = parser.parse_args(argv)
