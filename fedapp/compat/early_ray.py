@@ -19,8 +19,8 @@ The thread that calls ``ray.init`` stays alive (parked) for the life of the proc
 parent-death signal, which Linux ties to the *thread* that started them, and they would die with a thread that
 returned.
 
-Acts only in ``flwr-simulation``, only when :data:`ENV` is set (the project's launcher sets it; a plain ``flwr run``
-starts Ray as Flower does) and only under Flower :data:`PATCHED_FLOWER`.
+Acts only in ``flwr-simulation``, only when :data:`ENV` is set (the project's launcher sets it unless
+``DPFL_EARLY_RAY=off``; a plain ``flwr run`` starts Ray as Flower does) and only under Flower :data:`PATCHED_FLOWER`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from typing import Any
 
 #: environment variable: the ``init_args`` (JSON) of the federation the launcher submits; unset: Flower starts Ray
 ENV = "DPFL_EARLY_RAY_INIT_ARGS"
+#: the user's switch: ``DPFL_EARLY_RAY=off`` keeps the launcher from setting :data:`ENV`
+SWITCH = "DPFL_EARLY_RAY"
 #: the Flower minor version whose ``RayBackend.init_ray`` this module replicates
 PATCHED_FLOWER = "1.41"
 SIMULATION_RUNTIME = "flwr-simulation"
@@ -55,7 +57,10 @@ _early: _EarlyRay | None = None
 
 
 def init_args_env(init_args: dict[str, Any]) -> dict[str, str]:
-    """The environment that has the simulation runtime start Ray early with ``init_args`` (the launcher's)."""
+    """The environment that has the simulation runtime start Ray early with ``init_args`` (the launcher's); empty
+    under ``DPFL_EARLY_RAY=off``."""
+    if os.environ.get(SWITCH, "on").strip().lower() in ("off", "0", "false", "no"):
+        return {}
     return {ENV: json.dumps(init_args, sort_keys=True)}
 
 

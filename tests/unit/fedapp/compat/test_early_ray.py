@@ -99,3 +99,5 @@ def test_the_launcher_switches_the_early_start_on_and_polls_for_runs_sooner(monk
     assert ENV not in runtime_env(ray_address="auto")
     monkeypatch.setenv(SUPEREXEC_POLL_ENV, "2.0")
     assert SUPEREXEC_POLL_ENV not in runtime_env()  # the caller's value reaches Flower unchanged
+    monkeypatch.setenv("DPFL_EARLY_RAY", "off")
+    assert ENV not in runtime_env()

@@ -65,6 +65,7 @@ def test_a_client_gather_maps_nothing_of_the_pool(tmp_path):
     before = _pss_kb()
     indexed = np.asarray(arr)[idx]
     indexed_growth = _pss_kb() - before
+    assert indexed.shape == (1024, 1024)
     release_mapped_pages(arr)
     print(f"PSS growth: read_rows {read_growth} kB, indexing {indexed_growth} kB")
     assert read_growth < 8 * 1024, read_growth  # ~4 MB of rows
