@@ -4,9 +4,10 @@
 ClientApp (in its main thread), and only then starts Ray (``vce_api.start_vce``: load the ClientApp, then
 ``RayBackend.init_ray``, then the actors). Ray's head takes ~2.5 s to come up on a 2-core machine (GCS, raylet,
 dashboard and runtime-env agents), and the actors cannot start before it does, so round 1 waited for all of it
-(docs/benchmarks.md, "Speed and memory footprint against pfl-research"). Here the first of the two apps' modules
-to be imported starts Ray in a thread of its own, with the arguments Flower would pass, while torch, Flower and this
-project load; Flower's ``init_ray`` then finds Ray up and only builds the actors.
+(docs/benchmarks.md, "Speed and memory footprint against pfl-research"). Here the import of the package
+:mod:`fedapp.apps`, which whichever app module loads first triggers, starts Ray in a thread of its own, with the
+arguments Flower would pass, while torch, Flower and this project load; Flower's ``init_ray`` then finds Ray up and
+only builds the actors.
 
 The arguments: Flower's backend config is not known in the runtime before ``init_ray`` is called, so the launcher
 passes the ``init_args`` it gives the federation in :data:`ENV` (JSON). The patched ``init_ray`` compares them with
