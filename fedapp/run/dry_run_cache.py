@@ -7,7 +7,8 @@ project's code, the installed libraries and the data files; when all of them are
 passed, the launcher reuses that outcome (the keys it reported as unused) instead of building everything again.
 
 What the key holds (:func:`dry_run_fields`): every run-config value; ``--num-supernodes``; the path, size and mtime of
-every ``.py`` file of the app's ``fedapp`` and ``strategies`` packages and of its ``pyproject.toml``; the versions of
+every ``.py`` file of the ``fedapp`` and ``strategies`` packages that run the dry run (the launcher's own) and of the
+app's ``pyproject.toml``; the versions of
 the libraries that build the components; the path, size and mtime of every file under ``data-dir`` (at most
 :data:`MAX_DATA_FILES`); Python's executable and version and ``CUDA_VISIBLE_DEVICES``. Not cached at all: ``hf:``
 datasets (their files live elsewhere), ``resume-from`` (a checkpoint is read) and a failed dry run.
@@ -29,22 +30,26 @@ from typing import Any
 from fedapp.state.cache import fingerprint, library_versions, lookup, store
 
 NAMESPACE = "dry-runs"
+#: the folder holding the ``fedapp`` and ``strategies`` packages that run the dry run (this module's project)
+CODE_ROOT = Path(__file__).resolve().parents[2]
 #: data folders with more files than this are not fingerprinted (the dry run then always runs)
 MAX_DATA_FILES = 5000
 #: the libraries whose behaviour decides whether a configuration builds
 LIBRARIES = ("torch", "flwr", "opacus", "numpy", "scipy", "dp-accounting")
 
 
-def dry_run_fields(run_config: Mapping[str, Any], num_clients: int, app: Path) -> dict[str, Any] | None:
-    """The cache key of a dry run of ``run_config`` for ``num_clients`` clients of the app at ``app``, or None when
-    such a dry run is not cached (module docstring)."""
+def dry_run_fields(run_config: Mapping[str, Any], num_clients: int, app: Path,
+                   code_root: Path = CODE_ROOT) -> dict[str, Any] | None:
+    """The cache key of a dry run of ``run_config`` for ``num_clients`` clients of the app at ``app`` by the code under
+    ``code_root`` (default: the project this module belongs to), or None when such a dry run is not cached (module
+    docstring)."""
     dataset, data_dir = str(run_config.get("dataset", "")), run_config.get("data-dir")
     if dataset.startswith("hf:") or run_config.get("resume-from"):
         return None
     data = _data_files(Path(str(data_dir))) if data_dir else []
     if data is None:
         return None
-    code = [p for pkg in ("fedapp", "strategies") for p in (app / pkg).rglob("*.py")]
+    code = [p for pkg in ("fedapp", "strategies") for p in (code_root / pkg).rglob("*.py")]
     code += [app / "pyproject.toml"] if (app / "pyproject.toml").is_file() else []
     return {"config": {k: _jsonable(v) for k, v in sorted(run_config.items())}, "num_clients": int(num_clients),
             "code": fingerprint(code), "data": fingerprint(data, str(data_dir)), "libraries": library_versions(*LIBRARIES),

@@ -32,16 +32,16 @@ def test_the_key_follows_config_federation_code_and_data(tmp_path):
     data.mkdir()
     (data / "train.bin").write_bytes(b"1234")
     cfg = resolve_config(None, {"data-dir": str(data), "output-dir": str(tmp_path / "out")})
-    base = dry_run_fields(cfg, 4, app)
-    assert base is not None and dry_run_fields(cfg, 4, app) == base
-    assert dry_run_fields(cfg, 5, app) != base  # federation size
+    base = dry_run_fields(cfg, 4, app, app)
+    assert base is not None and dry_run_fields(cfg, 4, app, app) == base
+    assert dry_run_fields(cfg, 5, app, app) != base  # federation size
     other = resolve_config(None, {"data-dir": str(data), "output-dir": str(tmp_path / "out"), "seed": 3})
-    assert dry_run_fields(other, 4, app) != base  # any run-config value
+    assert dry_run_fields(other, 4, app, app) != base  # any run-config value
     _touch_later(app / "strategies" / "__init__.py")
-    code_changed = dry_run_fields(cfg, 4, app)
+    code_changed = dry_run_fields(cfg, 4, app, app)
     assert code_changed is not None and code_changed["code"] != base["code"]
     (data / "train.bin").write_bytes(b"12345")
-    data_changed = dry_run_fields(cfg, 4, app)
+    data_changed = dry_run_fields(cfg, 4, app, app)
     assert data_changed is not None and data_changed["data"] != code_changed["data"]
 
 
@@ -56,6 +56,8 @@ def test_datasets_and_resumes_it_cannot_fingerprint_are_never_cached(tmp_path):
 def test_only_a_pass_is_remembered_and_the_cache_can_be_switched_off(tmp_path, monkeypatch):
     monkeypatch.setenv("DPFL_CACHE_DIR", str(tmp_path / "cache"))
     fields = dry_run_fields(resolve_config(None, {"output-dir": str(tmp_path / "o")}), 4, _app(tmp_path))
+    assert fields is not None and fields == dry_run_fields(resolve_config(None, {"output-dir": str(tmp_path / "o")}), 4,
+                                                           tmp_path / "app", REPO)  # the default code: this project
     assert passed_before(fields) is None
     remember_pass(fields, ["target-epsilon"])
     assert passed_before(fields) == ["target-epsilon"]
