@@ -34,6 +34,8 @@ from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
+from fedapp.compat import same_minor, switched_off
+
 #: environment variable: the ``init_args`` (JSON) of the federation the launcher submits; unset: Flower starts Ray
 ENV = "DPFL_EARLY_RAY_INIT_ARGS"
 #: the user's switch: ``DPFL_EARLY_RAY=off`` keeps the launcher from setting :data:`ENV`
@@ -60,7 +62,7 @@ _early: _EarlyRay | None = None
 def init_args_env(init_args: dict[str, Any]) -> dict[str, str]:
     """The environment that has the simulation runtime start Ray early with ``init_args`` (the launcher's); empty
     under ``DPFL_EARLY_RAY=off``."""
-    if os.environ.get(SWITCH, "on").strip().lower() in ("off", "0", "false", "no"):
+    if switched_off(SWITCH):
         return {}
     return {ENV: json.dumps(init_args, sort_keys=True)}
 
@@ -112,7 +114,7 @@ def _patchable() -> Any:
     """Flower's ``RayBackend`` if this Flower is :data:`PATCHED_FLOWER` and has the ``init_ray`` replicated here."""
     import flwr
 
-    if ".".join(str(flwr.__version__).split(".")[:2]) != PATCHED_FLOWER:
+    if not same_minor(flwr.__version__, PATCHED_FLOWER):
         return None
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 

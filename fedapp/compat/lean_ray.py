@@ -49,6 +49,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fedapp.compat import same_minor, switched_off
 from fedapp.compat.lean_actor import HOOK as ACTOR_HOOK
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ def _patchable() -> Any:
         from ray._private.parameter import RayParams
     except ImportError:
         return None
-    if ".".join(str(ray.__version__).split(".")[:2]) != PATCHED_RAY:
+    if not same_minor(ray.__version__, PATCHED_RAY):
         return None
     params = inspect.signature(RayParams.__init__).parameters
     node = inspect.signature(Node.__init__).parameters
@@ -93,7 +94,7 @@ def _patchable() -> Any:
 
 def lean_ray_wanted() -> bool:
     """False when ``DPFL_LEAN_RAY`` is ``off`` (Ray then starts with all of its daemons and workers)."""
-    return os.environ.get(SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
+    return not switched_off(SWITCH)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import sys
 import threading
 import time
@@ -33,6 +32,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+
+from fedapp.compat import same_minor, switched_off
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +49,14 @@ HTTP_POLL_S = 0.1
 
 def wanted() -> bool:
     """False under ``DPFL_WAKEUPS=off``."""
-    return os.environ.get(SWITCH, "on").strip().lower() not in ("off", "0", "false", "no")
+    return not switched_off(SWITCH)
 
 
 def _exchanges_like_flower(grid_class: type) -> bool:
     """This Flower is :data:`PATCHED_FLOWER` and ``grid_class`` has the methods the exchange loop uses."""
     import flwr
 
-    return ".".join(str(flwr.__version__).split(".")[:2]) == PATCHED_FLOWER and all(
+    return same_minor(flwr.__version__, PATCHED_FLOWER) and all(
         callable(getattr(grid_class, name, None)) for name in ("push_messages", "pull_messages", "send_and_receive"))
 
 
