@@ -21,7 +21,7 @@ from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.clients.common import make_model
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
-from fedapp.compat.server_log import RESULTS_FOLDER_LINE, log_to_file_from_env
+from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, log_to_file_from_env
 from fedapp.compat.wakeups import wake_grid
 from fedapp.config import (
     ClientDPConfig,
@@ -256,6 +256,7 @@ def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = 
         run_with_secure_aggregation(grid, context, strategy, components.config, cfg.client_dp, cfg.deployment)
     else:
         start_grid(grid=grid, config=components.config, strategy=strategy)
+    log(INFO, RUN_END_LINE)  # the launcher prints the log until this line (fedapp.compat.server_log)
 
 
 def build_server_app(overrides: dict[str, Any] | None = None) -> ServerApp:

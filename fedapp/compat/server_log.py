@@ -26,6 +26,9 @@ FORMAT = "%(levelname)-8s %(message)s"
 #: what the ServerApp logs, followed by the path, once its results folder exists: the launcher's way to tell its own
 #: run's folder from another one started into the same output folder meanwhile
 RESULTS_FOLDER_LINE = "results folder: "
+#: what the ServerApp logs once Flower's round loop has returned (its summary logged): the launcher's sign that the log
+#: is complete, since the results' last file is written before the last round's line and Flower's summary
+RUN_END_LINE = "ServerApp: the round loop returned"
 
 _attached: logging.Handler | None = None
 

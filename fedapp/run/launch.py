@@ -38,7 +38,7 @@ from typing import Any
 
 from fedapp.compat.early_ray import init_args_env as early_ray_env
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
-from fedapp.compat.server_log import RESULTS_FOLDER_LINE, LogFollower
+from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, LogFollower
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
 from fedapp.run.dry_run_cache import dry_run_fields, passed_before, remember_pass
 from fedapp.run.fab import stage_app
@@ -164,11 +164,15 @@ class NewRun:
 
     def __init__(self) -> None:
         self.folder: Path | None = None
+        #: the log's last line (:data:`RUN_END_LINE`) was read: the ServerApp logs nothing more of the run
+        self.log_complete = False
 
     def saw(self, line: str) -> None:
         """Read a line of the ServerApp's log."""
         if self.folder is None and RESULTS_FOLDER_LINE in line:
             self.folder = Path(line.split(RESULTS_FOLDER_LINE, 1)[1].strip())
+        elif RUN_END_LINE in line:
+            self.log_complete = True
 
     def summary(self) -> dict[str, Any]:
         try:
@@ -346,6 +350,9 @@ def server_log_path(flwr_home: Path, port: int) -> Path:
 #: the SuperLink and its SuperExec exit within ~0.2 s)
 STOP_GRACE_S = 10.0
 ENDED_STOP_GRACE_S = 0.25
+#: how long the launcher goes on printing the log of a run whose summary.json says it ended, waiting for the
+#: ServerApp's last line (the last round's line and Flower's summary come after that file)
+LOG_END_WAIT_S = 5.0
 #: how long the launcher waits for ``flwr run`` to submit, and for Flower's simulation runtime to start after that
 SUBMIT_TIMEOUT_S = 120.0
 SERVER_START_TIMEOUT_S = 120.0
@@ -374,16 +381,18 @@ def submit_run(staged: Path, app: Path, flwr_home: Path, overrides: dict, federa
 
 def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun, poll: float = 0.1,
                start_timeout: float = SERVER_START_TIMEOUT_S) -> int:
-    """Print ``server_log`` as it grows (each line also to ``results``) until ``results`` says the run ended or the
-    process that runs the ServerApp (Flower's simulation runtime, a descendant of the SuperLink) has ended; returns
-    that process's PID. ``results`` lets the launcher stop the run as soon as its results are written, not seconds
-    later when Flower's runtime has shut Ray down and exited. Raises ``TimeoutError`` after ``timeout`` and
-    ``RuntimeError`` when no such process appears within ``start_timeout``."""
+    """Print ``server_log`` as it grows (each line also to ``results``) until the ServerApp logs its last line
+    (:data:`RUN_END_LINE`) or the process that runs it (Flower's simulation runtime, a descendant of the SuperLink)
+    has ended; returns that process's PID. This lets the launcher stop the run as soon as it is over, not seconds
+    later when Flower's runtime has shut Ray down and exited. A run whose ``summary.json`` says it ended gets at most
+    :data:`LOG_END_WAIT_S` more for that line (a ServerApp that failed after its results were written). Raises
+    ``TimeoutError`` after ``timeout`` and ``RuntimeError`` when no such process appears within ``start_timeout``."""
     import psutil
 
     follower = LogFollower(server_log)
     start = time.monotonic()
     server: psutil.Process | None = None
+    ended_at: float | None = None  # when summary.json first said the run ended
 
     def show(lines: list[str]) -> None:
         for line in lines:
@@ -398,9 +407,13 @@ def follow_run(procs: Processes, server_log: Path, timeout: float | None, result
                            if any(m in _cmdline(p) for m in SERVER_APP_MARKERS)), None)
             if server is None and time.monotonic() - start > start_timeout:
                 raise RuntimeError(f"the SuperLink started no ServerApp process within {start_timeout:.0f} s")
-        elif not _running(server) or results.ended():
-            show(follower.new_lines(final=True))
-            return server.pid
+        else:
+            if ended_at is None and results.ended():
+                ended_at = time.monotonic()
+            if (results.log_complete or not _running(server)
+                    or (ended_at is not None and time.monotonic() - ended_at > LOG_END_WAIT_S)):
+                show(follower.new_lines(final=True))
+                return server.pid
         if timeout is not None and time.monotonic() - start > timeout:
             raise TimeoutError(f"the run did not finish within {timeout:.0f}s")
         time.sleep(poll)
