@@ -143,8 +143,11 @@ def read_rows(arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
     pool into the actor until :func:`release_mapped_pages` dropped it again — a transient +100-150 MB of the
     actor's PSS in every round, which the summed-memory peak of a run caught whenever two such moments met.
     Reading the rows from the page cache with ``pread`` copies the same bytes and maps nothing. Consecutive
-    indices are read with one call. Writable arrays (a copy-on-write page may differ from the file), non-contiguous
-    ones and anything not memory-mapped are indexed as usual."""
+    indices are read with one call; rows whose span in the file is at most :data:`SPAN_READ_FACTOR` times what they
+    hold (or at most :data:`SPAN_READ_BYTES`: a pool's labels) are read with one call for the whole span and picked
+    out of it (3,000 labels of MNIST's 60,000: 4.3 ms as 3,000 reads, 0.2 ms as one). Writable arrays (a
+    copy-on-write page may differ from the file), non-contiguous ones and anything not memory-mapped are indexed
+    as usual."""
     import mmap
 
     import numpy as np
@@ -165,15 +168,29 @@ def read_rows(arr: np.ndarray, idx: np.ndarray) -> np.ndarray:
     offset = int(getattr(arr, "offset", 0))  # np.memmap's: where its array starts in the file
     file_start = offset - offset % mmap.ALLOCATIONGRANULARITY + first_byte  # the mapping starts on a granularity boundary
     row = arr.strides[0]
-    out = np.empty((len(idx), *arr.shape[1:]), dtype=arr.dtype)
-    rows = out.reshape(len(idx), -1).view(np.uint8)
-    breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+    low, high = int(idx.min()), int(idx.max()) + 1
+    span = (high - low) * row
     with open(filename, "rb", buffering=0) as fh:
-        for a, b in zip(np.r_[0, breaks], np.r_[breaks, len(idx)]):
-            want = (b - a) * row
-            if os.preadv(fh.fileno(), [rows[a:b].data], file_start + int(idx[a]) * row) != want:
+        if span <= max(SPAN_READ_FACTOR * len(idx) * row, SPAN_READ_BYTES):
+            block = np.empty((high - low, *arr.shape[1:]), dtype=arr.dtype)
+            if os.preadv(fh.fileno(), [block.reshape(-1).view(np.uint8).data], file_start + low * row) != span:
                 return arr[idx]  # a short read: the file is not what was mapped
+            return block[idx - low]
+        out = np.empty((len(idx), *arr.shape[1:]), dtype=arr.dtype)
+        flat = out.reshape(-1).view(np.uint8).data
+        breaks = np.flatnonzero(np.diff(idx) != 1) + 1
+        starts, ends = np.r_[0, breaks], np.r_[breaks, len(idx)]
+        fd, preadv = fh.fileno(), os.preadv  # one call per run of consecutive rows; the loop is the cost
+        for a, b, at in zip((starts * row).tolist(), (ends * row).tolist(), (file_start + idx[starts] * row).tolist()):
+            if preadv(fd, [flat[a:b]], at) != b - a:
+                return arr[idx]
     return out
+
+
+#: :func:`read_rows` reads the whole span of the rows it wants, in one call, when the span is at most this many times
+#: the bytes of those rows, or at most :data:`SPAN_READ_BYTES`
+SPAN_READ_FACTOR = 4
+SPAN_READ_BYTES = 1 << 20
 
 
 def _save_npy(path: str, arr: np.ndarray) -> None:

@@ -8,7 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedapp.state import cache
 from fedapp.state.cache import read_rows, release_mapped_pages
+
+
+@pytest.fixture(params=["span", "runs"])
+def reads(request, monkeypatch):
+    """Both ways read_rows reads a file: the whole span of the rows in one call (small pools, labels), or one call
+    per run of consecutive rows (forced here by a span threshold of 0)."""
+    if request.param == "runs":
+        monkeypatch.setattr(cache, "SPAN_READ_FACTOR", 0)
+        monkeypatch.setattr(cache, "SPAN_READ_BYTES", 0)
+    return request.param
 
 
 def _pool(tmp_path: Path, shape: tuple[int, ...], dtype: str = "float32", name: str = "pool") -> np.ndarray:
@@ -21,14 +32,14 @@ def _pool(tmp_path: Path, shape: tuple[int, ...], dtype: str = "float32", name: 
 
 @pytest.mark.parametrize("idx", [[0], [3, 4, 5, 9, 1, 2], [-1, 0, -7], list(range(40)), [7, 7, 7]],
                          ids=["one", "runs", "negative", "all", "repeated"])
-def test_rows_are_what_indexing_gives(tmp_path, idx):
+def test_rows_are_what_indexing_gives(tmp_path, idx, reads):
     arr = _pool(tmp_path, (40, 1, 3, 5))
     got = read_rows(arr, np.asarray(idx))
     assert not isinstance(got, np.memmap) and got.flags.writeable
     np.testing.assert_array_equal(got, np.asarray(arr)[idx])
 
 
-def test_views_labels_and_what_it_leaves_to_numpy(tmp_path):
+def test_views_labels_and_what_it_leaves_to_numpy(tmp_path, reads):
     arr = _pool(tmp_path, (40, 6))
     np.testing.assert_array_equal(read_rows(arr[5:], np.array([0, 3, 34])), np.asarray(arr)[[5, 8, 39]])
     labels = _pool(tmp_path, (50,), "int64", name="labels")
@@ -42,6 +53,30 @@ def test_views_labels_and_what_it_leaves_to_numpy(tmp_path):
     writable = np.load(tmp_path / "pool.npy", mmap_mode="c")
     writable[0] = -1  # a copy-on-write change the file does not have: indexed through the mapping
     assert read_rows(writable, np.array([0]))[0, 0] == -1
+
+
+def test_labels_are_read_in_one_call_and_spread_out_rows_one_call_per_run(tmp_path, monkeypatch):
+    """A pool's labels span little of the file: one read. Rows spread over a large pool: one read per run of
+    consecutive indices, never the span between them."""
+    import os
+
+    calls: list[int] = []
+    real = os.preadv
+
+    def counted(fd, buffers, offset):
+        calls.append(sum(memoryview(b).nbytes for b in buffers))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counted)
+    labels = _pool(tmp_path, (60_000,), "int64", name="labels")  # 480 kB
+    idx = np.random.default_rng(0).choice(len(labels), 3_000, replace=False)
+    np.testing.assert_array_equal(read_rows(labels, idx), np.asarray(labels)[idx])
+    assert len(calls) == 1
+    calls.clear()
+    rows = _pool(tmp_path, (4_096, 1_024))  # 16 MB of 4 kB rows
+    idx = np.r_[np.arange(10, 14), [4_000, 7], np.arange(2_000, 2_003)]  # three runs and two single rows
+    np.testing.assert_array_equal(read_rows(rows, idx), np.asarray(rows)[idx])
+    assert calls == [4 * 4096, 4096, 4096, 3 * 4096]
 
 
 def _pss_kb() -> int:
