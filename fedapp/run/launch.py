@@ -1,15 +1,16 @@
 """Run the app with ``flwr run`` against a private local SuperLink, and stop it afterwards.
 
 ``flwr run . local`` would start a *detached* SuperLink on fixed ports that outlives the
-command. This launcher instead starts ``flower-superlink --simulation`` itself on a free
-loopback port, writes a Flower config (``$FLWR_HOME/config.toml``, default ``./.flwr``)
-naming it, submits the run with ``flwr run <app> dpfl`` (on a staged copy of the app's packages and
-``pyproject.toml``, :mod:`fedapp.run.fab`), prints the ServerApp's log while the run goes on (from a file, not
-through a ``flwr run --stream`` process held for the whole run: :mod:`fedapp.compat.server_log`), prints where
-the results are, and stops the SuperLink and its children by PID as soon as the run's ``summary.json`` says it
-ended (or the ServerApp's process has), when the run fails, on SIGINT (Ctrl-C),
-SIGTERM or SIGHUP (exit code 128 + signal), and — through a parent-death signal and a
-watchdog process — when the launcher itself is killed.
+command. This launcher instead starts ``flower-superlink --simulation`` itself on a free loopback port, and the
+SuperExec next to it (``--isolation process``), writes a Flower config (``$FLWR_HOME/config.toml``, default
+``./.flwr``) naming the SuperLink, and submits the run with ``flwr run <app> dpfl`` (on a staged copy of the app's
+packages and ``pyproject.toml``, :mod:`fedapp.run.fab`); the SuperExec and ``flwr run`` import Flower while the
+SuperLink starts (:mod:`fedapp.run.cli_preload`). It prints the ServerApp's log while the run goes on (from a file,
+not through a ``flwr run --stream`` process held for the whole run: :mod:`fedapp.compat.server_log`), prints where
+the results are, and stops the SuperLink, the SuperExec and their children by PID as soon as the ServerApp has
+logged its last line (or its process has ended), when the run fails, on SIGINT (Ctrl-C), SIGTERM or SIGHUP (exit
+code 128 + signal), and — through a parent-death signal and a watchdog process — when the launcher itself is
+killed.
 
     python -m fedapp.run.launch --num-supernodes 20 --run-config "strategy='robust-hdp' num-server-rounds=5"
 
@@ -40,6 +41,7 @@ from fedapp.compat.early_ray import init_args_env as early_ray_env
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, LogFollower
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
+from fedapp.run.cli_preload import PreloadedCommand
 from fedapp.run.dry_run_cache import dry_run_fields, passed_before, remember_pass
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
@@ -58,6 +60,7 @@ from fedapp.run.processes import (
     simulation_backend,
     start_superlink,
     start_watchdog,
+    superexec_args,
     to_toml_assignments,
     venv_bin,
     wait_http_health,
@@ -288,11 +291,21 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
     staged: Path | None = None
     grace = STOP_GRACE_S
     with signals_as_interrupt():
+        # the SuperExec and `flwr run` import Flower while the SuperLink starts (fedapp.run.cli_preload)
+        cli = PreloadedCommand("flwr", flower_env(flwr_home), app)
+        superexec: PreloadedCommand | None = None
         try:
-            superlink = procs.add(start_superlink(flwr_home, port, env={SERVER_LOG_ENV: str(server_log),
-                                                                        **runtime_env(ray_address)}))
-            watchdog = start_watchdog(superlink)  # stops the SuperLink's tree if this process is killed
+            flower = {**flower_env(flwr_home), SERVER_LOG_ENV: str(server_log), **runtime_env(ray_address)}
+            superlink = procs.add(start_superlink(flwr_home, port, env=flower, isolation="process"))
+            with open(flwr_home / f"superexec-{port}.out", "w") as out:  # the child holds its own descriptor
+                superexec = PreloadedCommand("flower-superexec", flower, PROJECT_ROOT,
+                                             superexec_args(port, superlink.pid), output=out, new_session=True)
+            procs.add(superexec.proc)
+            watchdog = start_watchdog(superlink, superexec.proc)  # stops both trees if this process is killed
             wait_http_health(port, proc=superlink)
+            started = superexec.start()  # now that the SuperLink's Runtime API answers: no connection retries
+            if started not in procs.started:  # the script, when the preloaded child could not import Flower
+                procs.add(started)
             cpus = int(num_cpus) if float(num_cpus).is_integer() else num_cpus
             federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} "
                           f"client-resources-num-gpus={num_gpus} "
@@ -301,7 +314,7 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
             staged = stage_app(app, flwr_home / "staged")  # what `flwr run` packs, without walking .venv (5 s)
             print(f"[dpfl] SuperLink pid {superlink.pid} on 127.0.0.1:{port} (FLWR_HOME {flwr_home}); running: "
                   f"flwr run {app.name} {CONNECTION}", flush=True)
-            run_id = submit_run(staged, app, flwr_home, overrides, federation)
+            run_id = submit_run(staged, cli, overrides, federation)
             print(f"[dpfl] run {run_id} started; ServerApp log: {server_log}", flush=True)
             procs.watch()
             server = follow_run(procs, server_log, timeout, results)
@@ -313,6 +326,9 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
                       f"log of run {run_id}:", file=sys.stderr, flush=True)
                 print_flower_log(run_id, flwr_home, app)
         finally:
+            cli.close()
+            if superexec is not None:
+                superexec.close()  # a SuperExec never told to start (it started: nothing left to close)
             leftovers = procs.stop_all(grace)
             if staged is not None and staged != app:
                 shutil.rmtree(staged, ignore_errors=True)
@@ -358,15 +374,15 @@ SUBMIT_TIMEOUT_S = 120.0
 SERVER_START_TIMEOUT_S = 120.0
 
 
-def submit_run(staged: Path, app: Path, flwr_home: Path, overrides: dict, federation: str) -> int:
-    """``flwr run`` without ``--stream``: it returns once the SuperLink has started the run; returns the run ID.
+def submit_run(staged: Path, cli: PreloadedCommand, overrides: dict, federation: str) -> int:
+    """``flwr run`` without ``--stream`` (in ``cli``: :mod:`fedapp.run.cli_preload`): it returns once the SuperLink
+    has started the run; returns the run ID.
 
-    A process of its own, stopped by ``subprocess.run`` when this one is interrupted."""
-    cmd = [venv_bin("flwr"), "run", str(staged), CONNECTION, "--format", "json",
-           "--run-config", to_toml_assignments(overrides), "--federation-config", federation]
+    A process of its own, stopped when this one is interrupted."""
+    args = ["run", str(staged), CONNECTION, "--format", "json", "--run-config", to_toml_assignments(overrides),
+            "--federation-config", federation]
     try:
-        done = subprocess.run(cmd, env=flower_env(flwr_home), cwd=str(app), capture_output=True, text=True,
-                              timeout=SUBMIT_TIMEOUT_S, preexec_fn=parent_death_preexec())
+        done = cli.run(args, timeout=SUBMIT_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"flwr run did not submit the run within {SUBMIT_TIMEOUT_S:.0f} s") from None
     try:

@@ -233,23 +233,24 @@ def parent_death_preexec(sig: int = signal.SIGTERM) -> Callable[[], None] | None
 WATCH_INTERVAL_S = 2.0
 
 
-def start_watchdog(root: subprocess.Popen | int, parent_pid: int | None = None,
+def start_watchdog(*roots: subprocess.Popen | int, parent_pid: int | None = None,
                    interval: float = WATCH_INTERVAL_S) -> subprocess.Popen:
-    """Start :func:`watchdog` in its own session: it stops ``root``'s process tree once ``parent_pid``
-    (default: this process) is gone, and exits by itself once that tree is gone."""
-    root_pid = root if isinstance(root, int) else root.pid
+    """Start :func:`watchdog` in its own session: it stops the process trees of ``roots`` once ``parent_pid``
+    (default: this process) is gone, and exits by itself once those trees are gone."""
+    if not roots:
+        raise ValueError("start_watchdog needs at least one root")
     cmd = [sys.executable, "-m", "fedapp.run.processes", "watchdog", "--parent", str(parent_pid or os.getpid()),
-           "--root", str(root_pid), "--interval", str(interval)]
+           *(a for r in roots for a in ("--root", str(r if isinstance(r, int) else r.pid))), "--interval", str(interval)]
     env = os.environ.copy()
     env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True, cwd=str(PROJECT_ROOT))
 
 
-def watchdog(parent_pid: int, root_pid: int, interval: float = WATCH_INTERVAL_S) -> int:
-    """Follow ``root_pid`` and its descendants; when ``parent_pid`` dies first, stop them all by PID.
+def watchdog(parent_pid: int, root_pids: Sequence[int], interval: float = WATCH_INTERVAL_S) -> int:
+    """Follow ``root_pids`` and their descendants; when ``parent_pid`` dies first, stop them all by PID.
 
-    Returns 0 when the tree ended on its own, 1 when it had to stop it. Descendants are recorded
+    Returns 0 when the trees ended on their own, 1 when it had to stop them. Descendants are recorded
     while they are visible, so processes reparented after an intermediate one exited are still stopped.
     """
     import psutil
@@ -258,11 +259,14 @@ def watchdog(parent_pid: int, root_pid: int, interval: float = WATCH_INTERVAL_S)
         parent: Any = psutil.Process(parent_pid)
     except psutil.NoSuchProcess:
         parent = None
-    try:
-        root = psutil.Process(root_pid)
-    except psutil.NoSuchProcess:
+    seen: dict[int, Any] = {}
+    for pid in root_pids:
+        try:
+            seen[pid] = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            continue
+    if not seen:
         return 0
-    seen: dict[int, Any] = {root.pid: root}
     while True:
         _record_descendants(seen)
         if parent is None or not _alive(parent):
@@ -291,20 +295,32 @@ def _record_descendants(seen: dict[int, Any]) -> None:
 
 # ----------------------------------------------------------------------------- SuperLink
 def start_superlink(flwr_home: Path, port: int, *, simulation: bool = True,
-                    extra_args: list[str] | None = None, env: Mapping[str, str] | None = None) -> subprocess.Popen:
+                    extra_args: list[str] | None = None, env: Mapping[str, str] | None = None,
+                    isolation: str = "subprocess") -> subprocess.Popen:
     """``flower-superlink`` on loopback in a session of its own, told to stop when this process dies; ``env``: more
-    environment for it and its descendants (SuperExec, the simulation runtime)."""
+    environment for it and its descendants (SuperExec, the simulation runtime). A simulation SuperLink starts its
+    SuperExec itself (``isolation`` ``subprocess``) or leaves it to the caller (``process``:
+    :func:`superexec_args`)."""
+    if isolation not in ("subprocess", "process"):
+        raise ValueError(f"isolation = {isolation!r}: 'subprocess' or 'process'")
     log_path = flwr_home / f"superlink-{port}.log"
     cmd = [venv_bin("flower-superlink"), "--host", "127.0.0.1", "--port", str(port),
            "--disable-runtime-dependency-installation", "--log-file", str(log_path)]
     if simulation:
-        cmd += ["--simulation", "--isolation", "subprocess"]
+        cmd += ["--simulation", "--isolation", isolation]
     cmd += extra_args if extra_args is not None else ["--insecure"]
     out = open(flwr_home / f"superlink-{port}.out", "w")  # noqa: SIM115 - closed with the process
     proc = subprocess.Popen(cmd, env={**flower_env(flwr_home), **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True, cwd=str(PROJECT_ROOT), preexec_fn=parent_death_preexec())
     out.close()  # the child holds its own descriptor
     return proc
+
+
+def superexec_args(port: int, superlink_pid: int) -> list[str]:
+    """``flower-superexec``'s arguments for the SuperLink on ``port`` started with ``isolation="process"``: what such a
+    SuperLink passes the SuperExec it starts itself (its Runtime API on the same port, no TLS on loopback, exit when
+    the SuperLink exits; no runtime dependency installation, as :func:`flower_env` asks)."""
+    return ["--insecure", "--runtime-api-address", f"127.0.0.1:{port}", "--parent-pid", str(superlink_pid)]
 
 
 # ----------------------------------------------------------------------------- stopping by PID
@@ -455,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     wd = sub.add_parser("watchdog")
     wd.add_argument("--parent", type=int, required=True, help="PID whose death stops the tree")
-    wd.add_argument("--root", type=int, required=True, help="PID of the tree's root (the SuperLink)")
+    wd.add_argument("--root", type=int, required=True, action="append",
+                    help="PID of a tree's root (the SuperLink, the SuperExec); repeatable")
     wd.add_argument("--interval", type=float, default=WATCH_INTERVAL_S)
     args = parser.parse_args(argv)
     if hasattr(signal, "SIGHUP"):

@@ -112,6 +112,25 @@ def test_watchdog_stops_the_tree_when_its_parent_dies() -> None:
         _kill(parent, root, grandchild, dog)
 
 
+def test_watchdog_stops_every_tree_it_was_given() -> None:
+    """The launcher's SuperLink and SuperExec are two trees (the SuperExec is the launcher's child): one watchdog
+    stops both, grandchildren included, once the launcher is gone."""
+    parent = subprocess.Popen(SLEEPER)
+    roots = [subprocess.Popen(TREE, stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    grandchildren = [psutil.Process(int(r.stdout.readline())) for r in roots]
+    dog = start_watchdog(*roots, parent_pid=parent.pid, interval=0.1)
+    try:
+        time.sleep(1.5)
+        parent.kill()
+        parent.wait()
+        assert dog.wait(timeout=20) == 1
+        for root, grandchild in zip(roots, grandchildren):
+            assert root.wait(timeout=5) is not None
+            assert _gone(grandchild.pid, grandchild.create_time(), timeout=5)
+    finally:
+        _kill(parent, *roots, *grandchildren, dog)
+
+
 def test_watchdog_exits_by_itself_when_the_tree_ends() -> None:
     root = subprocess.Popen(SLEEPER)
     dog = start_watchdog(root, interval=0.1)
