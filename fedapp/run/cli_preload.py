@@ -15,13 +15,14 @@ subprocess instead, so preloading only ever saves time.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from fedapp.run.processes import parent_death_preexec, venv_bin
 
@@ -36,22 +37,28 @@ READY = "[cli_preload] imported"
 
 class PreloadedCommand:
     """One Flower command (:data:`ENTRY_POINTS`) with ``args``: its interpreter started and its code imported ahead
-    of :meth:`run` (wait for it, output captured) or :meth:`start` (it goes on running; ``output`` takes its
-    stdout and stderr, and ``new_session`` detaches it from the terminal's signals as the SuperLink is)."""
+    of :meth:`run` (wait for it, output captured) or :meth:`start` (it goes on running, its stdout and stderr in the
+    file ``output``; ``new_session`` detaches it from the terminal's signals as the SuperLink is)."""
 
     def __init__(self, command: str, env: Mapping[str, str], cwd: Path, args: Sequence[str] = (),
-                 output: IO[Any] | None = None, new_session: bool = False) -> None:
+                 output: Path | None = None, new_session: bool = False) -> None:
         if command not in ENTRY_POINTS:
             raise ValueError(f"no preloaded entry point for {command!r} (known: {sorted(ENTRY_POINTS)})")
         self.command, self.args = command, list(args)
         self.env, self.cwd, self.output, self.new_session = dict(env), cwd, output, new_session
-        sink: Any = subprocess.PIPE if output is None else output
-        #: the preloaded child; it waits for its line until :meth:`run`, :meth:`start` or :meth:`close`
-        self.proc: subprocess.Popen[str] = subprocess.Popen(
-            [sys.executable, "-m", __name__, command, *self.args], env=self.env, cwd=str(cwd),
-            stdin=subprocess.PIPE, stdout=sink, stderr=sink, text=True, start_new_session=new_session,
-            preexec_fn=parent_death_preexec())
+        with self._sink("w") as sink:  # the child holds its own descriptor
+            #: the preloaded child; it waits for its line until :meth:`run`, :meth:`start` or :meth:`close`
+            self.proc: subprocess.Popen[str] = subprocess.Popen(
+                [sys.executable, "-m", __name__, command, *self.args], env=self.env, cwd=str(cwd),
+                stdin=subprocess.PIPE, stdout=sink, stderr=sink, text=True, start_new_session=new_session,
+                preexec_fn=parent_death_preexec())
         self._waiting = True
+
+    def _sink(self, mode: str) -> contextlib.AbstractContextManager[Any]:
+        """Where the command's output goes: the ``output`` file, or pipes (``run`` captures them)."""
+        if self.output is None:
+            return contextlib.nullcontext(subprocess.PIPE)
+        return open(self.output, mode, encoding="utf-8")
 
     def _script(self, more: Sequence[str]) -> list[str]:
         return [venv_bin(self.command), *self.args, *more]
@@ -87,9 +94,12 @@ class PreloadedCommand:
         """``COMMAND ARGS MORE`` left running: the preloaded child itself, or the script started now."""
         proc = self._take_live()
         if proc is None:
-            sink: Any = subprocess.DEVNULL if self.output is None else self.output
-            return subprocess.Popen(self._script(more), env=self.env, cwd=str(self.cwd), stdout=sink, stderr=sink,
-                                    text=True, start_new_session=self.new_session, preexec_fn=parent_death_preexec())
+            if self.output is None:
+                raise ValueError("start() writes the output to a file: construct with output")
+            with self._sink("a") as sink:  # after what the child wrote before it exited
+                return subprocess.Popen(self._script(more), env=self.env, cwd=str(self.cwd), stdout=sink,
+                                        stderr=sink, text=True, start_new_session=self.new_session,
+                                        preexec_fn=parent_death_preexec())
         assert proc.stdin is not None
         proc.stdin.write(json.dumps(list(more)) + "\n")
         proc.stdin.close()

@@ -297,9 +297,8 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
         try:
             flower = {**flower_env(flwr_home), SERVER_LOG_ENV: str(server_log), **runtime_env(ray_address)}
             superlink = procs.add(start_superlink(flwr_home, port, env=flower, isolation="process"))
-            with open(flwr_home / f"superexec-{port}.out", "w") as out:  # the child holds its own descriptor
-                superexec = PreloadedCommand("flower-superexec", flower, PROJECT_ROOT,
-                                             superexec_args(port, superlink.pid), output=out, new_session=True)
+            superexec = PreloadedCommand("flower-superexec", flower, PROJECT_ROOT, superexec_args(port, superlink.pid),
+                                         output=flwr_home / f"superexec-{port}.out", new_session=True)
             procs.add(superexec.proc)
             watchdog = start_watchdog(superlink, superexec.proc)  # stops both trees if this process is killed
             wait_http_health(port, proc=superlink)
@@ -398,7 +397,7 @@ def submit_run(staged: Path, cli: PreloadedCommand, overrides: dict, federation:
 def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun, poll: float = 0.1,
                start_timeout: float = SERVER_START_TIMEOUT_S) -> int:
     """Print ``server_log`` as it grows (each line also to ``results``) until the ServerApp logs its last line
-    (:data:`RUN_END_LINE`) or the process that runs it (Flower's simulation runtime, a descendant of the SuperLink)
+    (:data:`RUN_END_LINE`) or the process that runs it (Flower's simulation runtime, a child of the SuperExec)
     has ended; returns that process's PID. This lets the launcher stop the run as soon as it is over, not seconds
     later when Flower's runtime has shut Ray down and exited. A run whose ``summary.json`` says it ended gets at most
     :data:`LOG_END_WAIT_S` more for that line (a ServerApp that failed after its results were written). Raises
