@@ -92,18 +92,20 @@ class PreloadedCommand:
 
     def start(self, more: Sequence[str] = ()) -> subprocess.Popen[str]:
         """``COMMAND ARGS MORE`` left running: the preloaded child itself, or the script started now."""
+        if self.output is None:
+            raise ValueError("start() writes the output to a file: construct with output")
         proc = self._take_live()
-        if proc is None:
-            if self.output is None:
-                raise ValueError("start() writes the output to a file: construct with output")
-            with self._sink("a") as sink:  # after what the child wrote before it exited
-                return subprocess.Popen(self._script(more), env=self.env, cwd=str(self.cwd), stdout=sink,
-                                        stderr=sink, text=True, start_new_session=self.new_session,
-                                        preexec_fn=parent_death_preexec())
-        assert proc.stdin is not None
-        proc.stdin.write(json.dumps(list(more)) + "\n")
-        proc.stdin.close()
-        return proc
+        if proc is not None:
+            assert proc.stdin is not None
+            try:
+                proc.stdin.write(json.dumps(list(more)) + "\n")
+                proc.stdin.close()
+                return proc
+            except BrokenPipeError:  # it exited after all: reaped below, the script runs instead
+                proc.wait()
+        with self._sink("a") as sink:  # after what the child wrote before it exited
+            return subprocess.Popen(self._script(more), env=self.env, cwd=str(self.cwd), stdout=sink, stderr=sink,
+                                    text=True, start_new_session=self.new_session, preexec_fn=parent_death_preexec())
 
     def close(self) -> None:
         """End the child if it was never called (closing its stdin ends it; SIGKILL if it does not end)."""
