@@ -54,9 +54,9 @@ def test_closing_unused_ends_the_child_and_a_dead_child_falls_back_to_the_script
     assert proc.returncode == 0  # stdin closed without a command: nothing ran
     with pytest.raises(RuntimeError, match="used or closed"):
         cli.run(["--version"], timeout=60)
-    broken = PreloadedCommand("flwr", {**env, "PYTHONPATH": str(tmp_path)}, tmp_path)
     (tmp_path / "flwr").mkdir()  # a package that shadows Flower: the child cannot import the CLI
     (tmp_path / "flwr" / "__init__.py").write_text("raise ImportError('shadowed')\n")
+    broken = PreloadedCommand("flwr", {**env, "PYTHONPATH": str(tmp_path)}, tmp_path)
     broken.proc.wait(timeout=60)
     assert broken.proc.returncode != 0
     with pytest.raises(subprocess.CalledProcessError):  # the script runs instead, under the same environment
