@@ -102,6 +102,11 @@ class DPSGDClient(NumPyClient):
                                            self.s.dp_rounds * self.steps_per_round(), self.accountant())
 
     def grad_sample_mode(self) -> str:
+        if self.s.training.cuda_graphs:  # the graphs capture hooks steps (run-config checks hooks or auto)
+            if self.s.device.type != "cuda":
+                raise RuntimeError(f"run-config 'cuda-graphs' = true, but this client trains on {self.s.device} "
+                                   "(device = 'auto' found no CUDA device here); set cuda-graphs = false")
+            return "hooks"
         return resolve_grad_sample_mode(self.s.training.grad_sample_mode, self.s.model_spec.name, self.s.new_model,
                                         self.s.train, self.s.profile.batch_size, self.s.device)
 
@@ -143,7 +148,7 @@ class DPSGDClient(NumPyClient):
                 metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
                 return [], 0, metrics
             spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=training.momentum,
-                                 seed=seed, dp=PerSampleDP(z, training.clip_norm, self.grad_sample_mode()))
+                                 seed=seed, dp=PerSampleDP(z, training.clip_norm, self.grad_sample_mode(), training.cuda_graphs))
             result = local_train(model, self.s.train, spec, self.s.device)
             if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:
                 raise RuntimeError(f"DP-SGD ran q={result.extra['sample_rate']}, {result.steps} steps; "

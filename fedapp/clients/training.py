@@ -68,6 +68,7 @@ class PerSampleDP:
     noise_multiplier: float
     clip: float
     grad_sample_mode: str = "hooks"
+    cuda_graphs: bool = False  # padded steps replayed as CUDA graphs (fedapp.clients.graphed_dpsgd); eager on a CPU
 
 
 @dataclass(frozen=True)
@@ -268,7 +269,11 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
             module, optimizer = _private(model, opt, data, spec, sample_rate)
             extra["sample_rate"] = sample_rate
             x_dev, y_dev = torch.from_numpy(data.x).to(device), torch.from_numpy(data.y).to(device)
-            batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, -(-spec.steps // per_epoch))
+            epochs = -(-spec.steps // per_epoch)
+            if spec.dp.cuda_graphs:
+                return _graphed(model, module, optimizer, opt, params, spec, x_dev, y_dev, sample_rate, per_epoch,
+                                epochs, start, extra)
+            batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, epochs)
         else:  # a plain CNN runs channels-last on a CPU (per-sample gradients keep the default layout)
             layout.enter_context(cpu_memory_format(model, device))
             batches = _shuffled_batches(torch.from_numpy(data.x), torch.from_numpy(data.y), spec.batch_size, spec.steps,
@@ -309,6 +314,21 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
         for n, p in named.items():
             p.requires_grad_(saved[n])
     return TrainResult(steps, total / max(steps, 1), time.perf_counter() - start, extra)
+
+
+def _graphed(model: nn.Module, module: nn.Module, optimizer, opt: PlainSGD, params: Sequence[torch.Tensor],
+             spec: LocalTraining, x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_epoch: int, epochs: int,
+             start: float, extra: dict) -> TrainResult:
+    """``local_train``'s DP-SGD loop with padded Poisson batches, each step one CUDA graph replay on a GPU."""
+    from fedapp.clients.graphed_dpsgd import run_padded
+
+    assert spec.dp is not None
+    if spec.sam is not None or spec.dp.grad_sample_mode != "hooks":
+        raise ValueError(f"CUDA-graphed DP-SGD captures plain Opacus hooks steps; got grad-sample-mode "
+                         f"{spec.dp.grad_sample_mode!r}, sam {spec.sam!r}")
+    steps, mean_loss = run_padded(module, optimizer, params, opt._buffers, x, y, sample_rate, per_epoch, epochs,
+                                  after_step=lambda: _data_independent_step(model, params, spec.lr))
+    return TrainResult(steps, mean_loss, time.perf_counter() - start, extra)
 
 
 def _data_independent_step(model: nn.Module, params: Sequence[torch.Tensor], lr: float) -> None:

@@ -188,6 +188,13 @@ def validate_cross_fields(cfg: RunConfig) -> None:
             check_grad_sample_mode(model, cfg["grad-sample-mode"])
         except ValueError as exc:
             raise ConfigError(f"run-config 'grad-sample-mode' = {cfg['grad-sample-mode']!r}: {exc}") from None
+    if cfg["cuda-graphs"]:
+        if cfg["device"] == "cpu":
+            raise ConfigError("run-config 'cuda-graphs' = true replays DP-SGD steps as CUDA graphs, but 'device' = "
+                              "'cpu'; set device = 'cuda' (or 'auto' where clients have a GPU), or cuda-graphs = false")
+        if cfg["grad-sample-mode"] not in ("auto", "hooks"):
+            raise ConfigError(f"run-config 'cuda-graphs' = true captures Opacus' hooks mode, but 'grad-sample-mode' = "
+                              f"{cfg['grad-sample-mode']!r}; set grad-sample-mode = 'hooks' or 'auto'")
     if 0 < cfg["num-clients"] < 2:
         raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} is too small: a federation needs at least 2 clients")
     if cfg["num-clients"]:
@@ -326,12 +333,12 @@ FAMILY_SECTIONS: dict[str, frozenset[str]] = {
 }
 #: record-level keys a client-level family never reads, and Fed-SMP keys DP2-FedSAM never reads
 _CLIENT_LEVEL_IGNORES = frozenset({"privacy-dist", "epsilon-floor", "delta", "falsify-client", "falsify-epsilon",
-                                   "grad-sample-mode", "batch-size-choices", "record-neighbours"})
+                                   "grad-sample-mode", "cuda-graphs", "batch-size-choices", "record-neighbours"})
 _FAMILY_IGNORES: dict[str, frozenset[str]] = {
     "fed-smp": _CLIENT_LEVEL_IGNORES | {"epsilon"},
     "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"epsilon", "compression-ratio", "local-steps", "public-samples",
                                            "public-steps"},
-    "soteriafl": frozenset({"grad-sample-mode", "local-epochs", "lr", "momentum", "lr-decay", "batch-size",
+    "soteriafl": frozenset({"grad-sample-mode", "cuda-graphs", "local-epochs", "lr", "momentum", "lr-decay", "batch-size",
                             "batch-size-choices"}),
 }
 

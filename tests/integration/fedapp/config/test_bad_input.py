@@ -105,6 +105,11 @@ CONFIG_CASES: dict[str, tuple[Any, str]] = {
     "target-epsilon-under-noise-multiplier": ({"strategy": "dp-fedavg", "noise-multiplier": 1.0, "target-epsilon": 4.0},
                                               r"'target-epsilon' = 4.0 would have no effect: noise-multiplier = 1.0 "
                                               r"sets σ directly"),
+    "cuda-graphs-on-cpu": ({"cuda-graphs": True, "device": "cpu"},
+                           r"'cuda-graphs' = true replays DP-SGD steps as CUDA graphs, but 'device' = 'cpu'"),
+    "cuda-graphs-with-functorch": ({"cuda-graphs": True, "grad-sample-mode": "functorch"},
+                                   r"'cuda-graphs' = true captures Opacus' hooks mode, but 'grad-sample-mode' = "
+                                   r"'functorch'"),
     "secagg-threshold-without-secagg": ({"strategy": "dp-fedavg", "secure-aggregation": False, "secagg-threshold": 0.9},
                                         r"'secagg-threshold' = 0.9 would have no effect: secure-aggregation = false"),
 }

@@ -174,6 +174,8 @@ HOST_SIDE = {
         "host data of the non-private loop; each batch is moved (yb.to)",
     ("fedapp/clients/training.py", "_poisson_batches", "torch.empty((), dtype=torch.int64)"):
         "the base-seed draw a DataLoader iterator takes from the host generator, kept so CPU runs match Opacus' loader",
+    ("fedapp/clients/graphed_dpsgd.py", "padded_poisson_epochs", "torch.empty((), dtype=torch.int64)"):
+        "the same base-seed draw, so the padded batches are _poisson_batches' draw for draw",
 }
 
 
