@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import tempfile
 import time
@@ -137,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--rounds", type=int, default=6)
     r.add_argument("--num-gpus", type=float, nargs="+", default=[0.1, 0.05])
     r.add_argument("--cuda-graphs", nargs="+", choices=("off", "on"), default=["off", "on"])
-    r.add_argument("--num-cpus", type=float, default=1.0)
+    r.add_argument("--num-cpus", type=float, default=None,
+                   help="CPUs a client (default: this machine's cores / 20, at most 1, so that Flower's Ray backend "
+                        "keeps all 20 ClientApps at once: it keeps ⌊CPUs / num-cpus⌋)")
     r.add_argument("--engine", choices=("superlink", "run-simulation"), default="superlink")
     r.add_argument("--out", default=None, help="keep the launcher logs and results folders here")
     ld = sub.add_parser("loader", help="one client after another: Opacus' host loader vs batches on the device")
@@ -153,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(bench_loader(args.clients, args.samples, args.repeats, args.mode, args.device)))
         return 0
     print(describe_gpu(), flush=True)
-    print("\n".join(bench_round(args.rounds, args.num_gpus, args.cuda_graphs, args.engine, args.num_cpus,
+    num_cpus = args.num_cpus if args.num_cpus is not None else min(1.0, (os.cpu_count() or 1) / 20)
+    print(f"{num_cpus:g} CPUs a client: {int((os.cpu_count() or 1) / num_cpus)} ClientApps at once", flush=True)
+    print("\n".join(bench_round(args.rounds, args.num_gpus, args.cuda_graphs, args.engine, num_cpus,
                                  args.out)))
     return 0
 

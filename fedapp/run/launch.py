@@ -130,6 +130,8 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     if engine == "run-simulation" and app != PROJECT_ROOT.resolve():
         raise ConfigError(f"--engine run-simulation runs this project's apps from {PROJECT_ROOT}; --app {app} needs "
                           "--engine superlink")
+    if engine != "run-simulation":
+        superlink_cpus(num_cpus, ray_address)  # a fraction it cannot pass: refused before anything starts
     cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
     output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
     before = list_runs(output_dir)
@@ -295,7 +297,8 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
         cli = PreloadedCommand("flwr", flower_env(flwr_home), app)
         superexec: PreloadedCommand | None = None
         try:
-            flower = {**flower_env(flwr_home), SERVER_LOG_ENV: str(server_log), **runtime_env(ray_address)}
+            client_cpus, init_args = superlink_cpus(num_cpus, ray_address)
+            flower = {**flower_env(flwr_home), SERVER_LOG_ENV: str(server_log), **runtime_env(ray_address, init_args)}
             superlink = procs.add(start_superlink(flwr_home, port, env=flower, isolation="process"))
             superexec = PreloadedCommand("flower-superexec", flower, PROJECT_ROOT, superexec_args(port, superlink.pid),
                                          output=flwr_home / f"superexec-{port}.out", new_session=True)
@@ -305,11 +308,9 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
             started = superexec.start()  # now that the SuperLink's Runtime API answers: no connection retries
             if started not in procs.started:  # the script, when the preloaded child could not import Flower
                 procs.add(started)
-            cpus = int(num_cpus) if float(num_cpus).is_integer() else num_cpus
-            federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={cpus} "
+            federation = (f"num-supernodes={num_supernodes} client-resources-num-cpus={client_cpus} "
                           f"client-resources-num-gpus={num_gpus} "
-                          + " ".join(f"init-args-{k.replace('_', '-')}={json.dumps(v)}"
-                                     for k, v in FEDERATION_INIT_ARGS.items()))
+                          + " ".join(f"init-args-{k.replace('_', '-')}={json.dumps(v)}" for k, v in init_args.items()))
             staged = stage_app(app, flwr_home / "staged")  # what `flwr run` packs, without walking .venv (5 s)
             print(f"[dpfl] SuperLink pid {superlink.pid} on 127.0.0.1:{port} (FLWR_HOME {flwr_home}); running: "
                   f"flwr run {app.name} {CONNECTION}", flush=True)
@@ -344,14 +345,34 @@ SUPEREXEC_POLL_S = 0.1
 SUPEREXEC_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 
 
-def runtime_env(ray_address: str = "") -> dict[str, str]:
+def superlink_cpus(num_cpus: float, ray_address: str = "") -> tuple[int, dict[str, Any]]:
+    """(CPUs a client, Ray's ``init_args``) of the federation the SuperLink engine submits.
+
+    Flower's federation config holds whole CPUs a client (``client-resources-num-cpus`` is an integer in its
+    protocol; a fraction fails inside ``flwr run``). A fraction f becomes one CPU a client on a Ray head started
+    with ⌊cores / f⌋ logical CPUs: Flower's Ray backend keeps ⌊CPUs / CPUs a client⌋ ClientApps, so as many as f
+    would give (Ray counts CPUs; it does not pin them). An attached cluster (``ray_address``) has the CPUs it has:
+    there a fraction is refused."""
+    if not num_cpus > 0:
+        raise ConfigError(f"client num-cpus = {num_cpus!r} must be > 0")
+    if float(num_cpus).is_integer():
+        return int(num_cpus), dict(FEDERATION_INIT_ARGS)
+    if ray_address:
+        raise ConfigError(f"--num-cpus {num_cpus!r}: the SuperLink engine gives Flower whole CPUs a client, and the Ray "
+                          f"cluster at --ray-address {ray_address!r} has the CPUs it has; use a whole number, or "
+                          "--engine run-simulation")
+    return 1, {**FEDERATION_INIT_ARGS, "num_cpus": max(1, int((os.cpu_count() or 1) / num_cpus))}
+
+
+def runtime_env(ray_address: str = "", init_args: dict[str, Any] | None = None) -> dict[str, str]:
     """Environment for the SuperLink and what it starts: the SuperExec asks for new runs every
     :data:`SUPEREXEC_POLL_S` (Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; a value the caller set is kept), and
-    the simulation runtime starts Ray while it loads the apps (:mod:`fedapp.compat.early_ray`), except when it
-    attaches to an existing cluster (``ray_address``)."""
+    the simulation runtime starts Ray while it loads the apps with the federation's ``init_args``
+    (:mod:`fedapp.compat.early_ray`; default :data:`FEDERATION_INIT_ARGS`), except when it attaches to an existing
+    cluster (``ray_address``)."""
     env = {} if SUPEREXEC_POLL_ENV in os.environ else {SUPEREXEC_POLL_ENV: str(SUPEREXEC_POLL_S)}
     if not ray_address:
-        env.update(early_ray_env(FEDERATION_INIT_ARGS))
+        env.update(early_ray_env(FEDERATION_INIT_ARGS if init_args is None else init_args))
     return env
 
 

@@ -101,3 +101,21 @@ def test_the_launcher_switches_the_early_start_on_and_polls_for_runs_sooner(monk
     assert SUPEREXEC_POLL_ENV not in runtime_env()  # the caller's value reaches Flower unchanged
     monkeypatch.setenv("DPFL_EARLY_RAY", "off")
     assert ENV not in runtime_env()
+
+
+def test_a_fraction_of_a_cpu_becomes_whole_cpus_on_a_larger_logical_ray_head(monkeypatch):
+    """Flower's federation config holds whole CPUs a client: 0.5 CPU a client on 16 cores is 1 CPU a client on a Ray
+    head of 32 logical CPUs (32 ClientApps either way), and the early start gets those init args too."""
+    from fedapp.config import ConfigError
+    from fedapp.run.launch import FEDERATION_INIT_ARGS, runtime_env, superlink_cpus
+
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert superlink_cpus(2.0) == (2, FEDERATION_INIT_ARGS)
+    cpus, init_args = superlink_cpus(0.5)
+    assert cpus == 1 and init_args == {**FEDERATION_INIT_ARGS, "num_cpus": 32}
+    assert superlink_cpus(0.8)[1]["num_cpus"] == 20  # all 20 of a 20-client GPU round at once
+    assert json.loads(runtime_env("", init_args)[ENV]) == init_args
+    with pytest.raises(ConfigError, match=r"--num-cpus 0.5: .*--ray-address 'auto'"):
+        superlink_cpus(0.5, "auto")
+    with pytest.raises(ConfigError, match="num-cpus = 0.0 must be > 0"):
+        superlink_cpus(0.0)
