@@ -195,6 +195,11 @@ def validate_cross_fields(cfg: RunConfig) -> None:
         if cfg["grad-sample-mode"] not in ("auto", "hooks"):
             raise ConfigError(f"run-config 'cuda-graphs' = true captures Opacus' hooks mode, but 'grad-sample-mode' = "
                               f"{cfg['grad-sample-mode']!r}; set grad-sample-mode = 'hooks' or 'auto'")
+        import torch
+
+        if not torch.cuda.is_available():  # device = 'cuda' is refused above already
+            raise ConfigError("run-config 'cuda-graphs' = true needs a CUDA device, and none is available here (device "
+                              "= 'auto' would train on the CPU); set cuda-graphs = false")
     if 0 < cfg["num-clients"] < 2:
         raise ConfigError(f"run-config 'num-clients' = {cfg['num-clients']} is too small: a federation needs at least 2 clients")
     if cfg["num-clients"]:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from conftest import REPO
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
@@ -130,6 +131,14 @@ def test_invalid_config_fails_before_anything_is_written(case: str, tmp_path: Pa
     with pytest.raises(ConfigError, match=pattern):
         _start_server(overrides)
     assert not out.exists() or not any(out.iterdir()), f"{case}: a results folder was written"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only where no CUDA device is available")
+def test_cuda_graphs_without_a_cuda_device_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    with pytest.raises(ConfigError, match=r"'cuda-graphs' = true needs a CUDA device, and none is available here"):
+        _start_server({"cuda-graphs": True, "output-dir": str(out)})
+    assert not out.exists() or not any(out.iterdir())
 
 
 @pytest.mark.parametrize("node, pattern", [
