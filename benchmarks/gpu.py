@@ -59,7 +59,7 @@ def bench_round(rounds: int, fractions: list[float], graphs: list[str], engine: 
                 r = launch(cfg, 20, cache, out, engine, num_cpus, frac)
                 rows.append(f"| {frac:g} | {graph} | {r['wall']:.1f} s | {r['round1']:.2f} s | {r['steady']:.2f} s | "
                             f"{r['steady']:.2f}× | {r['peak_gb']:.2f} GB | {r['accuracy']} |")
-            print(rows[-1], "rounds:", " ".join(f"{t:.2f}" for t in r["round_times"]), flush=True)
+                print(rows[-1], "rounds:", " ".join(f"{t:.2f}" for t in r["round_times"]), flush=True)
     return rows
 
 
