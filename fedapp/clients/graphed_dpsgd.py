@@ -111,21 +111,15 @@ class GraphedSteps:
         return self.loss
 
 
-def run_padded(module: nn.Module, optimizer, params: Sequence[torch.Tensor], momentum_buffers: list,
+def run_padded(module: nn.Module, optimizer, params: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
                x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_epoch: int, epochs: int,
                after_step: Callable[[], None] | None = None) -> tuple[int, float]:
     """Run every padded Poisson step of the training; returns (steps, mean of the steps' losses).
 
-    ``momentum_buffers`` is the optimizer's list of buffers (``PlainSGD._buffers``); with momentum its
-    entries are set to zeros here, so the first captured update (b ← μ·0 + g = g) is PlainSGD's first step.
+    ``buffers`` are the optimizer's momentum buffers, already allocated as zeros (``PlainSGD.zero_momentum``), so
+    the captured update accumulates into them and its first step (b ← μ·0 + g = g) is PlainSGD's first step.
     """
     xs, ys, ms, _ = padded_poisson_epochs(x, y, sample_rate, per_epoch, epochs)
-    momentum = float(optimizer.param_groups[0]["momentum"])
-    buffers: list[torch.Tensor] = []
-    if momentum != 0.0:
-        for i, p in enumerate(params):
-            momentum_buffers[i] = torch.zeros_like(p)
-        buffers = list(momentum_buffers)
     steps = GraphedSteps(module, optimizer, params, buffers, (xs[0], ys[0], ms[0]))
     total = torch.zeros((), device=x.device)
     for t in range(len(ys)):

@@ -121,6 +121,15 @@ class PlainSGD:
         self.state: dict[torch.Tensor, dict[str, Any]] = {}
         self._buffers: list[torch.Tensor | None] = [None] * len(self.params)
 
+    def zero_momentum(self) -> list[torch.Tensor]:
+        """The momentum buffers, allocated as zeros now (none without momentum): b ← μ·0 + g = g is the same first
+        step, and an update captured in a CUDA graph accumulates into these fixed tensors."""
+        if float(self.param_groups[0]["momentum"]) == 0.0:
+            return []
+        buffers = [torch.zeros_like(p) for p in self.params]
+        self._buffers = list(buffers)
+        return buffers
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
             if p.grad is None:
@@ -326,7 +335,7 @@ def _graphed(model: nn.Module, module: nn.Module, optimizer, opt: PlainSGD, para
     if spec.sam is not None or spec.dp.grad_sample_mode != "hooks":
         raise ValueError(f"CUDA-graphed DP-SGD captures plain Opacus hooks steps; got grad-sample-mode "
                          f"{spec.dp.grad_sample_mode!r}, sam {spec.sam!r}")
-    steps, mean_loss = run_padded(module, optimizer, params, opt._buffers, x, y, sample_rate, per_epoch, epochs,
+    steps, mean_loss = run_padded(module, optimizer, params, opt.zero_momentum(), x, y, sample_rate, per_epoch, epochs,
                                   after_step=lambda: _data_independent_step(model, params, spec.lr))
     return TrainResult(steps, mean_loss, time.perf_counter() - start, extra)
 
