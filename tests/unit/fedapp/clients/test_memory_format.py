@@ -24,11 +24,23 @@ def _data(n: int = 96, seed: int = 0) -> ArrayDataset:
                         rng.integers(0, 10, n).astype(np.int64), 10)
 
 
+def _channels_last_strides(t: torch.Tensor) -> bool:
+    """Whether ``t`` has exactly the strides of channels-last (``is_contiguous(memory_format=channels_last)`` is also
+    true of the default strides when a dimension has size 1, as the first conv's one input channel does, and oneDNN
+    then runs that conv in the default layout)."""
+    return t.stride() == torch.empty_like(t, memory_format=torch.channels_last).stride()
+
+
 def _record_weight_layouts(model: torch.nn.Module) -> list[bool]:
-    """Per forward call: whether the second conv's weight was channels-last (the first, of one input channel, is both)."""
+    """Per forward call: whether both convs' weights had channels-last strides and the first conv's output was
+    channels-last, i.e. the whole network ran in that layout."""
     seen: list[bool] = []
-    conv = model.features[3]
-    conv.register_forward_pre_hook(lambda m, _: seen.append(m.weight.is_contiguous(memory_format=torch.channels_last)))
+    first, second = model.features[0], model.features[3]
+    outputs: list[torch.Tensor] = []
+    first.register_forward_hook(lambda m, _, out: outputs.append(out))
+    second.register_forward_pre_hook(lambda m, _: seen.append(
+        _channels_last_strides(first.weight) and _channels_last_strides(m.weight)
+        and _channels_last_strides(outputs.pop())))
     return seen
 
 
