@@ -236,8 +236,11 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
         raise ValueError("Opacus training needs a DP spec (LocalTraining.dp)")
     torch.manual_seed(spec.seed)
     ModuleValidator.validate(model, strict=True)
-    relaid = [n for n, p in model.named_parameters() if not p.is_contiguous()]
-    if relaid:  # Opacus' conv grad-samplers read channels-last weights wrong (0.31 off; tests/unit/.../test_memory_format)
+    # exact default strides: a one-input-channel conv weight with channels-last strides passes is_contiguous() and
+    # still makes its conv's output channels-last, which Opacus reads as wrong (0.31 off; tests/.../test_memory_format)
+    relaid = [n for n, p in model.named_parameters()
+              if p.stride() != torch.empty_like(p, memory_format=torch.contiguous_format).stride()]
+    if relaid:
         raise ValueError(f"per-sample gradients need weights in the default (contiguous) layout; not so: {relaid}")
     module = prepare_module(model, grad_sample_mode=dp.grad_sample_mode, batch_first=True, loss_reduction="mean",
                             wrap_model=True)

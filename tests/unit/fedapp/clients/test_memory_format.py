@@ -102,14 +102,22 @@ def test_opacus_per_sample_gradients_are_wrong_with_channels_last_weights_so_dp_
         single = copy.deepcopy(model)
         torch.nn.CrossEntropyLoss()(single(x[i:i + 1]), y[i:i + 1]).backward()
         reference.append([p.grad for p in single.parameters()])
+    first_only = copy.deepcopy(model)  # only the one-input-channel conv: its weight still passes is_contiguous()
+    weight = first_only.features[0].weight
+    weight.data = torch.empty_like(weight.data, memory_format=torch.channels_last).copy_(weight.data)
+    assert weight.is_contiguous()
+    layouts = {"default": copy.deepcopy(model), "channels-last": copy.deepcopy(model).to(memory_format=torch.channels_last),
+               "first conv channels-last": first_only}
     errors = {}
-    for fmt in (torch.contiguous_format, torch.channels_last):
-        gsm = GradSampleModule(copy.deepcopy(model).to(memory_format=fmt))
+    for name, variant in layouts.items():
+        gsm = GradSampleModule(copy.deepcopy(variant))
         torch.nn.CrossEntropyLoss()(gsm(x), y).backward()
-        errors[fmt] = max(float((p.grad_sample[i] - reference[i][k]).abs().max())
-                          for k, p in enumerate(gsm.parameters()) for i in range(4))
-    assert errors[torch.contiguous_format] < 1e-5 and errors[torch.channels_last] > 1e-2
-    relaid = copy.deepcopy(model).to(memory_format=torch.channels_last)
+        errors[name] = max(float((p.grad_sample[i] - reference[i][k]).abs().max())
+                           for k, p in enumerate(gsm.parameters()) for i in range(4))
+    assert errors["default"] < 1e-5
+    assert errors["channels-last"] > 1e-2 and errors["first conv channels-last"] > 1e-2
     spec = LocalTraining(batch_size=16, steps=2, lr=0.1, seed=3, dp=PerSampleDP(1.0, 1.0, "hooks"))
     with pytest.raises(ValueError, match="features.3.weight"):
-        local_train(relaid, _data(), spec)
+        local_train(layouts["channels-last"], _data(), spec)
+    with pytest.raises(ValueError, match="features.0.weight"):
+        local_train(first_only, _data(), spec)
