@@ -16,7 +16,8 @@ FederatedAveraging + central Gaussian mechanism on the same MNIST task, in wall 
    the trusted-server setting (each client adds N(0, σ²C²/r), the sum of r updates carries σC).
 3. Runs ``benchmarks/pfl_side.py`` in pfl's own virtual environment on the exported inputs.
 4. Measures each run from outside: wall time of the whole command, per-round times (``rounds.jsonl``;
-   pfl: a timer callback), and the peak of the PSS summed over the process tree (every descendant,
+   pfl: a timer callback), start-up and teardown (the command's output lines that begin round 1 and end the
+   last round, stamped as they arrive: :class:`Phases`), and the peak of the PSS summed over the process tree (every descendant,
    also ones re-parented after they were seen), sampled every ``--interval`` seconds.
 
 Runs alternate (ours, pfl, then pfl, ours, ...); every ratio (ours ÷ pfl) is measured within one run
@@ -57,6 +58,12 @@ TARGET_WALL_RATIO = 1.0
 TARGET_PEAK_GB = 1.5
 TARGET_SECAGG_RATIO = 1.15  # a SecAgg+ round over the same round without it
 QUIET_LOAD = 1.0  # 1-minute load average above which a machine is not quiet enough to time on
+#: output lines that split a run's time outside its rounds into start-up (launch → round 1 begins) and teardown
+#: (last round ended → exit): (round 1 begins, a round ended) per side. Ours: Flower's ``[ROUND 1]`` and the
+#: server's ``[round t/T]`` summary, relayed by the launcher from the ServerApp's log (a 0.1 s poll); pfl:
+#: ``RoundTimer``'s lines in benchmarks/pfl_side.py (``TRAIN_BEGINS``, ``ROUND_ENDED``)
+OUR_MARKS = (re.compile(r"\[ROUND 1\]"), re.compile(r"\[round \d+/\d+\]"))
+PFL_MARKS = (re.compile(r"^\[pfl_side\] round 1 begins"), re.compile(r"^\[pfl_side\] round ended:"))
 
 
 def settle(limit_s: float = 150.0) -> float:
@@ -220,17 +227,57 @@ class TreeSampler:
             self.result.peak_bytes, self.result.peak_split = total, sorted(split, key=lambda t: -t[1])
 
 
+@dataclass
+class Phases:
+    """When, in seconds after the launch, round 1 began (first line matching ``begin``) and the last round ended
+    (last line matching ``end``); None where no line matched."""
+
+    begin: re.Pattern[str]
+    end: re.Pattern[str]
+    round1_begins: float | None = None
+    last_round_ended: float | None = None
+
+    def copy(self, stream: Any, out: Any, t0: float) -> None:
+        """Copy ``stream``'s lines to ``out`` as they come, stamping the marker lines."""
+        for line in iter(stream.readline, ""):
+            now = time.perf_counter() - t0
+            try:
+                out.write(line)
+            except ValueError:  # the log was closed: a descendant kept the pipe open past the run's end
+                return
+            if self.round1_begins is None and self.begin.search(line):
+                self.round1_begins = now
+            if self.end.search(line):
+                self.last_round_ended = now
+        out.flush()
+
+    def split(self, wall: float) -> dict[str, float | None]:
+        """``start_up``: launch → round 1 begins; ``teardown``: last round ended → exit."""
+        return {"start_up": self.round1_begins,
+                "teardown": None if self.last_round_ended is None else wall - self.last_round_ended}
+
+
 def run_measured(cmd: list[str], *, env: dict[str, str], cwd: Path, log: Path, interval: float,
-                 timeout: float | None) -> tuple[int, float, TreeSample]:
-    """Run ``cmd`` (output to ``log``) while sampling its process tree; (exit code, wall seconds, sample).
-    ``timeout=None`` waits as long as it takes."""
+                 timeout: float | None, phases: Phases | None = None) -> tuple[int, float, TreeSample]:
+    """Run ``cmd`` (output to ``log``, its marker lines stamped into ``phases``) while sampling its process tree;
+    (exit code, wall seconds, sample). ``timeout=None`` waits as long as it takes."""
     with open(log, "w", encoding="utf-8") as out:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT)
+        copier = None
+        proc: subprocess.Popen[Any]
+        if phases is None:
+            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT)
+        else:
+            proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace")
+            copier = threading.Thread(target=phases.copy, args=(proc.stdout, out, t0), daemon=True)
+            copier.start()
         try:
             with TreeSampler(proc.pid, interval) as sampler:
                 code = proc.wait(timeout=timeout)
             wall = time.perf_counter() - t0
+            if copier is not None:
+                copier.join(timeout=5)  # the output's end: every descendant holding the pipe has exited
         finally:
             if proc.poll() is None:  # interrupted or timed out: the launcher stops its SuperLink on SIGTERM
                 proc.terminate()
@@ -273,7 +320,9 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
            "--num-cpus", str(num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
     log = work / (f"ours-{engine}-cpus{num_cpus:g}{'' if wakeups else '-polls'}{'-secagg' if secure_aggregation else ''}"
                   f"-{tag}.log")
-    code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout)
+    phases = Phases(*OUR_MARKS)
+    code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout,
+                                   phases=phases)
     if code != 0:
         raise RuntimeError(f"our run failed (exit {code}); log {log}:\n{_tail(log)}")
     new = sorted((p for p in out_dir.glob("*") if p.is_dir() and p not in before and (p / "summary.json").exists()),
@@ -293,7 +342,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
             "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
             "cohort_sizes": [None if s is None else int(s) for s in sampled],
             "initial": {"loss": float(initial.group(1)), "accuracy": float(initial.group(2))} if initial else {},
-            "results": str(new[-1]), "log": str(log)}
+            "results": str(new[-1]), "log": str(log), **phases.split(wall)}
 
 
 def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: int | None,
@@ -310,7 +359,9 @@ def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: 
         cmd = [str(args.pfl_python), str(PFL_PLAIN), "--inputs", str(inputs), "--out", str(out)]
     cmd += [] if seed is None else ["--seed", str(seed)]
     log = work / f"pfl-{script}-{tag}.log"
-    code, wall, mem = run_measured(cmd, env=env, cwd=work, log=log, interval=args.interval, timeout=args.timeout)
+    phases = Phases(*PFL_MARKS)
+    code, wall, mem = run_measured(cmd, env=env, cwd=work, log=log, interval=args.interval, timeout=args.timeout,
+                                   phases=phases)
     if code != 0 or not out.exists():
         raise RuntimeError(f"the pfl run failed (exit {code}); log {log}:\n{_tail(log)}")
     res = json.loads(out.read_text(encoding="utf-8"))
@@ -324,7 +375,7 @@ def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: 
             "cohort_sizes": [None if r.get("clients") is None else int(r["clients"]) for r in res["rounds"]],
             "versions": {"pfl": res.get("pfl_version"), "torch": res.get("torch_version"),
                          "torch_threads": res.get("torch_threads")},
-            "initial": res.get("initial") or {}, "log": str(log)}
+            "initial": res.get("initial") or {}, "log": str(log), **phases.split(wall)}
 
 
 def pfl_available(python: Path) -> str | None:
@@ -353,11 +404,12 @@ def _med(runs: list[dict[str, Any]], key: str) -> float:
 
 def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: bool) -> list[str]:
     """Markdown: one row per run, medians per side, ratios ours ÷ pfl and the issue's targets."""
-    rows = ["| run | wall | rounds Σ | outside rounds | round 1 | steady round (median 2..T) | peak PSS Σ | CPU s "
-            "(sampled) | clients/round | final acc |", "|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | wall | rounds Σ | outside rounds (start-up + teardown) | round 1 | steady round (median 2..T) | "
+            "peak PSS Σ | CPU s (sampled) | clients/round | final acc |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         rows.append(f"| {r['side']} #{r['tag']} | {r['wall']:.1f} s | {r['rounds_sum']:.1f} s | "
-                    f"{r['wall'] - r['rounds_sum']:.1f} s | {r['round1']:.2f} s | {r['steady_median']:.2f} s | "
+                    f"{r['wall'] - r['rounds_sum']:.1f} s{_phases_cell(r)} | {r['round1']:.2f} s | "
+                    f"{r['steady_median']:.2f} s | "
                     f"{r['peak_bytes'] / 1e9:.2f} GB | {r['cpu_seconds']:.0f} | {r['mean_clients']:.1f} | "
                     f"{r['final_accuracy'] if r['final_accuracy'] is None else format(r['final_accuracy'], '.4f')} |")
     pfl = [r for r in runs if r["side"] == "pfl"]
@@ -389,6 +441,25 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
                f"{settings['batch_size']}, {settings['local_epochs']} local epoch, lr {settings['lr']}, "
                f"{settings['rounds']} rounds.")
     return out
+
+
+def _phases_cell(run: dict[str, Any]) -> str:
+    """`` (start-up + teardown)`` of a run whose marker lines were seen (:class:`Phases`), else empty."""
+    if run.get("start_up") is None or run.get("teardown") is None:
+        return ""
+    return f" ({run['start_up']:.1f} + {run['teardown']:.1f})"
+
+
+def _phase_rows(ours: list[dict[str, Any]], pfl: list[dict[str, Any]]) -> list[str]:
+    """Median start-up (launch → round 1 begins) and teardown (last round ended → exit) rows, where every run has
+    them."""
+    rows = []
+    for key, name in (("start_up", "start-up (launch → round 1)"), ("teardown", "teardown (last round → exit)")):
+        if all(r.get(key) is not None for r in ours + pfl):
+            a, b = _med(ours, key), _med(pfl, key)
+            rows.append(f"| {name} | {a:.1f} s | {b:.1f} s | {a / b:.2f}× |" if b > 0 else
+                        f"| {name} | {a:.1f} s | {b:.1f} s | – |")
+    return rows
 
 
 def _cohort_check(runs: list[dict[str, Any]], settings: dict[str, Any]) -> list[str]:
@@ -479,6 +550,7 @@ def _versus_pfl(ours: list[dict[str, Any]], pfl: list[dict[str, Any]], label: st
                 f"{ratio('steady_median')} |",
                 f"| round 1 | {_med(ours, 'round1'):.2f} s | {_med(pfl, 'round1'):.2f} s | {ratio('round1')} |",
                 f"| outside rounds | {outside[0]:.1f} s | {outside[1]:.1f} s | {outside[0] / outside[1]:.2f}× |",
+                *_phase_rows(ours, pfl),
                 f"| peak PSS Σ | {peak:.2f} GB | {_med(pfl, 'peak_bytes') / 1e9:.2f} GB | {ratio('peak_bytes')} |",
                 f"| CPU s (sampled) | {_med(ours, 'cpu_seconds'):.0f} | {_med(pfl, 'cpu_seconds'):.0f} | "
                 f"{ratio('cpu_seconds')} |", "",

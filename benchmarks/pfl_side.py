@@ -171,6 +171,11 @@ class CentralTestEvaluation(TrainingProcessCallback):
         return False, self._evaluate(model)
 
 
+#: output lines of :class:`RoundTimer`: training begins (after the initial evaluation); a central iteration ended
+TRAIN_BEGINS = "[pfl_side] round 1 begins"
+ROUND_ENDED = "[pfl_side] round ended:"
+
+
 class RoundTimer(TrainingProcessCallback):
     """Wall time of every central iteration (including the evaluation of callbacks listed before it) and
     the central test metrics; listed last, its ``on_train_begin`` runs after the initial evaluation."""
@@ -181,6 +186,7 @@ class RoundTimer(TrainingProcessCallback):
 
     def on_train_begin(self, *, model: Any) -> Metrics:
         self._start = self._last = time.perf_counter()
+        print(TRAIN_BEGINS, flush=True)  # peer_pfl.py times the start-up against this line
         return Metrics()
 
     def after_central_iteration(self, aggregate_metrics: Metrics, model: Any, *,
@@ -193,6 +199,7 @@ class RoundTimer(TrainingProcessCallback):
             "clients": flat.get("Train population | number of devices"),
         })
         self._last = now
+        print(f"{ROUND_ENDED} {central_iteration + 1}", flush=True)  # and the teardown against the last one
         return False, Metrics()
 
 
