@@ -17,8 +17,8 @@ FederatedAveraging + central Gaussian mechanism on the same MNIST task, in wall 
 3. Runs ``benchmarks/pfl_side.py`` in pfl's own virtual environment on the exported inputs.
 4. Measures each run from outside: wall time of the whole command, per-round times (``rounds.jsonl``;
    pfl: a timer callback), start-up and teardown (the command's output lines that begin round 1 and end the
-   last round, stamped as they arrive: :class:`Phases`), and the peak of the PSS summed over the process tree (every descendant,
-   also ones re-parented after they were seen), sampled every ``--interval`` seconds.
+   last round, stamped as they arrive: :class:`Phases`), and the peak of the PSS summed over the process tree
+   (every descendant, also ones re-parented after they were seen), sampled every ``--interval`` seconds.
 
 Runs alternate (ours, pfl, then pfl, ours, ...); every ratio (ours ÷ pfl) is measured within one run
 of this script. Skips with a message (exit 0) when the pfl environment is absent. Set up pfl with
