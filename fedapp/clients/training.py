@@ -184,6 +184,16 @@ def relayout(model: nn.Module, fmt: torch.memory_format) -> None:
             p.data = torch.empty_like(p.data, memory_format=fmt).copy_(p.data)
 
 
+def default_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a tensor of ``shape`` in the default (contiguous) layout, as
+    ``torch.empty(shape).stride()`` gives them, without allocating one."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return tuple(reversed(strides))
+
+
 def epochs_to_steps(num_examples: int, batch_size: int, epochs: int) -> int:
     return int(epochs) * steps_per_epoch(num_examples, batch_size)
 
@@ -238,8 +248,7 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
     ModuleValidator.validate(model, strict=True)
     # exact default strides: a one-input-channel conv weight with channels-last strides passes is_contiguous() and
     # still makes its conv's output channels-last, which Opacus reads as wrong (0.31 off; tests/.../test_memory_format)
-    relaid = [n for n, p in model.named_parameters()
-              if p.stride() != torch.empty_like(p, memory_format=torch.contiguous_format).stride()]
+    relaid = [n for n, p in model.named_parameters() if p.stride() != default_strides(p.shape)]
     if relaid:
         raise ValueError(f"per-sample gradients need weights in the default (contiguous) layout; not so: {relaid}")
     module = prepare_module(model, grad_sample_mode=dp.grad_sample_mode, batch_first=True, loss_reduction="mean",

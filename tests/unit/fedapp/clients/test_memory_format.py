@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.clients.training import LocalTraining, PerSampleDP, evaluate_model, get_weights, local_train
+from fedapp.clients.training import (
+    LocalTraining,
+    PerSampleDP,
+    default_strides,
+    evaluate_model,
+    get_weights,
+    local_train,
+)
 from fedapp.data.datasets import ArrayDataset
 from fedapp.models.zoo import CifarCNN, DigitsCNN, FmnistCNN, MnistCNN, ResNet18GN
 
@@ -121,3 +128,9 @@ def test_opacus_per_sample_gradients_are_wrong_with_channels_last_weights_so_dp_
         local_train(layouts["channels-last"], _data(), spec)
     with pytest.raises(ValueError, match="features.0.weight"):
         local_train(first_only, _data(), spec)
+
+
+@pytest.mark.parametrize("shape", [(32, 1, 5, 5), (64, 32, 5, 5), (10, 1024), (7,), (), (3, 0, 4), (0, 2)])
+def test_default_strides_are_the_strides_torch_gives_a_contiguous_tensor(shape):
+    """The DP-SGD guard compares each weight's strides with these; torch's own, from an allocated tensor, agree."""
+    assert default_strides(shape) == torch.empty(shape).stride()
