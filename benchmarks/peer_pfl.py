@@ -300,6 +300,61 @@ def round_stats(walls: list[float]) -> dict[str, float]:
             else float("nan"), "rounds_sum": float(sum(walls))}
 
 
+#: where a steady round goes (:func:`round_parts`, :func:`pfl_round_parts`), in the report's order
+ROUND_PARTS = ("training", "messaging", "aggregation", "evaluation", "rest", "round", "train_work")
+
+
+def lanes_makespan(seconds: list[float], lanes: int) -> float:
+    """The wall share of a round's local trainings run ``lanes`` at a time: longest first, each on the lane that
+    frees first (the clients' order inside a round is not recorded; with equal clients any order gives this)."""
+    loads = [0.0] * max(1, lanes)
+    for s in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += s
+    return max(loads)
+
+
+def round_parts(record: dict[str, Any], lanes: int) -> dict[str, float | None] | None:
+    """One of our ``rounds.jsonl`` records split into :data:`ROUND_PARTS` (seconds), or None without its timings.
+
+    ``training``: the clients' local-training loops (``train_seconds``) packed on the ``lanes`` actors
+    (:func:`lanes_makespan`); ``messaging``: the rest of the server's fit phase (``seconds.fit``: the messages,
+    SecAgg+'s stages and the clients' work outside their loops); ``aggregation``: ``seconds.aggregate``;
+    ``evaluation``: ``seconds.evaluate``; ``rest``: the round's wall time less the three phases (sampling, the fit
+    configuration, the record); ``train_work``: the loops' sum over the clients."""
+    seconds = record.get("seconds") or {}
+    train = [float(c["train_seconds"]) for c in record.get("clients", []) if c.get("train_seconds") is not None]
+    if not {"fit", "aggregate", "evaluate"} <= set(seconds) or not train:
+        return None
+    training, wall = lanes_makespan(train, lanes), float(record["wall_seconds"])
+    return {"training": training, "messaging": seconds["fit"] - training, "aggregation": seconds["aggregate"],
+            "evaluation": seconds["evaluate"], "rest": wall - seconds["fit"] - seconds["aggregate"] - seconds["evaluate"],
+            "round": wall, "train_work": float(sum(train))}
+
+
+def pfl_round_parts(record: dict[str, Any]) -> dict[str, float | None] | None:
+    """One of ``pfl_side.py``'s round records split into :data:`ROUND_PARTS`, or None without its timings: pfl trains
+    its users one after another in one process (``training`` = their sum), has no messages, and its aggregation
+    (with the noise, the cohort's sampling and its user datasets) falls in ``rest``."""
+    if record.get("train_seconds") is None or record.get("evaluate_seconds") is None:
+        return None
+    training, wall = float(sum(record["train_seconds"])), float(record["wall_seconds"])
+    return {"training": training, "messaging": None, "aggregation": None, "evaluation": float(record["evaluate_seconds"]),
+            "rest": wall - training - float(record["evaluate_seconds"]), "round": wall, "train_work": training}
+
+
+def steady_parts(parts: list[dict[str, float | None] | None]) -> dict[str, float | None] | None:
+    """The mean of each part over the steady rounds (2..T; every round of a 1-round run): the parts add up to the
+    mean steady round. None when a round lacks its split."""
+    steady = parts[1:] or parts
+    if not steady or any(p is None for p in steady):
+        return None
+    out: dict[str, float | None] = {}
+    for key in ROUND_PARTS:
+        values = [p[key] for p in steady if p is not None]
+        out[key] = None if any(v is None for v in values) else statistics.fmean(float(v) for v in values if v is not None)
+    return out
+
+
 def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace,
              engine: str = "superlink", num_cpus: float = 1.0, secure_aggregation: bool = False,
              wakeups: bool = True) -> dict[str, Any]:
@@ -336,7 +391,9 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
                         log.read_text(encoding="utf-8", errors="replace"))
     walls = [float(r["wall_seconds"]) for r in rounds]
     sampled = [r["metrics"].get("clients_sampled", r["metrics"].get("clients_ok")) for r in rounds]
+    lanes = max(1, int((os.cpu_count() or 1) / num_cpus))  # Flower's Ray backend: ⌊CPUs / CPUs a client⌋ actors
     return {"side": our_side(engine, num_cpus, secure_aggregation, wakeups), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+            "lanes": lanes, "parts": steady_parts([round_parts(r, lanes) for r in rounds]),
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
             "rounds": len(rounds), "mean_clients": float(np.mean([s for s in sampled if s is not None] or [np.nan])),
@@ -368,7 +425,7 @@ def run_pfl(inputs: Path, work: Path, tag: str, args: argparse.Namespace, seed: 
     walls = [float(r["wall_seconds"]) for r in res["rounds"]]
     clients = [r["clients"] for r in res["rounds"] if r.get("clients") is not None]
     return {"side": PFL_LABELS[script], "tag": tag, "wall": wall, **round_stats(walls),
-            "round_walls": walls,
+            "round_walls": walls, "lanes": 1, "parts": steady_parts([pfl_round_parts(r) for r in res["rounds"]]),
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": res.get("final_accuracy"), "rounds": len(walls),
             "mean_clients": float(np.mean(clients)) if clients else float("nan"),
@@ -419,6 +476,7 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
     for label in dict.fromkeys(r["side"] for r in runs if not r["side"].startswith("pfl")):
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl, label, busiest)
         out += _versus_pfl([r for r in runs if r["side"] == label], pfl_cl, label, busiest, PFL_LABELS["side-cl"])
+    out += _parts_table(runs)
     out += _cohort_check(runs, settings)
     out += _secagg_cost(runs)
     out += _wakeup_gain(runs)
@@ -440,6 +498,42 @@ def report(runs: list[dict[str, Any]], settings: dict[str, Any], show_split: boo
                f"(expected), σ = {settings['noise_multiplier']}, C = {settings['clip_norm']}, b = "
                f"{settings['batch_size']}, {settings['local_epochs']} local epoch, lr {settings['lr']}, "
                f"{settings['rounds']} rounds.")
+    return out
+
+
+PART_ROWS = {
+    "training": "local training, on the side's lanes",
+    "messaging": "messages, SecAgg+ stages, client work outside the loop",
+    "aggregation": "aggregation (admission, accounting, decoding)",
+    "evaluation": "central evaluation",
+    "rest": "rest",
+    "round": "round",
+    "train_work": "local training, summed over clients",
+}
+
+
+def _parts_table(runs: list[dict[str, Any]]) -> list[str]:
+    """Where a steady round goes, per side: the mean of each part over rounds 2..T, median over the side's runs
+    (sides whose every run has the split)."""
+    sides = [label for label in dict.fromkeys(r["side"] for r in runs)
+             if all(r.get("parts") for r in runs if r["side"] == label)]
+    if not sides:
+        return []
+
+    def cell(label: str, key: str) -> str:
+        values = [r["parts"][key] for r in runs if r["side"] == label]
+        return "–" if any(v is None for v in values) else f"{statistics.median(values):.2f} s"
+
+    lanes = {label: next(r["lanes"] for r in runs if r["side"] == label) for label in sides}
+    out = ["", "Where a steady round goes (each part's mean over rounds 2..T, median over the side's runs; the first "
+           "five parts add up to the round):", "", "| part | " + " | ".join(f"{s} ({lanes[s]} lane{'s' if lanes[s] > 1 else ''})"
+                                                                  for s in sides) + " |",
+           "|---|" + "---|" * len(sides)]
+    out += [f"| {name} | " + " | ".join(cell(s, key) for s in sides) + " |" for key, name in PART_ROWS.items()]
+    out.append("\nOurs: training = the clients' local-training loops packed on the actors, longest first; messages = "
+               "the server's fit phase less that; rest = sampling, the fit configuration and the round record. pfl: its "
+               "users train one after another in one process; its aggregation, noise, sampling and user datasets are "
+               "in rest.")
     return out
 
 

@@ -14,7 +14,8 @@ settings, and trains with pfl's own pieces as its documentation shows them:
   server adds N(0, σ²C²) to their sum before averaging;
 * central evaluation on the held-out test set of the initial model and after every round, as the
   project's server does (a small callback on ``PyTorchModel.evaluate``: pfl's ``CentralEvaluationCallback``
-  skips the evaluation after the first iteration), and a timer callback for per-round wall times;
+  skips the evaluation after the first iteration), and a timer callback for per-round wall times, with
+  each round's local training (per user) and central evaluation timed inside it;
 * no per-user evaluation: pfl evaluates every sampled user on its own data before and after local
   training in iterations that are multiples of ``evaluation_frequency`` (iteration 0 included); the
   project's run does no federated evaluation (``fraction-evaluate = 0``), so it is switched off here.
@@ -145,10 +146,23 @@ class DistinctCohortSampler:
 
 
 class NoUserEvaluation(FederatedAveraging):
-    """FederatedAveraging without pfl's per-user evaluation before and after local training."""
+    """FederatedAveraging without pfl's per-user evaluation before and after local training; it times each user's
+    local training (``train_one_user``: pfl's SGD loop and the model difference) into ``train_seconds``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.train_seconds: list[float] = []  # the users of the central iteration in progress
 
     def simulate_one_user(self, model: Any, user_dataset: Any, central_context: Any) -> tuple[Any, Metrics]:
         return super().simulate_one_user(model, user_dataset, dataclasses.replace(central_context, do_evaluation=False))
+
+    def train_one_user(self, initial_model_state: Any, model: Any, user_dataset: Any,
+                       central_context: Any) -> tuple[Any, Metrics]:
+        start = time.perf_counter()
+        try:
+            return super().train_one_user(initial_model_state, model, user_dataset, central_context)
+        finally:
+            self.train_seconds.append(time.perf_counter() - start)
 
 
 class CentralTestEvaluation(TrainingProcessCallback):
@@ -158,9 +172,13 @@ class CentralTestEvaluation(TrainingProcessCallback):
     def __init__(self, dataset: Dataset, eval_params: NNEvalHyperParams) -> None:
         self.dataset, self.eval_params = dataset, eval_params
         self.initial: dict[str, float] = {}
+        self.seconds = 0.0  # the last evaluation's
 
     def _evaluate(self, model: PyTorchModel) -> Metrics:
-        return model.evaluate(self.dataset, lambda n: StringMetricName(f"Central test | {n}"), self.eval_params)
+        start = time.perf_counter()
+        metrics = model.evaluate(self.dataset, lambda n: StringMetricName(f"Central test | {n}"), self.eval_params)
+        self.seconds = time.perf_counter() - start
+        return metrics
 
     def on_train_begin(self, *, model: PyTorchModel) -> Metrics:
         self.initial = self._evaluate(model).to_simple_dict()
@@ -178,11 +196,14 @@ ROUND_ENDED = "[pfl_side] round ended:"
 
 class RoundTimer(TrainingProcessCallback):
     """Wall time of every central iteration (including the evaluation of callbacks listed before it) and
-    the central test metrics; listed last, its ``on_train_begin`` runs after the initial evaluation."""
+    the central test metrics; listed last, its ``on_train_begin`` runs after the initial evaluation. Given the
+    ``algorithm`` and the ``central`` evaluation, a round's record also holds its users' local training seconds
+    (``train_seconds``) and the central evaluation's (``evaluate_seconds``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, algorithm: NoUserEvaluation | None = None, central: CentralTestEvaluation | None = None) -> None:
         self.rounds: list[dict[str, Any]] = []
         self._start = self._last = 0.0
+        self.algorithm, self.central = algorithm, central
 
     def on_train_begin(self, *, model: Any) -> Metrics:
         self._start = self._last = time.perf_counter()
@@ -198,6 +219,11 @@ class RoundTimer(TrainingProcessCallback):
             "accuracy": flat.get("Central test | accuracy"), "loss": flat.get("Central test | loss"),
             "clients": flat.get("Train population | number of devices"),
         })
+        if self.algorithm is not None:
+            self.rounds[-1]["train_seconds"] = list(self.algorithm.train_seconds)
+            self.algorithm.train_seconds.clear()
+        if self.central is not None:
+            self.rounds[-1]["evaluate_seconds"] = self.central.seconds
         self._last = now
         print(f"{ROUND_ENDED} {central_iteration + 1}", flush=True)  # and the teardown against the last one
         return False, Metrics()
@@ -266,13 +292,14 @@ def run(inputs: dict[str, Any], sampling: str, seed: int | None, channels_last: 
     train_params = NNTrainHyperParams(local_learning_rate=float(s["lr"]), local_num_epochs=int(s["local_epochs"]),
                                       local_batch_size=int(s["batch_size"]))
     eval_params = NNEvalHyperParams(local_batch_size=int(s["eval_batch_size"]))
-    timer = RoundTimer()
+    algorithm = NoUserEvaluation()
     central = CentralTestEvaluation(Dataset(raw_data=[inputs["test_x"], inputs["test_y"]]), eval_params)
+    timer = RoundTimer(algorithm, central)
     callbacks: list[TrainingProcessCallback] = [central]
     if isinstance(cohort, (PoissonCohort, CohortSchedule)):
         callbacks.append(cohort)
     callbacks.append(timer)  # last: its round time includes the central evaluation
-    NoUserEvaluation().run(algorithm_params=algorithm_params, backend=backend, model=model,
+    algorithm.run(algorithm_params=algorithm_params, backend=backend, model=model,
                            model_train_params=train_params, model_eval_params=eval_params, callbacks=callbacks)
     return {"rounds": timer.rounds, "final_accuracy": timer.rounds[-1]["accuracy"] if timer.rounds else None,
             "initial": {"accuracy": central.initial.get("Central test | accuracy"),

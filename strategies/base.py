@@ -39,7 +39,7 @@ from strategies.engine import EvaluateFn, RoundEngine
 from strategies.errors import ClientFailure
 from strategies.hooks import CLIENT_STATUSES
 from strategies.server.admission import ClientUpdate, Failure, Reply
-from strategies.server.records import CLIENT_FIELDS, RoundRecorder
+from strategies.server.records import AGGREGATE_PHASE, CLIENT_FIELDS, FIT_PHASE, RoundRecorder
 from strategies.server.validation import RejectedUpdate
 
 __all__ = ["CLIENT_FIELDS", "CLIENT_STATUSES", "LEDGER_CONFIG_KEY", "ClientUpdate", "DPFLStrategy", "EvaluateFn",
@@ -141,8 +141,10 @@ class DPFLStrategy(RoundEngine, Strategy):
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[tuple[ClientProxy, FitRes] | BaseException]) -> tuple[Parameters | None, dict[str, Scalar]]:
-        metrics = self.run_round(self.actual_round(server_round), [fit_reply(p, r) for p, r in results],
-                                 [fit_failure(f) for f in failures])
+        self.round_log.mark(FIT_PHASE)
+        with self.round_log.timed(AGGREGATE_PHASE):
+            metrics = self.run_round(self.actual_round(server_round), [fit_reply(p, r) for p, r in results],
+                                     [fit_failure(f) for f in failures])
         return ndarrays_to_parameters(self.current_weights), {k: v for k, v in metrics.items()
                                                               if isinstance(v, (int, float, str, bool))}
 

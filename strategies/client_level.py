@@ -83,6 +83,7 @@ from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.mechanisms import ClientLevelDP, noisy_norm_bound
+from strategies.server.records import AGGREGATE_PHASE, FIT_PHASE
 from strategies.server.validation import metric_problem, parse_client_id
 
 CFG_SIGMA = "dp-noise-multiplier"  # fit-config: the mechanism's σ (clients cross-check it)
@@ -394,12 +395,14 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     def aggregate_fit(self, server_round: int, results: list[tuple[ClientProxy, FitRes]],
                       failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self.round_log.mark(FIT_PHASE)
         self._contributors = len(results)
         self._count_sum, self._sum_problem = None, None
-        if self.ddg is not None and self.secure_aggregation and results and self._unreleased is None:
-            self.decode_secure_sum(server_round, results)
-        if self.adaptive is not None and self.count_in_secure_sum and results and self._unreleased is None:
-            self.split_count_sum(results)
+        with self.round_log.timed(AGGREGATE_PHASE):
+            if self.ddg is not None and self.secure_aggregation and results and self._unreleased is None:
+                self.decode_secure_sum(server_round, results)
+            if self.adaptive is not None and self.count_in_secure_sum and results and self._unreleased is None:
+                self.split_count_sum(results)
         return super().aggregate_fit(server_round, results, failures)
 
     def split_count_sum(self, results: list[tuple[ClientProxy, FitRes]]) -> None:

@@ -24,7 +24,7 @@ from strategies.privacy.ledger import PrivacyLedger
 from strategies.server import admission as adm
 from strategies.server.admission import ClientUpdate, Failure, Reply, log
 from strategies.server.identity import IdentityBinding
-from strategies.server.records import RoundLog, RoundRecorder, client_evaluation, headline
+from strategies.server.records import EVALUATE_PHASE, RoundLog, RoundRecorder, client_evaluation, headline
 from strategies.server.sampling import ClientSampler
 from strategies.server.validation import StrikeRecord, UpdateValidator, parse_client_id
 
@@ -173,7 +173,8 @@ class RoundEngine(FamilyHooks):
         """Server-side evaluation of the global model into the round record (round 0: the initial model)."""
         out = None
         if self.evaluate_fn is not None and (server_round == 0 or self.evaluation_round(server_round)):
-            loss, metrics = out = self.evaluate_fn(weights)
+            with self.round_log.timed(EVALUATE_PHASE):
+                loss, metrics = out = self.evaluate_fn(weights)
             if server_round == 0:
                 log(INFO, "initial model: loss=%.4f accuracy=%.4f", loss, metrics.get("accuracy", float("nan")))
             self._add_metrics(server_round, {"loss": loss, **metrics})

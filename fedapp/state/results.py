@@ -3,8 +3,8 @@
 Layout (one new subfolder of ``output-dir`` per run)::
 
     config.json    resolved run-config, seed, strategy threat model, package versions
-    rounds.jsonl   one JSON object per round: round, wall_seconds, elapsed_seconds,
-                   metrics{accuracy, loss, client_accuracy, ...}, clients[{client_id, ...}]
+    rounds.jsonl   one JSON object per round: round, wall_seconds, elapsed_seconds, seconds{fit, aggregate,
+                   evaluate}, metrics{accuracy, loss, client_accuracy, ...}, clients[{client_id, ...}]
     summary.json   final/best accuracy, max ε per client, total uplink bytes, wall time
     accuracy.png   global test accuracy and mean client accuracy vs round
     privacy.png    ε spent by each client vs round

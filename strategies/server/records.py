@@ -4,13 +4,19 @@
 ``configure_fit``, fills client records in ``aggregate_fit`` and metrics in ``evaluate`` /
 ``aggregate_evaluate``, and :meth:`RoundLog.flush` hands it to a :class:`RoundRecorder`
 (``fedapp.state.results.ResultsWriter`` implements one) exactly once.
+
+Besides ``wall_seconds`` (the round's start to its record), a record's ``seconds`` says where the server's round
+went: :data:`FIT_PHASE` (the round's start until the replies reach the strategy: the clients' local training, the
+messages and, under SecAgg+, its stages), :data:`AGGREGATE_PHASE` (admission, accounting, decoding, aggregation and
+the server step) and :data:`EVALUATE_PHASE` (the server-side evaluation of the new global model).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, TypeGuard
 
 import numpy as np
@@ -31,6 +37,10 @@ class RoundRecorder(Protocol):
     def write_round(self, record: dict[str, Any]) -> None: ...
 
     def finish(self) -> None: ...
+
+
+#: keys of a round record's ``seconds`` (module docstring)
+FIT_PHASE, AGGREGATE_PHASE, EVALUATE_PHASE = "fit", "aggregate", "evaluate"
 
 
 def jsonable(value: Any) -> Any:
@@ -76,6 +86,24 @@ class RoundLog:
     def start(self, server_round: int) -> None:
         self.current = {"round": int(server_round), "metrics": {}, "clients": []}
         self._round_start = time.perf_counter()
+
+    def mark(self, phase: str) -> None:
+        """Record the seconds from the round's start to now as ``seconds[phase]``, once: a later mark of the same
+        phase keeps the first (no round open: nothing is recorded)."""
+        if self.current is not None:
+            self.current.setdefault("seconds", {}).setdefault(phase, time.perf_counter() - self._round_start)
+
+    @contextlib.contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the seconds the block takes to ``seconds[phase]`` of the round open when it ends (none open: not
+        recorded; the initial model's evaluation comes before round 1 opens)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            if self.current is not None:
+                seconds = self.current.setdefault("seconds", {})
+                seconds[phase] = seconds.get(phase, 0.0) + time.perf_counter() - start
 
     def add_metrics(self, metrics: Mapping[str, Any]) -> None:
         if self.current is not None:

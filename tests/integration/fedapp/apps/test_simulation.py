@@ -36,6 +36,9 @@ def test_dpsgd_fedavg_simulation_writes_consistent_results(tmp_path):
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:
         assert {"accuracy", "loss", "client_accuracy"} <= set(r["metrics"]) and r["wall_seconds"] > 0
+        # where the server's round went: clients (training, messages), aggregation, central evaluation
+        assert set(r["seconds"]) == {"fit", "aggregate", "evaluate"} and min(r["seconds"].values()) > 0
+        assert sum(r["seconds"].values()) <= r["wall_seconds"]
         clients = r["clients"]
         assert sorted(c["client_id"] for c in clients) == list(range(5))
         assert all(c["status"] == "ok" for c in clients)
