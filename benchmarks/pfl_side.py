@@ -300,7 +300,7 @@ def run(inputs: dict[str, Any], sampling: str, seed: int | None, channels_last: 
         callbacks.append(cohort)
     callbacks.append(timer)  # last: its round time includes the central evaluation
     algorithm.run(algorithm_params=algorithm_params, backend=backend, model=model,
-                           model_train_params=train_params, model_eval_params=eval_params, callbacks=callbacks)
+                  model_train_params=train_params, model_eval_params=eval_params, callbacks=callbacks)
     return {"rounds": timer.rounds, "final_accuracy": timer.rounds[-1]["accuracy"] if timer.rounds else None,
             "initial": {"accuracy": central.initial.get("Central test | accuracy"),
                         "loss": central.initial.get("Central test | loss")}}
