@@ -64,7 +64,7 @@ import numpy as np
 from flwr.common import FitRes, Parameters, Scalar, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
-from strategies.aggregate import unflatten
+from strategies.aggregate import unflatten, weighted_sum
 from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate, Reply
 from strategies.errors import ConfigError
 from strategies.privacy import threat_models
@@ -93,6 +93,10 @@ CFG_CLIP = "dp-clip-norm"  # fit-config: the round's clip norm C_t under adaptiv
 #: client metric under adaptive clipping without SecAgg+: its share of the noisy count, b_i − ½ + N(0, σ_b²/r)
 #: (under SecAgg+ the share is coordinate d+1 of the secure sum instead, never a metric)
 METRIC_UNCLIPPED_SHARE = "unclipped_share"
+
+#: the fewest survivors whose secure sum is unmasked: with two, the server holds one survivor's self-mask seed after
+#: unmasking and the one pairwise seed between them is 32 bits in Flower's mask PRG (MT19937), a feasible search
+MIN_SECURE_SURVIVORS = 3
 
 MechanismFactory = Callable[[int], ClientLevelDP]
 #: (the run's client-level mechanism, the payload's length) → the distributed discrete Gaussian, or None when the
@@ -166,6 +170,12 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if self.mechanism_factory is not None and self.dp is None:
             self.dp = self.mechanism_factory(num_clients)
             self.sampler.fixed_rate = self.dp.sample_rate  # q = r/n of the registered clients, all run long
+            if self.secure_aggregation and self.dp.clients_per_round < MIN_SECURE_SURVIVORS:
+                raise ConfigError(f"secure aggregation with {self.dp.clients_per_round} client(s) a round "
+                                  f"(clients-per-round, else every client): a secure sum of fewer than "
+                                  f"{MIN_SECURE_SURVIVORS} survivors is never unmasked, so no round would release; "
+                                  f"run at least {MIN_SECURE_SURVIVORS} clients a round or set secure-aggregation = "
+                                  "false")
             if self.secure_sum_factory is not None and self.dp.secure_aggregation:
                 self.ddg = ddg = self.secure_sum_factory(self.dp, self.payload_dim())
                 if ddg is not None:  # clients account the continuous plan σ, the ledger the discrete sum's z ≥ σ
@@ -242,6 +252,36 @@ class ClientLevelDPStrategy(DPFLStrategy):
             return self.ddg.gaussian_equivalent(survivors, sampled), self.ddg.gaussian_equivalent(1, sampled)
         per_update = self.dp.noise_std(sampled) / self.dp.clip
         return per_update * math.sqrt(survivors), per_update
+
+    def charged_sample_rate(self, survivors: int, sampled: int) -> float:
+        """The rate the budget charges a round with ``survivors`` of ``sampled`` updates in its sum at: the mechanism's
+        accounted q (:attr:`ClientLevelDP.accounted_sample_rate`), except 1 when dropouts left fewer survivors than
+        sampled clients, whose sum then carries σ·√(r'/r_t) and so reveals the count (and with it part of who was
+        sampled): amplification by secret sampling does not hold for that round."""
+        assert self.dp is not None
+        return self.dp.accounted_sample_rate if survivors >= sampled else 1.0
+
+    def release_sample_rate(self, survivors: int, sampled: int) -> float:
+        """The rate a round's release is amplified at (its ``epsilon_vs_release``): q = r/n only for a continuous
+        Gaussian secure sum of every sampled update (:attr:`ClientLevelDP.release_sample_rate`), else 1 (the discrete
+        Gaussian's bound is not analysed under amplification; dropouts and per-update noise reveal the count)."""
+        assert self.dp is not None
+        return self.dp.release_sample_rate if self.ddg is None and survivors >= sampled else 1.0
+
+    def release_denominator(self, server_round: int) -> int:
+        """What the released mean divides the sum of updates by: the fixed expected cohort r = ``clients-per-round``
+        when clients are sampled at q < 1 (the fixed-denominator estimator of McMahan et al. 2018, as TFF normalises
+        by the expected clients per round), so the release's noise std σC/r does not depend on the realised count;
+        the round's sampled count r_t otherwise (full participation, or no DP)."""
+        if self.dp is not None and self.dp.sample_rate < 1:
+            return self.dp.clients_per_round
+        return max(self.sampled.get(server_round, 1), 1)
+
+    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
+        """(1/:meth:`release_denominator`) Σ_i Δ_i over the accepted updates (under SecAgg+ every reply carries the
+        survivors' mean, so Σ_i is r' times it: the secure sum; Fed-SMP Alg. 1 line 10, DP2-FedSAM Alg. 2 line 25)."""
+        total: np.ndarray = weighted_sum([u.update for u in updates], np.ones(len(updates)))
+        return total / self.release_denominator(server_round)
 
     def headline_charge(self, survivors: int, sampled: int) -> tuple[float, float]:
         """(the multiplier the budget is for, the other view's) of such a round."""
@@ -372,12 +412,17 @@ class ClientLevelDPStrategy(DPFLStrategy):
                         problem = str(exc)
             if problem is not None:
                 return f"secure aggregation: node {int(proxy.node_id)}'s reply is unusable ({problem})"
+        if results and len(results) < MIN_SECURE_SURVIVORS:
+            return (f"secure aggregation: only {len(results)} survivor(s); a sum of fewer than {MIN_SECURE_SURVIVORS} "
+                    "is never unmasked (with two, the server that holds the self-mask seeds after unmasking could "
+                    "search the one 32-bit pairwise mask seed of Flower's PRG and read a share)")
         if self.dp is None or not results:
             return None
         sampled = self.sampled.get(server_round, len(results))
-        z_budget, _ = self.headline_charge(min(len(results), max(sampled, 1)), max(sampled, 1))
-        if exceeds_budget(self.epsilon_after(self.ledger.population + [(z_budget, self.dp.accounted_sample_rate, 1)]),
-                          self.dp.epsilon()):
+        survivors = min(len(results), max(sampled, 1))
+        z_budget, _ = self.headline_charge(survivors, max(sampled, 1))
+        rate = self.charged_sample_rate(survivors, max(sampled, 1))
+        if exceeds_budget(self.epsilon_after(self.ledger.population + [(z_budget, rate, 1)]), self.dp.epsilon()):
             return (f"budget: {len(results)} of {sampled} sampled updates would release multiplier {z_budget:.4f}, "
                     f"more ε than the planned budget {self.dp.epsilon():.4f} has left")
         return None
@@ -488,18 +533,19 @@ class ClientLevelDPStrategy(DPFLStrategy):
             survivors = min(max(survivors, 1), sampled)
             z_sum, _ = self.round_charge(survivors, sampled)
             z_budget, z_other = self.headline_charge(survivors, sampled)  # z_budget: the multiplier the server saw
-            charge = [(z_budget, self.dp.accounted_sample_rate, 1)]
+            rate = self.charged_sample_rate(survivors, sampled)
+            charge = [(z_budget, rate, 1)]
             if exceeds_budget(self.epsilon_after(self.ledger.population + charge), self.dp.epsilon()):
                 log(WARNING, "round %d: %d of %d sampled updates released multiplier %.4f, more than the planned "
                     "budget %.4f has left; charged as released", server_round, survivors, sampled, z_budget,
                     self.dp.epsilon())
             self.ledger.charge_population(charge, self.dp.delta)
-            self.other_view.charge_population([(z_other, self.dp.accounted_sample_rate, 1)], self.dp.delta)
+            self.other_view.charge_population([(z_other, rate, 1)], self.dp.delta)
             if withhold is None and (self.secure_aggregation or accepted):  # something reaches the released model
-                # it carries the sum's noise; amplified for whoever does not see the sample
-                # (the discrete Gaussian's bound is not amplified here: charged at q = 1)
-                release_q = self.dp.sample_rate if self.ddg is None else 1.0
-                self.release_view.charge_population([(z_sum, release_q, 1)], self.dp.delta)
+                # it carries the sum's noise; amplified for whoever does not see the sample when nothing in the
+                # release reveals the count (release_sample_rate)
+                self.release_view.charge_population([(z_sum, self.release_sample_rate(survivors, sampled), 1)],
+                                                    self.dp.delta)
             for r in records:  # every reply whose update the server received, inside the sum or alone
                 if r.get("client_id") is not None and r.get("status") in ("ok", "withheld", "rejected"):
                     self.server_view.charge(int(r["client_id"]), [(z_budget, 1.0, 1)], self.dp.delta)
@@ -521,6 +567,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
             out.update(self.adapt_clip(accepted if withhold is None else []))
         if self.server_view.histories:
             out["max_epsilon_vs_server"] = self.server_view.max_epsilon()
+        if self.dp.secure_aggregation:  # the discrete Gaussian's sum is analysed; a rounded continuous one is not
+            out["epsilon_vs_server_proven"] = self.ddg is not None
+            if self.ddg is None:
+                out["epsilon_vs_server_caveat"] = threat_models.ROUNDED_SUM_CAVEAT
         out.update(epsilon=self.ledger.population_epsilon(), epsilon_aggregate=aggregate.population_epsilon(),
                    epsilon_individual=individual.population_epsilon(), delta=self.dp.delta,
                    noise_multiplier=self.dp.noise_multiplier, sample_rate=self.dp.sample_rate,
@@ -558,7 +608,9 @@ class ClientLevelDPStrategy(DPFLStrategy):
         if accepted and self.count_in_secure_sum:
             if self._count_sum is None:  # the sum's shapes were checked in split_count_sum: nothing is accepted
                 raise RuntimeError("an accepted secure sum without its count coordinate")
-            fraction = fraction_from_noisy_sum(self._count_sum, self._contributors)
+            # the fixed expected cohort under sampling (as the update's mean), so C_{t+1} does not reveal r'
+            count = self.dp.clients_per_round if self.dp.sample_rate < 1 else self._contributors
+            fraction = fraction_from_noisy_sum(self._count_sum, count)
             self.clip_t = geometric_clip_update(self.clip_t, fraction, self.adaptive.target_quantile,
                                                 self.adaptive.learning_rate)
             out.update(unclipped_fraction=fraction, count_sum_clients=self._contributors)

@@ -9,7 +9,8 @@ z/sens(C) (:class:`~strategies.privacy.ftrl_accounting.FTRLMechanism`), whoever 
 sampling or shuffling assumption, so the same ε holds against the server that samples whenever the server
 never sees the noise-free sum.
 
-What it protects: one whole client (add/remove all its participations), clipped to C each round. Participation:
+What it protects: one whole client under zero-out neighbours (every update of one client replaced by zero; it still
+takes part, the public n is unchanged: Kairouz et al. 2021, Ponomareva et al. 2023), clipped to C each round. Participation:
 every client may contribute in every round (k = T, min_separation = 1: sens_t² = ‖C_t 1‖² for C ≥ 0), or, with
 ``min_separation`` b > 1, client i contributes only in the rounds t with (t − 1 − i) mod b = 0 (Choquette-Choo et
 al., NeurIPS 2023, b-min-separated participation; :func:`~strategies.privacy.ftrl_accounting.in_turn`): at most
@@ -247,6 +248,7 @@ class DPFTRLStrategy(ClientLevelStrategy):
                    adversary="server" if ftrl.secure_aggregation else "release")
         if ftrl.secure_aggregation:
             out.update(max_epsilon_vs_server=eps, clients_present=self.present_count(),
+                       epsilon_vs_server_proven=False, epsilon_vs_server_caveat=threat_models.ROUNDED_SUM_CAVEAT,
                        epsilon_guarantee="DP-FTRL, each client adds its noise stream under SecAgg+: against the "
                                          "server and observers of the release (no sampling assumption)")
             for r in records:

@@ -11,7 +11,6 @@ server's ε per client), :class:`~strategies.server.records.RoundLog` (``rounds.
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from logging import ERROR, INFO, WARNING
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from strategies.aggregate import flatten, normalize_weights, unflatten
-from strategies.hooks import FamilyHooks
+from strategies.hooks import CLIENT_STATUSES, FamilyHooks
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.server import admission as adm
 from strategies.server.admission import ClientUpdate, Failure, Reply, log
@@ -42,7 +41,8 @@ class RoundEngine(FamilyHooks):
                  prevalidate: Callable[[int], None] | None = None, sampling: str = "fixed",
                  secret_sampling: bool = True, accountant: str = "rdp", strike_limit: int = 3,
                  robust_norm_factor: float = 10.0, max_examples: Mapping[int, int] | None = None,
-                 dataset_sizes: Callable[[int], Sequence[int]] | None = None, min_fit_clients: int = 0) -> None:
+                 dataset_sizes: Callable[[int], Sequence[int]] | None = None, min_fit_clients: int = 0,
+                 sampling_rng: np.random.Generator | None = None) -> None:
         self.current_weights = [np.asarray(w, dtype=np.float32) for w in initial_weights]
         self.shapes = [tuple(w.shape) for w in self.current_weights]
         self.num_params = int(sum(w.size for w in self.current_weights))
@@ -56,12 +56,12 @@ class RoundEngine(FamilyHooks):
         self.round_offset = 0  # rounds already done before this process (resume from a checkpoint)
         self.fit_config_sources: list[FitConfigFn] = []  # run-wide fit-config keys, asked every round
         self.initial_metrics: dict[str, Any] = {}
-        self.sampler = ClientSampler(clients_per_round, sampling, None if secret_sampling else seed)
+        self.sampler = ClientSampler(clients_per_round, sampling, None if secret_sampling else seed, sampling_rng)
         self.identity = IdentityBinding()
         self.validator = UpdateValidator(self.shapes, self.declared_norm_bound, robust_norm_factor,
                                          dict(max_examples or {}))
         self.strikes = StrikeRecord(strike_limit)  # per client id: its own replies were rejected
-        self.node_strikes = StrikeRecord(strike_limit)  # per node: it claimed an id bound to another node
+        self.node_strikes = StrikeRecord(strike_limit)  # per node: a spoofed or unestablished claim was rejected
         self.ledger = PrivacyLedger(accountant)
         self.round_log = RoundLog(recorder)
         self.declared: dict[int, tuple[float, float]] = {}
@@ -114,8 +114,7 @@ class RoundEngine(FamilyHooks):
     def run_round(self, server_round: int, replies: list[Reply], failures: list[Failure]) -> dict[str, Any]:
         """Admit, charge and validate every reply, aggregate the accepted ones, record the round; its metrics."""
         connected = self.connected_nodes | {r.node_id for r in replies}
-        claims = Counter(c for c in (parse_client_id(r.metrics.get("client_id")) for r in replies) if c is not None)
-        contested = {c for c, n in claims.items() if n > 1}
+        contested = adm.contested_ids(replies, CLIENT_STATUSES)
         records: list[dict[str, Any]] = []
         accepted = [u for r in sorted(replies, key=_reply_order)  # a fixed order: sums are reproducible
                     if (u := adm.admit(self, server_round, r, connected, contested, records)) is not None]
@@ -213,11 +212,11 @@ class RoundEngine(FamilyHooks):
 
     # ------------------------------------------------------------------ checkpoint / resume
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to continue after :attr:`last_round`: weights, ledger, identities, strikes,
-        the sampler's generator, the family's generators and its state."""
+        """Everything needed to continue after :attr:`last_round`: weights, ledger, identities, strikes, the
+        validator's reference norms, the sampler's generator, the family's generators and its state."""
         return {"round": int(self.last_round), "weights": [w.copy() for w in self.current_weights],
                 "ledger": self.ledger.state(), "node_clients": self.identity.state(), "strikes": self.strikes.state(),
-                "node_strikes": self.node_strikes.state(),
+                "node_strikes": self.node_strikes.state(), "validator": self.validator.state(),
                 "declared": {str(k): list(v) for k, v in self.declared.items()}, "sampler": self.sampler.state(),
                 "initial_metrics": dict(self.initial_metrics), "num_available": int(self.num_available),
                 "rngs": {name: gen.bit_generator.state for name, gen in self.random_generators().items()},
@@ -234,6 +233,7 @@ class RoundEngine(FamilyHooks):
         self.identity.load(dict(state.get("node_clients", {})))
         self.strikes.load(dict(state.get("strikes", {})))
         self.node_strikes.load(dict(state.get("node_strikes", {})))
+        self.validator.load(dict(state.get("validator", {})))
         self.declared = {int(k): (float(v[0]), float(v[1])) for k, v in dict(state.get("declared", {})).items()}
         self.sampler.load(dict(state.get("sampler", {})))
         self.initial_metrics = dict(state.get("initial_metrics") or {})

@@ -40,7 +40,6 @@ from typing import Any
 import numpy as np
 from flwr.common import Scalar, log
 
-from strategies.aggregate import weighted_sum
 from strategies.base import ClientUpdate, Reply
 from strategies.client_level import ClientLevelDPStrategy
 from strategies.compression import (
@@ -227,8 +226,3 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
             "uplink_bytes_per_client": round_bytes / max(len(updates), 1),
         }
 
-    def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
-        """(1/r_t) Σ_i Δ_i over the r_t *sampled* clients (Alg. 1 line 10, Alg. 2 line 16)."""
-        r = max(self.sampled.get(server_round, len(updates)), 1)
-        mean: np.ndarray = weighted_sum([u.update for u in updates], np.ones(len(updates))) / r
-        return mean

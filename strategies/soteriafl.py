@@ -41,7 +41,8 @@ from strategies.errors import ConfigError
 from strategies.privacy import threat_models
 from strategies.privacy.accountants import History, epsilon_of
 from strategies.privacy.calibration import calibrate, noise_floor
-from strategies.server.validation import number_metrics
+from strategies.privacy.mechanisms import NORM_ALLOWANCE_SIGMAS
+from strategies.server.validation import number_metrics, parse_client_id
 
 # ---------------------------------------------------------------------------------- methods
 
@@ -124,6 +125,13 @@ def noise_history(estimator: str, sigma_p: float, clip: float, batch_size: int, 
       B = (1/m) Σ_j ψ_j (‖ψ_j‖ ≤ G_B = G, all records, q = 1). As in App. A.2 (Eq. 11) the noise
       is split ξ = ξ_1 + ξ_2 with variances split·σ_p², (1 − split)·σ_p²; the output is
       post-processing of (A + ξ_1, B + ξ_2), so the two Gaussian mechanisms compose.
+    * SAGA's A term is charged at q = 1, without amplification: its table holds, for the differing record, the
+      gradient from the last round that sampled it, so the batch coins leave a hidden state whose posterior differs
+      between neighbours. Conditioned on every coin (data-independent, the same law under both neighbours) each
+      round is the pair of Gaussian mechanisms above; the release is a mixture over the coins with equal weights
+      under both neighbours, and joint convexity bounds it by the conditional, unamplified composition
+      (docs/privacy_soteriafl.md). SVRG's snapshot is shared by all records, so its batch coins are fresh each round
+      and amplify as usual.
     """
     q = batch_size / m
     if estimator == "sgd":
@@ -133,7 +141,8 @@ def noise_history(estimator: str, sigma_p: float, clip: float, batch_size: int, 
     if not 0 < split < 1:
         raise ValueError(f"noise split must be in (0, 1) for {estimator}, got {split}")
     ga, gb = sensitivities(estimator, clip)
-    return [(math.sqrt(split) * sigma_p * batch_size / ga, q, rounds),
+    q_a = 1.0 if estimator == "saga" else q
+    return [(math.sqrt(split) * sigma_p * batch_size / ga, q_a, rounds),
             (math.sqrt(1.0 - split) * sigma_p * m / gb, 1.0, rounds)]
 
 
@@ -268,9 +277,12 @@ class GradientOracle:
         return grads
 
     def clipped(self, flat: np.ndarray, idx: np.ndarray, clip: float) -> np.ndarray:
-        """clip_G(∇f_j(x)) = min(1, G/‖∇f_j‖) ∇f_j for j ∈ idx (Sec. 6)."""
+        """clip_G(∇f_j(x)) = min(1, G/‖∇f_j‖) ∇f_j for j ∈ idx (Sec. 6); a ∇f_j with a NaN or ±inf coordinate
+        counts as 0 (min(1, G/∞)·∞ is NaN), so every term has norm ≤ G whatever the model and the record."""
         g = self.per_sample(flat, idx)
         norms = np.linalg.norm(g, axis=1, keepdims=True)
+        bad = ~np.isfinite(norms[:, 0])
+        g[bad], norms[bad] = 0.0, 0.0
         clipped: np.ndarray = g * np.minimum(1.0, clip / np.maximum(norms, 1e-12))
         return clipped
 
@@ -371,6 +383,8 @@ def client_step(method: Method, oracle: GradientOracle, x: np.ndarray, state: Cl
             state.table_mean = state.table.astype(np.float64).mean(0)
         else:  # pragma: no cover
             raise ValueError(f"unknown estimator {est!r}")
+    if not np.all(np.isfinite(g)):  # clipped terms are finite; a non-finite state sends the noise alone
+        g = np.zeros(d)
     g = g + rng.normal(0.0, sigma_p, size=d)  # privacy: g_i = g̃_i + ξ_i
     if method.compression == "shifted":
         if state.shift is None:
@@ -393,6 +407,34 @@ def payload_bits(method: Method, num_values: int) -> int:
 
 
 # ---------------------------------------------------------------------------------- server
+
+
+def message_norm_bound(method: Method, *, clip: float, sigma_p: float, sample_rate: float, dim: int, k: int,
+                       gamma: float, rounds: int) -> float | None:
+    """An ℓ2 norm no honest client message v_i (dense, as decoded) exceeds except with probability ≤ e⁻⁷² (None
+    when the shift step admits no bound).
+
+    The estimator g̃ (per-sample terms clipped to G, a Poisson batch |I| ≤ m of expected size b = q m) has
+    ‖g̃‖ ≤ G_est: G/q for SGD, G for GD, 2G/q + G for SVRG and SAGA; the message carries g = g̃ + N(0, σ_p² I_d).
+    Uncompressed: ‖v‖ ≤ G_est + σ_p(√d + t). Direct random-k, v = (d/k) g on k coordinates: (d/k)(G_est + σ_p(√k + t)).
+    Shifted (Alg. 2 line 5), v = C(g − s_i): each selected shift coordinate moves s ← (1 − a)s + a g with
+    a = γ d/k, so |s_j| ≤ ρ M, ρ = 1 for a ≤ 1 and a/(2 − a) for a < 2, M = G_est + σ_p(√(2 ln(2 d T)) + t) the
+    largest |g_j| over the d coordinates of T rounds; hence (d/k)(G_est + σ_p(√k + t) + ρ √k M). t = 12.
+    """
+    t = NORM_ALLOWANCE_SIGMAS
+    q = 1.0 if method.estimator == "gd" else sample_rate
+    g_est = clip / q if method.estimator in ("sgd", "gd") else 2.0 * clip / q + clip
+    if method.compression == "none":
+        return g_est + sigma_p * (math.sqrt(dim) + t)
+    kept = g_est + sigma_p * (math.sqrt(k) + t)
+    if method.compression == "direct":
+        return dim / k * kept
+    a = gamma * dim / k
+    if a >= 2:
+        return None
+    rho = 1.0 if a <= 1 else a / (2.0 - a)
+    largest = g_est + sigma_p * (math.sqrt(2.0 * math.log(2.0 * dim * max(rounds, 1))) + t)
+    return dim / k * (kept + rho * math.sqrt(k) * largest)
 
 
 @dataclass
@@ -526,6 +568,22 @@ class SoteriaFLStrategy(DPFLStrategy):
             raise RejectedUpdate(f"declared mechanism (sigma_p={sigma_p}, batch_size={b}, num_train={m}, "
                                  f"delta={delta}) is not a valid subsampled Gaussian")
         return history, delta, self.fix_record_level(record, metrics, (sigma_p, b / m), "(sigma_p, b/m)")
+
+    def validate_update(self, update: np.ndarray, metrics: Mapping[str, Scalar]) -> None:
+        """Reject a message above :func:`message_norm_bound` of the run's G, k, γ and the client's declared
+        (σ_p, b/m), fixed at first contact: a bound whatever the round's size (none without a declaration)."""
+        super().validate_update(update, metrics)
+        cid = parse_client_id(metrics.get("client_id"))
+        declared = self.declared.get(cid) if cid is not None else None
+        if declared is None:
+            return
+        bound = message_norm_bound(self.method, clip=self.clip, sigma_p=declared[0], sample_rate=declared[1],
+                                   dim=self.num_params, k=self.k, gamma=self.server.gamma,
+                                   rounds=self.round_log.round or 1)
+        norm = float(np.linalg.norm(update))
+        if bound is not None and norm > bound * (1 + 1e-6):
+            raise RejectedUpdate(f"message norm {norm:.6g} exceeds {bound:.6g}, the most a SoteriaFL client with the "
+                                 f"declared sigma_p = {declared[0]:.6g} and b/m = {declared[1]:.6g} sends")
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         bits = [int(u.metrics.get("payload_bits", payload_bits(self.method, self.k))) for u in updates]

@@ -162,7 +162,8 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
     ``kind`` names the accountant, and with it the neighbouring relation: record-level callers pass
     :func:`~strategies.privacy.accountants.record_accountant` of the run's ``accountant`` and
     ``record-neighbours`` (the client's ``epsilon_spent`` and the server's ledger compose with the same name);
-    the client-level families pass ``accountant`` itself (add/remove of whole clients), as before.
+    the client-level families pass ``accountant`` itself (zero-out of a whole client: sensitivity C, the same
+    subsampled-Gaussian analysis as add/remove).
 
     Memoized per process: clients of one simulation actor with the same (ε, δ, q, steps) — e.g. every
     client under ``privacy-dist = fixed`` with one batch size — calibrate once."""

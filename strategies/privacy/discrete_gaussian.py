@@ -32,6 +32,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+#: the least per-client std (integer units) of the discrete Gaussian shares: Kairouz et al. (2021) Theorem 1, which
+#: bounds how far a sum of discrete Gaussians is from one, assumes each has s >= 1/2
+MIN_SCALED_STD = 0.5
+class ShareStdTooSmall(ValueError):
+    """Each client's discrete Gaussian std is below :data:`MIN_SCALED_STD` (outside Theorem 1's hypothesis)."""
+
+
 #: Rényi orders the accountant evaluates (integers: Proposition 14 and the conversion hold for any α > 1)
 ORDERS = tuple(range(2, 129)) + (160, 192, 256)
 
@@ -167,6 +174,10 @@ class DistributedDiscreteGaussian:
             raise ValueError(f"bits must be in {MIN_BITS}..{MAX_BITS}, got {self.bits}")
         if self.max_cohort >= 1 << self.bits:
             raise ValueError(f"a field of 2^{self.bits} cannot count a cohort of {self.max_cohort}")
+        if (s := self.scaled_std(self.max_cohort)) < MIN_SCALED_STD:
+            raise ShareStdTooSmall(f"each client's discrete Gaussian std s = {s:.3g} (integer units, a cohort of "
+                             f"{self.max_cohort}) is below {MIN_SCALED_STD}: Theorem 1's bound on a sum of discrete "
+                             f"Gaussians assumes s >= 1/2; more bits than {self.bits} give a finer granularity")
 
     @property
     def padded_dim(self) -> int:
@@ -263,7 +274,10 @@ class DistributedDiscreteGaussian:
             return cls(clip=clip, noise_multiplier=sigma, max_cohort=max_cohort, dim=dim, bits=bits)
 
         def z(sigma: float) -> float:
-            return build(sigma).gaussian_equivalent(max_cohort, max_cohort)
+            try:
+                return build(sigma).gaussian_equivalent(max_cohort, max_cohort)
+            except ShareStdTooSmall:  # s < 1/2 at this σ: no guarantee is claimed for it
+                return 0.0
 
         lo, hi = target_multiplier, target_multiplier
         for _ in range(60):

@@ -6,7 +6,8 @@ Gaussian mechanism with multiplier z / sens(C) (Kairouz et al. 2021; Choquette-C
 whoever draws the participation pattern: the ε holds against the server. ε comes from Google dp_accounting's PLD
 accountant on a ``GaussianDpEvent`` (tight for one Gaussian, within discretisation of the analytic Gaussian
 mechanism of Balle & Wang 2018); :func:`zcdp_epsilon` is the looser closed form ρ + 2√(ρ log(1/δ)),
-ρ = sens²/(2z²) (Bun & Steinke 2016, Prop. 1.3). Neighbours add/remove (zero out) one client's participations.
+ρ = sens²/(2z²) (Bun & Steinke 2016, Prop. 1.3). Neighbours zero out one client's participations (its updates replaced by zero; n stays public). The replace-one ε
+is that of sensitivity 2·sens(C).
 """
 
 from __future__ import annotations
@@ -186,7 +187,7 @@ class FTRLMechanism:
     release after t rounds is one Gaussian mechanism with multiplier z_eff / sens_t
     (:func:`ledger_epsilons`), sens_t for a client that takes part in at most ``participations`` rounds
     (0 = as many as ``min_separation`` allows), any two ≥ ``min_separation`` apart (:func:`in_turn`: the clients'
-    schedule). Nothing is amplified: the pattern is not secret. Neighbours add or remove one client (all its
+    schedule). Nothing is amplified: the pattern is not secret. Neighbours zero out one client (all its
     participations).
 
     ``present`` clients of n whose noise reached every released sum give z_eff = z √(present/n) (the others'

@@ -21,8 +21,8 @@ Neighbouring relation. A record-level charge names the relation it is composed u
 ``add-remove`` or ``replace-one``, run-config ``record-neighbours``); the ledger maps the run's
 ``accountant`` and that relation to one accountant (:func:`~strategies.privacy.accountants.record_accountant`),
 the very mapping the client used for its own ε, so the two agree. Charges without a relation, and the
-population's (client-level DP: whole clients added or removed), are add/remove under ``accountant``, as
-before. A client's relation is fixed by its first charge.
+population's (client-level DP: one whole client's updates zeroed out, sensitivity C, which the add/remove analysis
+of ``accountant`` computes), are composed by ``accountant``. A client's relation is fixed by its first charge.
 """
 
 from __future__ import annotations

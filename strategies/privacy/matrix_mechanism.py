@@ -294,8 +294,8 @@ class _NoiseStream:
         memory = np.asarray(state["memory"], dtype=np.float64)
         if memory.ndim != 2 or memory.shape[1] != self.dim:
             raise ValueError(f"state holds noise of shape {memory.shape}, this stream draws dim {self.dim}")
-        kind = state["rng"].get("bit_generator")
-        if kind != type(self.rng.bit_generator).__name__:
+        kind = str(state["rng"].get("bit_generator"))
+        if kind.rsplit(".", 1)[-1] != type(self.rng.bit_generator).__name__:  # "PCG64", "randomgen.chacha.ChaCha"
             raise ValueError(f"state's bit generator {kind!r} differs from {type(self.rng.bit_generator).__name__}")
         self.rng.bit_generator.state = state["rng"]
         self.round, self._memory = int(state["round"]), [row.copy() for row in memory]

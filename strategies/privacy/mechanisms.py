@@ -1,7 +1,9 @@
 """Mechanisms: ℓ2 clipping and the Gaussian mechanism on a sum of clipped client updates.
 
-Client-level DP (DP-FedAvg / Fed-SMP Alg. 1–2, DP2-FedSAM Alg. 2). What it protects: the
-participation and whole dataset of one client. Each of the r clients of a round clips its update to
+Client-level DP (DP-FedAvg / Fed-SMP Alg. 1–2, DP2-FedSAM Alg. 2). What it protects: the whole dataset of one
+client under zero-out neighbours (Kairouz et al. 2021; Ponomareva et al. 2023): its update replaced by zero while it
+still takes part, so the sum's sensitivity is C (the server sees who takes part and r_t anyway). The replace-one
+relation (one client's data swapped for another's) has sensitivity 2C and about twice the ε. Each of the r clients of a round clips its update to
 ‖Δ‖ ≤ C and adds N(0, C²σ²/r) itself, so the *sum* of the r updates carries N(0, C²σ²): the Gaussian
 mechanism with multiplier σ on a sum of sensitivity C. That sum-level guarantee needs every
 individual update to be hidden from the server (secure aggregation); a server that reads each update
@@ -98,9 +100,19 @@ class ClientLevelDP:
         return self.clients_per_round / self.num_clients
 
     @property
+    def release_sample_rate(self) -> float:
+        """The sampling rate a release is amplified at: q = r/n when the released sum's noise does not depend on how
+        many clients were sampled (SecAgg+: each of r_t clients adds C²σ²/r_t, the sum carries σC whatever r_t is),
+        else 1. Without SecAgg+ every update carries the fixed C²σ²/r, so the released mean's noise variance, r_t
+        times that, reveals r_t (with d ≫ r_t² coordinates), and with it part of who was sampled: amplification by
+        secret sampling does not hold and the release is charged unamplified."""
+        return self.sample_rate if self.secure_aggregation else 1.0
+
+    @property
     def accounted_sample_rate(self) -> float:
-        """The sampling rate the budget composes: 1 against the server that draws the sample, q otherwise."""
-        return 1.0 if self.adversary == "server" else self.sample_rate
+        """The sampling rate the budget composes: 1 against the server that draws the sample, else the release's
+        (:attr:`release_sample_rate`)."""
+        return 1.0 if self.adversary == "server" else self.release_sample_rate
 
     @property
     def per_client_std(self) -> float:
@@ -154,18 +166,19 @@ class ClientLevelDP:
                           self.accountant)
 
     def epsilon_vs_release(self, rounds_done: int | None = None) -> float:
-        """ε against whoever sees only the released models: the sum's multiplier σ, amplified at q = r/n."""
+        """ε against whoever sees only the released models: the sum's multiplier σ, amplified at
+        :attr:`release_sample_rate` (q = r/n under SecAgg+, else 1)."""
         t = self.rounds if rounds_done is None else rounds_done
-        return epsilon_of([(self.noise_multiplier, self.sample_rate, t)], self.delta, self.accountant)
+        return epsilon_of([(self.noise_multiplier, self.release_sample_rate, t)], self.delta, self.accountant)
 
     @classmethod
     def calibrated(cls, target_epsilon: float, *, clip: float, clients_per_round: int, num_clients: int, rounds: int,
                    delta: float, accountant: str = "rdp", secure_aggregation: bool = True,
                    adversary: str = "server") -> ClientLevelDP:
-        """σ such that T rounds at the accounted q (1 against the server, r/n against observers of the release)
-        spend ``target_epsilon`` (to 0.1 %) for the multiplier the budget is for: the aggregate's σ, or one
-        update's σ/√r without secure aggregation."""
-        q = 1.0 if adversary == "server" else clients_per_round / num_clients
+        """σ such that T rounds at the accounted q (1 against the server, r/n against observers of the release under
+        SecAgg+, 1 without it: :attr:`release_sample_rate`) spend ``target_epsilon`` (to 0.1 %) for the multiplier
+        the budget is for: the aggregate's σ, or one update's σ/√r without secure aggregation."""
+        q = 1.0 if adversary == "server" or not secure_aggregation else clients_per_round / num_clients
         z = calibrate_noise_multiplier(target_epsilon, delta, q, rounds, accountant)
         sigma = z if secure_aggregation else z * math.sqrt(clients_per_round)
         return cls(sigma, clip, clients_per_round, num_clients, rounds, delta, accountant, secure_aggregation,

@@ -20,3 +20,10 @@ CLIENT_LEVEL_FTRL = ("client-level DP, DP-FTRL: clipped updates plus correlated 
                      "matrix factorization, no sampling assumption; under SecAgg+ each client adds its own stream "
                      "(ε against the server), without it the server adds the noise (trusted server; ε against "
                      "observers of the release only)")
+#: what ``epsilon_vs_server`` does not prove under SecAgg+ with continuous Gaussian shares (``secagg-mechanism =
+#: 'gaussian'``: the DP-FTRL streams, adaptive clipping, the release adversary): the ε is the continuous Gaussian's,
+#: but the server sees the shares after Flower's quantizer rounded them and reduced their sum modulo the field
+ROUNDED_SUM_CAVEAT = ("not proven: the continuous Gaussian shares are rounded by Flower's SecAgg+ quantizer and summed "
+                      "modulo its field; the epsilon is the continuous Gaussian's, and no analysis of that rounded "
+                      "modular sum bounds what the server sees (secagg-mechanism = 'ddg' is the proven integer "
+                      "mechanism)")

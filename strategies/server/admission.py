@@ -8,7 +8,8 @@ family's hooks (:class:`AdmissionHost`) say how a reply is recorded, charged and
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import WARNING
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from strategies.server.validation import (
     StrikeRecord,
     UpdateValidator,
     metric_problem,
+    parse_client_id,
 )
 
 log = logging.getLogger("flwr").log  # Flower's logger: the server's decisions appear in the run's log
@@ -92,11 +94,13 @@ def admit(fam: AdmissionHost, server_round: int, reply: Reply, connected: set[in
           records: list[dict[str, Any]]) -> ClientUpdate | None:
     """Record one reply; decode, validate and charge it; the accepted update or None. Never raises.
 
-    Who is struck: a node that claims a client id bound to another node (the newcomer, never the owner);
-    a client whose own reply is malformed or out of bounds. Nobody is struck for a client id that several
-    unbound nodes claim in one round (the server cannot tell which is honest: every claim is rejected and
-    charged), for a failure the client reports itself, or for a payload that is a secure sum
-    (``payload_is_shared``: it cannot be attributed to one client).
+    Who is struck (:func:`strike`): a node that claims a client id bound to another node (the newcomer, never the
+    owner); a client whose own reply is out of bounds once its id is bound to the replying node; the *node* of a
+    reply rejected before its claim is established (malformed metrics or status for an unbound id). Nobody is
+    struck for a client id that several unbound nodes claim in one round with usable metrics (the server cannot
+    tell which is honest: every claim is rejected and charged; :func:`contested_ids`), for a failure the client
+    reports itself, or for a payload that is a secure sum (``payload_is_shared``: it cannot be attributed to one
+    client).
     """
     metrics = dict(reply.metrics)
     node = reply.node_id
@@ -165,6 +169,15 @@ def admit(fam: AdmissionHost, server_round: int, reply: Reply, connected: set[in
     return ClientUpdate(node, cid, int(reply.num_examples), update, metrics, int(record["uplink_bytes"]), record)
 
 
+def contested_ids(replies: Sequence[Reply], statuses: Container[str]) -> set[int]:
+    """Client ids claimed by more than one reply of the round whose metrics are usable (:func:`metric_problem`)
+    and whose status is one of ``statuses``. Any other reply is rejected whatever it claims, so it contests nobody:
+    an outsider's malformed claim cannot keep the id's honest owner out of the round."""
+    claims = Counter(parse_client_id(r.metrics.get("client_id")) for r in replies
+                     if metric_problem(r.metrics) is None and r.metrics.get("status", "ok") in statuses)
+    return {cid for cid, n in claims.items() if cid is not None and n > 1}
+
+
 def charge_contested(fam: AdmissionHost, server_round: int, record: dict[str, Any], metrics: Mapping[str, Any]) -> None:
     """Charge a contested claim's declared mechanism to the claimed id (one of the claims is the honest
     client's release, and the server cannot tell which), without fixing anyone's declaration."""
@@ -186,22 +199,34 @@ def charge_contested(fam: AdmissionHost, server_round: int, record: dict[str, An
 
 
 def screen_outliers(fam: AdmissionHost, server_round: int, updates: list[ClientUpdate]) -> None:
-    """Reject updates far above the round's median norm (mechanisms without a declared bound)."""
-    reasons = fam.validator.robust_outliers([float(np.linalg.norm(u.update)) for u in updates])
-    for u, reason in zip(updates, reasons):
-        if reason is not None:
-            u.record["status"], u.record["reason"] = "rejected", reason
+    """Reject updates far above the reference norms of :meth:`UpdateValidator.norm_outliers` (mechanisms without a
+    declared bound): struck, unless the rejection is not attributable (``attributable: false``, nobody is struck).
+    The norms accepted then join the cross-round reference (:meth:`UpdateValidator.remember`)."""
+    norms = [float(np.linalg.norm(u.update)) for u in updates]
+    outliers = fam.validator.norm_outliers(norms)
+    for u, outlier in zip(updates, outliers):
+        if outlier is None:
+            continue
+        u.record["status"], u.record["reason"] = "rejected", outlier.reason
+        if outlier.attributable:
             strike(fam, server_round, u.record)
+        else:
+            u.record["attributable"] = False
+            log(WARNING, "round %d: rejected reply of node %s (client %s), nobody is struck: %s", server_round,
+                u.record.get("node_id"), u.record.get("client_id"), outlier.reason)
+    fam.validator.remember([n for n, o in zip(norms, outliers) if o is None],
+                           unattributed=any(o is not None and not o.attributable for o in outliers))
 
 
 def strike(fam: AdmissionHost, server_round: int, record: dict[str, Any]) -> None:
-    """Strike the client of a rejected reply (its node, when the id is bound to another node)."""
+    """Strike the sender of a rejected reply: the client id when its claim is established (the id is bound to the
+    replying node), else the node. A reply rejected before its claim was checked (malformed metrics, an unknown
+    status) never costs the id it names: that id may belong to an honest client on another node."""
     log(WARNING, "round %d: rejected reply of node %s (client %s): %s", server_round, record.get("node_id"),
         record.get("client_id"), record.get("reason"))
     cid = record.get("client_id")
-    owner = fam.identity.node_of.get(cid) if cid is not None else None
-    if owner is not None and owner != record.get("node_id"):
-        strike_node(fam, server_round, record)  # a spoofer's strike counts against its node, not the id
+    if cid is None or fam.identity.node_of.get(cid) != record.get("node_id"):
+        strike_node(fam, server_round, record)  # an unestablished or spoofed claim counts against its node
         return
     if fam.strikes.add(cid, str(record.get("reason"))):
         log(WARNING, "client %s is excluded from later rounds after %d rejected updates", cid, fam.strikes.limit)
@@ -209,11 +234,11 @@ def strike(fam: AdmissionHost, server_round: int, record: dict[str, Any]) -> Non
 
 
 def strike_node(fam: AdmissionHost, server_round: int, record: dict[str, Any]) -> None:
+    """Strike the node of a rejected reply (an identity violation, or a reply whose claim was not established)."""
     node = record.get("node_id")
     log(WARNING, "round %d: node %s is struck: %s", server_round, node, record.get("reason"))
     if node is not None and fam.node_strikes.add(int(node), str(record.get("reason"))):
-        log(WARNING, "node %s is excluded from later rounds after %d identity violations", node,
-            fam.node_strikes.limit)
+        log(WARNING, "node %s is excluded from later rounds after %d rejected replies", node, fam.node_strikes.limit)
         record["excluded"] = True
 
 

@@ -28,7 +28,8 @@ MODES = ("fixed", "poisson")
 class ClientSampler:
     """Chooses the clients of a round (see the module docstring)."""
 
-    def __init__(self, clients_per_round: int = 0, mode: str = "fixed", seed: int | None = None) -> None:
+    def __init__(self, clients_per_round: int = 0, mode: str = "fixed", seed: int | None = None,
+                 rng: np.random.Generator | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"sampling mode must be one of {MODES}, got {mode!r}")
         if clients_per_round < 0:
@@ -36,7 +37,8 @@ class ClientSampler:
         self.clients_per_round = int(clients_per_round)
         self.mode = mode
         self.seed = seed
-        self.rng = np.random.default_rng()  # OS entropy
+        #: OS entropy (PCG64), or the CSPRNG the caller passes (``secure-randomness``)
+        self.rng = rng if rng is not None else np.random.default_rng()
         #: Poisson rate fixed for the run (q = r/n over the registered federation): the accountant's q holds
         #: whatever is available, and a client that is not available counts as sampled and dropped
         self.fixed_rate: float | None = None
@@ -71,8 +73,15 @@ class ClientSampler:
         return [candidates[int(i)] for i in chosen]
 
     def state(self) -> dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state}
+        """The generator's state for a checkpoint: PCG64's; a CSPRNG's key is never written (a resumed run draws
+        from a fresh key)."""
+        return {"rng": self.rng.bit_generator.state} if self._plain else {}
+
+    @property
+    def _plain(self) -> bool:
+        """Whether the generator is NumPy's PCG64 (its state may be checkpointed)."""
+        return type(self.rng.bit_generator).__name__ == "PCG64"
 
     def load(self, state: Mapping[str, Any]) -> None:
-        if state.get("rng"):
+        if state.get("rng") and self._plain:
             self.rng.bit_generator.state = dict(state["rng"])

@@ -7,8 +7,10 @@ Checks, in order (each failure raises :class:`RejectedUpdate` with the reason):
 * ``num_examples`` > 0 and, where the server knows the client's dataset size, not above it;
 * payload: the expected number of arrays, shapes and float dtypes (:meth:`UpdateValidator.decode_dense`);
 * values: finite *after* the cast to the model dtype (float32: a finite float64 of 1e39 is not);
-* norm: at most the mechanism's declared bound (clip C plus a noise allowance) where one exists,
-  else at most ``robust_factor`` × the median norm of the round's other updates (when ≥ 3 arrived).
+* norm: at most the mechanism's declared bound (clip C plus a noise allowance) where one exists; else
+  (:meth:`UpdateValidator.norm_outliers`) at most ``robust_factor`` × the median of the norms accepted in earlier
+  rounds (once any exist, whatever the round's size), × the median norm of the round's other updates (≥ 3
+  arrived), and, in a round of two with no earlier norms, × the other update's norm (nobody is struck for that one).
 
 :class:`StrikeRecord` remembers rejections across rounds; a client over the limit is excluded from
 sampling and the run says so. Everything here is plain numpy; nothing a client sends can raise
@@ -17,6 +19,7 @@ anything but :class:`RejectedUpdate` out of it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +33,8 @@ NUMERIC_METRICS = ("batch_size", "noise_multiplier", "sample_rate", "steps", "ep
                    "delta", "reported_epsilon", "train_seconds")
 FLOAT_DTYPES = ("float32", "float64")
 MODEL_DTYPE = np.float32
+#: how many of the latest accepted update norms the cross-round reference of :class:`UpdateValidator` keeps
+NORM_HISTORY = 256
 
 
 class RejectedUpdate(Exception):
@@ -88,19 +93,29 @@ def metric_problem(metrics: Mapping[str, Any]) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class NormOutlier:
+    """An update norm out of bounds: why, and whether its sender can be blamed (struck) for it."""
+
+    reason: str
+    attributable: bool = True
+
+
 @dataclass
 class UpdateValidator:
     """Validates decoded updates of one model (see the module docstring).
 
     ``norm_bound(dim)`` gives the mechanism's declared bound (None = none); ``robust_factor`` (0 = off)
-    bounds mechanism-less updates by a multiple of the round's median norm; ``max_examples`` maps a
-    client id to its known dataset size.
+    bounds mechanism-less updates by a multiple of a reference norm (:meth:`norm_outliers`); ``max_examples`` maps
+    a client id to its known dataset size; ``norm_history`` holds the latest :data:`NORM_HISTORY` norms accepted
+    in rounds where they were compared with another update (:meth:`remember`).
     """
 
     shapes: list[tuple[int, ...]]
     norm_bound: Callable[[int], float | None] = lambda dim: None
     robust_factor: float = 10.0
     max_examples: dict[int, int] = field(default_factory=dict)
+    norm_history: deque[float] = field(default_factory=lambda: deque(maxlen=NORM_HISTORY))
 
     @property
     def num_params(self) -> int:
@@ -140,22 +155,64 @@ class UpdateValidator:
             raise RejectedUpdate(f"update norm {norm:.6g} exceeds the declared bound {bound:.6g}")
         return norm
 
-    def robust_outliers(self, norms: Sequence[float]) -> list[str | None]:
-        """Per update: a reason when its norm exceeds ``robust_factor`` × the median of the *other* norms.
+    @property
+    def robust(self) -> bool:
+        """Whether mechanism-less updates are screened by reference norms (a factor, and no declared bound)."""
+        return self.robust_factor > 0 and self.norm_bound(self.num_params) is None
 
-        Only for mechanisms without a declared bound, and only with at least 3 updates (a median of
-        others needs two); the median excludes the update itself, so one huge update cannot raise it.
+    def norm_outliers(self, norms: Sequence[float]) -> list[NormOutlier | None]:
+        """Per update of a round: why its norm is out of bounds, or None. Only for mechanisms without a declared bound.
+
+        With f = ``robust_factor``, an update is rejected when its norm exceeds
+
+        * f × the median of :attr:`norm_history` (norms accepted in earlier rounds), once it holds any: a bound that
+          does not depend on how many updates the round has;
+        * f × the median of the round's *other* norms, with ≥ 3 updates (a median of others needs two; it
+          excludes the update itself, so one huge update cannot raise it);
+        * f × the other update's norm, in a round of exactly two and no history. Either update may be the hostile
+          one (a tiny update makes an honest one look large), so this rejection is not attributable: nobody is
+          struck for it.
+
+        Each rule rests on honest updates being the majority of what it compares with.
         """
-        out: list[str | None] = [None] * len(norms)
-        if self.robust_factor <= 0 or len(norms) < 3 or self.norm_bound(self.num_params) is not None:
+        out: list[NormOutlier | None] = [None] * len(norms)
+        if not self.robust or not norms:
             return out
-        values = np.asarray(norms, dtype=np.float64)
+        f, values = self.robust_factor, np.asarray(norms, dtype=np.float64)
+        past = float(np.median(np.asarray(self.norm_history))) if self.norm_history else None
         for i, n in enumerate(values):
-            others = float(np.median(np.delete(values, i)))
-            if others > 0 and n > self.robust_factor * others:
-                out[i] = (f"update norm {n:.6g} exceeds {self.robust_factor:g} x the median norm {others:.6g} of the "
-                          "round's other updates")
+            if past is not None and past > 0 and n > f * past:
+                out[i] = NormOutlier(f"update norm {n:.6g} exceeds {f:g} x the median norm {past:.6g} of the updates "
+                                     "accepted in earlier rounds")
+            elif len(values) >= 3 and (others := float(np.median(np.delete(values, i)))) > 0 and n > f * others:
+                out[i] = NormOutlier(f"update norm {n:.6g} exceeds {f:g} x the median norm {others:.6g} of the "
+                                     "round's other updates")
+        if len(values) == 2 and past is None:
+            small, large = (0, 1) if values[0] <= values[1] else (1, 0)
+            if values[small] > 0 and values[large] > f * values[small]:
+                out[large] = NormOutlier(
+                    f"update norm {values[large]:.6g} exceeds {f:g} x the norm {values[small]:.6g} of the round's "
+                    "other update, with no earlier norms to compare with: either may be the hostile one, nobody is "
+                    "struck", attributable=False)
         return out
+
+    def robust_outliers(self, norms: Sequence[float]) -> list[str | None]:
+        """The reasons of :meth:`norm_outliers` (None for an update within bounds)."""
+        return [o.reason if o is not None else None for o in self.norm_outliers(norms)]
+
+    def remember(self, accepted: Sequence[float], unattributed: bool) -> None:
+        """Add a round's accepted norms to :attr:`norm_history` when they were compared with each other: at least
+        two, and no rejection of the round was unattributable (then the smaller may be the hostile one). A lone
+        update never enters it, so a node alone in its rounds cannot drag the reference down."""
+        if self.robust and len(accepted) >= 2 and not unattributed:
+            self.norm_history.extend(float(n) for n in accepted)
+
+    def state(self) -> dict[str, Any]:
+        return {"norm_history": [float(n) for n in self.norm_history]}
+
+    def load(self, state: Mapping[str, Any]) -> None:
+        self.norm_history.clear()
+        self.norm_history.extend(float(n) for n in state.get("norm_history", []))
 
 
 @dataclass

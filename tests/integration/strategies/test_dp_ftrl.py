@@ -182,27 +182,33 @@ def test_a_resumed_stream_equals_the_uninterrupted_one_through_the_checkpoint_fi
 
 
 def test_under_secure_aggregation_the_ledger_counts_only_streams_present_in_every_sum():
-    n, t = 4, 5
+    n, t = 6, 5
     mech = FTRLMechanism("banded", t, 4.0, 1.0, n, DELTA, bands=2, secure_aggregation=True)
     s = strategy(mech, secagg=True)
     ones = {i: np.full(D, 0.01) for i in range(n)}
     m1 = run_round(s, 1, n, ones, secure=True)
-    assert m1["epsilon"] == pytest.approx(mech.epsilon(1), rel=1e-9) and s.present_count() == 4
+    assert m1["epsilon"] == pytest.approx(mech.epsilon(1), rel=1e-9) and s.present_count() == 6
     assert m1["max_epsilon_vs_server"] == m1["epsilon"]
-    # client 3 drops out of round 2: its stream is broken, the ledger keeps 3 of 4 (z √(3/4)) from now on
-    m2 = run_round(s, 2, n, {i: ones[i] for i in range(3)}, secure=True)
-    assert s.present_count() == 3 and m2["clients_present"] == 3
-    expected = analytic_gaussian_epsilon(4.0 * math.sqrt(3 / 4) / mech.sensitivity(2), DELTA)
+    # client 5 drops out of round 2: its stream is broken, the ledger keeps 5 of 6 (z √(5/6)) from now on
+    m2 = run_round(s, 2, n, {i: ones[i] for i in range(5)}, secure=True)
+    assert s.present_count() == 5 and m2["clients_present"] == 5
+    expected = analytic_gaussian_epsilon(4.0 * math.sqrt(5 / 6) / mech.sensitivity(2), DELTA)
     assert m2["epsilon"] == pytest.approx(expected, rel=0.01) and m2["epsilon"] > mech.epsilon(2)
-    # one survivor: its stream alone would spend more than the run's budget, so the sum is never reconstructed
-    # and nothing is charged (the present set and the ledger stay as they were)
-    m3 = run_round(s, 3, n, {0: ones[0]}, secure=True)
-    assert "budget" in m3["refused"] and s.present_count() == 3
-    assert s.ledger.population_epsilon() == pytest.approx(mech.epsilon(2, present=3), rel=1e-9)
-    # client 3 is back, but its stream missed a released sum: it never counts again, and with 3 streams the next
-    # round no longer fits the budget planned for 4, so nobody is sampled
-    assert mech.epsilon(4, present=3) > mech.epsilon() >= mech.epsilon(4)
-    assert s.configure_fit(4, ndarrays_to_parameters(s.current_weights), client_manager(n)) == [] and s.budget_exhausted
+    # three survivors: their streams alone would spend more than the run's budget, so the sum is never
+    # reconstructed and nothing is charged (the present set and the ledger stay as they were)
+    assert mech.epsilon(3, present=3) > mech.epsilon()
+    m3 = run_round(s, 3, n, {i: ones[i] for i in range(3)}, secure=True)
+    assert "budget" in m3["refused"] and s.present_count() == 5
+    assert s.ledger.population_epsilon() == pytest.approx(mech.epsilon(2, present=5), rel=1e-9)
+    # fewer than 3 survivors are never unmasked, whatever the budget
+    m3b = run_round(s, 3, n, {0: ones[0], 1: ones[1]}, secure=True)
+    assert "fewer than 3" in m3b["refused"] and s.present_count() == 5
+    # client 5 is back, but its stream missed a released sum: it never counts again, and with 5 streams the last
+    # round no longer fits the budget planned for 6, so nobody is sampled then
+    m4 = run_round(s, 4, n, ones, secure=True)
+    assert m4["clients_present"] == 5
+    assert mech.epsilon(5, present=5) > mech.epsilon() >= mech.epsilon(5)
+    assert s.configure_fit(5, ndarrays_to_parameters(s.current_weights), client_manager(n)) == [] and s.budget_exhausted
 
 
 # ---------------------------------------------------------------------------- the client's stream
@@ -253,8 +259,9 @@ def test_advance_to_never_rewinds_a_stream():
 # ---------------------------------------------------------------------------- config
 def test_unsupported_settings_are_refused_naming_the_value():
     base = {"strategy": "dp-ftrl", "num-server-rounds": 6}
+    assert resolve_config({}, base).client_dp.secagg_mechanism == "gaussian"  # the default follows the strategy
     with pytest.raises(ConfigError, match="'secagg-mechanism' = 'ddg'"):
-        resolve_config({}, base)
+        resolve_config({}, {**base, "secagg-mechanism": "ddg"})  # set by the user: refused
     with pytest.raises(ConfigError, match="'client-dp-adversary' = 'server'.*no epsilon holds against it"):
         resolve_config({}, {**base, "secure-aggregation": False})
     with pytest.raises(ConfigError, match="'clients-per-round' = 2"):

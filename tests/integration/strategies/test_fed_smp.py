@@ -160,9 +160,10 @@ def test_server_averages_with_one_over_r_and_rejects_bad_payloads():
     assert [r["status"] for r in records] == ["ok", "ok", "rejected", "refused"]
     assert "shape" in records[2]["reason"]
     # without secure aggregation the headline is one update's ε (multiplier σ/√r), for every client;
-    # 2 of the 4 sampled updates were aggregated, so the sum carried σ·√(2/4), and the server's ledger says so
-    eps_ind = epsilon_of([(1.0 / math.sqrt(4), 4 / 5, 1)], 1e-3)
-    eps_sum = epsilon_of([(1.0 * math.sqrt(2 / 4), 4 / 5, 1)], 1e-3)
+    # 2 of the 4 sampled updates were aggregated, so the sum carried σ·√(2/4), and the server's ledger says so;
+    # without SecAgg+ the released mean's noise reveals the count, so the release is charged unamplified (q = 1)
+    eps_ind = epsilon_of([(1.0 / math.sqrt(4), 1.0, 1)], 1e-3)
+    eps_sum = epsilon_of([(1.0 * math.sqrt(2 / 4), 1.0, 1)], 1e-3)
     assert all(r["epsilon_spent"] == pytest.approx(eps_ind) for r in records)  # server ledger for every client
     assert metrics["epsilon"] == pytest.approx(eps_ind) and metrics["epsilon_individual"] == pytest.approx(eps_ind)
     assert metrics["epsilon_aggregate"] == pytest.approx(eps_sum) and eps_sum < eps_ind
@@ -202,7 +203,9 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
           "public-samples": 100, "privacy-dist": "fixed", "batch-size": 16, "local-steps": 3, "clip-norm": 1.0,
           "clients-per-round": 3, "noise-multiplier": 1.0, "fraction-evaluate": 0.0,
           "secure-aggregation": False,  # the plain wire format (SecAgg+: tests/integration/fedapp/privacy/test_secure_aggregation.py)
-          "client-dp-adversary": "release",  # amplified by the Poisson sampling, as recomputed below
+          # without SecAgg+ the released mean's noise reveals the count, so no amplification is claimed (release
+          # with secure-aggregation = false is refused): charged at q = 1, as recomputed below
+          "client-dp-adversary": "server",
           "seeded-noise": True}  # reproducible draws: a secret Poisson draw of 0 of 4 (1/256 a round) left a round unsampled
     run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=4,
                    backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0},
@@ -221,12 +224,13 @@ def test_fed_smp_topk_flower_simulation(tmp_path):
         assert len(ok) == r["metrics"]["clients_sampled"]  # Poisson sampling with q = 3/4
         assert all(4 * k <= c["uplink_bytes"] <= 4 * k + 256 for c in ok)
         assert r["metrics"]["accuracy"] is not None
-    # recompute the ledger from rounds.jsonl with Google's dp_accounting, for the Poisson client sampling the
-    # server ran (q = 3/4). Without secure aggregation the server sees each update, noised with the fixed
+    # recompute the ledger from rounds.jsonl with Google's dp_accounting, unamplified (q = 1: the server drew the
+    # Poisson sample, q = 3/4). Without secure aggregation the server sees each update, noised with the fixed
     # C·σ/√r: the headline ε composes multiplier σ/√r per released round; the sum of r' updates had σ·√(r'/r)
     released = [r for r in rounds if r["metrics"].get("clients_ok")]
-    expected = DPAccountingRDP().epsilon([(1.0 / math.sqrt(3), dp.sample_rate, len(released))], dp.delta)
-    aggregate = DPAccountingRDP().epsilon([(math.sqrt(r["metrics"]["clients_ok"] / 3), dp.sample_rate, 1)
+    assert dp.sample_rate == 0.75 and dp.accounted_sample_rate == 1.0
+    expected = DPAccountingRDP().epsilon([(1.0 / math.sqrt(3), 1.0, len(released))], dp.delta)
+    aggregate = DPAccountingRDP().epsilon([(math.sqrt(r["metrics"]["clients_ok"] / 3), 1.0, 1)
                                            for r in released], dp.delta)
     assert rounds[1]["metrics"]["epsilon"] == pytest.approx(expected, rel=0.01) and dp.noise_multiplier == 1.0
     assert rounds[1]["metrics"]["epsilon_aggregate"] == pytest.approx(aggregate, rel=0.01)
@@ -242,12 +246,13 @@ def test_server_samples_nobody_past_the_planned_rounds():
 
 
 def test_dropouts_never_push_the_ledger_over_the_budget():
-    s = strategy("randk", ratio=0.2, sigma=1.0, r=3, n=4, secagg=True)
+    s = strategy("randk", ratio=0.2, sigma=1.0, r=4, n=5, secagg=True)
     statuses = []
     for rnd in range(1, 6):
-        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(4))
-        if ins:  # one survivor of three every round: each round costs more than a planned one
-            results = [(ins[0][0], fit_res([np.zeros(9, np.float32)], int(ins[0][0].node_id) - 1))]
+        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(5))
+        if ins:  # three survivors of four every round: each round costs more than a planned one (less noise, and
+            # unamplified: the sum's noise σ·√(3/4) reveals the count)
+            results = [(p, fit_res([np.zeros(9, np.float32)], int(p.node_id) - 1)) for p, _ in ins[:3]]
             reason = s.unmask_refusal(rnd, results)  # what the SecAgg+ workflow asks before unmasking
             if reason is None:
                 s.aggregate_fit(rnd, results, [])
@@ -255,7 +260,7 @@ def test_dropouts_never_push_the_ledger_over_the_budget():
                 s.record_unreconstructed(rnd, results, [], reason)
             statuses += [r["status"] for r in s.round_log.clients()]
         s.flush_round()
-    planned = ClientLevelDP(1.0, 1.0, 3, 4, 5, 1e-3, secure_aggregation=True, adversary="release").epsilon()
+    planned = ClientLevelDP(1.0, 1.0, 4, 5, 5, 1e-3, secure_aggregation=True, adversary="release").epsilon()
     # the first rounds are paid at the higher (dropout) cost; the round the budget cannot pay is refused before
     # its sum is reconstructed (withheld, not charged), and every reconstructed sum is charged
     assert statuses[0] == "ok" and "withheld" in statuses
@@ -300,9 +305,9 @@ def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the
 def test_against_the_server_every_round_is_charged_unamplified_and_the_release_view_is_reported():
     """Default adversary: the server drew the sample, so the ledger charges q = 1 every round (a bound on every
     client's epsilon_vs_server); the amplified ε of the released sums is reported as epsilon_vs_release."""
-    s = strategy("none", sigma=2.0, r=2, n=4, secagg=True, adversary="server")
+    s = strategy("none", sigma=2.0, r=3, n=6, secagg=True, adversary="server")
     for rnd in (1, 2):
-        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(4))
+        ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(6))
         results = [(p, fit_res([np.zeros(sh, np.float32) for sh in SHAPES], int(p.node_id) - 1, sigma=2.0))
                    for p, _ in ins]
         assert s.unmask_refusal(rnd, results) is None

@@ -160,7 +160,9 @@ def test_adaptive_clipping_is_refused_where_it_is_not_supported():
     with pytest.raises(ConfigError, match="'dp-ftrl'.*fixed clip across rounds: a changing C_t breaks the prefix-sum"):
         resolve_config({}, {**BASE, "strategy": "dp-ftrl", "client-dp-adversary": "release", "clients-per-round": 0})
     with pytest.raises(ConfigError, match="'secagg-mechanism' = 'ddg' with adaptive-clip-quantile = 0.5"):
-        resolve_config({}, {**BASE, "strategy": "dp-fedavg", "secure-aggregation": True})  # ddg, the default
+        resolve_config({}, {**BASE, "strategy": "dp-fedavg", "secure-aggregation": True, "secagg-mechanism": "ddg"})
+    assert resolve_config({}, {**BASE, "strategy": "dp-fedavg", "secure-aggregation": True}).client_dp \
+        .secagg_mechanism == "gaussian"  # the default follows adaptive clipping
     with pytest.raises(ConfigError, match="'adaptive-clip-lr' = 0.5 would have no effect"):
         resolve_config({}, {**BASE, "strategy": "dp-fedavg", "adaptive-clip-quantile": 0.0, "adaptive-clip-lr": 0.5,
                             "adaptive-clip-count-noise": 0.0})
@@ -172,10 +174,10 @@ def test_a_count_noise_that_would_spend_the_budget_is_refused_before_the_run():
     cfg = resolve_config({}, {**BASE, "strategy": "dp-fedavg", "adaptive-clip-count-noise": 0.6})
     with pytest.raises(ConfigError, match=r"'adaptive-clip-count-noise' = 0.6 must exceed z/2 = 0.65"):
         privacy_plan(cfg, 4)
-    # the default σ_b = r/20 = 0.1 is far too small for z = 1.3 at r = 2: named as such
+    # r/20 = 0.1 is far too small for z = 1.3 at r = 2: the default then takes σ_b = z
     cfg = resolve_config({}, {**BASE, "strategy": "dp-fedavg", "adaptive-clip-count-noise": 0.0})
-    with pytest.raises(ConfigError, match=r"= 0 \(r/20 = 0.1 for r = 2\) must exceed"):
-        adaptive_clip_config(cfg.client_dp, client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, 4))
+    default = adaptive_clip_config(cfg.client_dp, client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, 4))
+    assert default is not None and default.count_noise_std == pytest.approx(1.3)
     ok = resolve_config({}, {**BASE, "strategy": "dp-fedavg"})
     plan = privacy_plan(ok, 4)["mechanism"]["adaptive_clipping"]
     assert plan["update_noise_multiplier"] == pytest.approx(2 * 1.3 / math.sqrt(3))
