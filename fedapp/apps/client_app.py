@@ -24,8 +24,8 @@ def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
     def client_fn(context: Context) -> Client:
         cfg = resolve_config(context.run_config, overrides)
         client = get_spec(cfg.general.strategy).client_factory()(context, overrides)
-        # faults, state persistence, the lost-accountant guard
-        return guard_client(client, context, cfg.general, cfg.data, cfg.training, cfg.deployment)
+        # the node's privacy policy, faults, state persistence, the lost-accountant guard
+        return guard_client(client, context, cfg.general, cfg.data, cfg.training, cfg.deployment, cfg)
 
     # trim_heap_mod: freed memory back to the OS after each message; secagg_mod: SecAgg+ rounds only
     return ClientApp(client_fn=client_fn, mods=[trim_heap_mod, secagg_mod])

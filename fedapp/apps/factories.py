@@ -24,7 +24,7 @@ from flwr.client import Client
 from flwr.common import Context
 
 from fedapp.clients.client_dp import ClientLevelDPClient, FTRLClient, local_steps
-from fedapp.clients.common import make_model, round_lr, setup_client
+from fedapp.clients.common import csprng, make_model, round_lr, setup_client
 from fedapp.clients.dp2_fedsam import DP2FedSAMClient, shared_weights
 from fedapp.clients.dpsgd import DPSGDClient, min_epsilon_profile
 from fedapp.clients.soteriafl import SoteriaFLClient, soteriafl_params
@@ -82,6 +82,7 @@ class EngineSettings:
     evaluate_every: int
     server_lr: float
     secret_sampling: bool
+    secure_randomness: bool
     accountant: str
     strike_limit: int
     robust_norm_factor: float
@@ -95,6 +96,7 @@ class EngineSettings:
                 "fraction_evaluate": self.fraction_evaluate, "evaluate_every": self.evaluate_every,
                 "server_lr": self.server_lr, "dataset_sizes": self.dataset_sizes, "secret_sampling": self.secret_sampling,
                 "accountant": self.accountant, "strike_limit": self.strike_limit,
+                "sampling_rng": csprng() if self.secure_randomness else None,
                 "robust_norm_factor": self.robust_norm_factor}
 
 
@@ -104,6 +106,7 @@ def engine_settings(general: GeneralConfig, data: DataConfig, training: Training
         num_rounds=general.num_server_rounds, seed=general.seed, clients_per_round=general.clients_per_round,
         min_available_clients=general.min_available_clients, fraction_evaluate=general.fraction_evaluate,
         evaluate_every=general.evaluate_every, server_lr=general.server_lr, secret_sampling=not general.seeded_noise,
+        secure_randomness=general.secure_randomness and not general.seeded_noise,
         accountant=training.accountant, strike_limit=deployment.strike_limit,
         robust_norm_factor=deployment.robust_norm_factor,
         dataset_sizes=lambda n: client_train_sizes(data, general.seed, n))
@@ -115,7 +118,9 @@ def build_fedavg(ctx: StrategyContext, engine: EngineSettings) -> FedAvg:
 
 
 def build_dpsgd_fedavg(ctx: StrategyContext, engine: EngineSettings, *, training: TrainingConfig) -> DPSGDFedAvg:
-    return DPSGDFedAvg(clip_norm=training.clip_norm, **engine.kwargs(ctx))
+    lr, decay = training.lr, training.lr_decay  # the server's η_t: the update-norm bound never takes the client's word
+    return DPSGDFedAvg(clip_norm=training.clip_norm, momentum=training.momentum,
+                       lr_schedule=lambda rnd: lr * decay ** (rnd - 1), **engine.kwargs(ctx))
 
 
 def rpca_options(robust_hdp: RobustHDPConfig) -> dict[str, Any]:

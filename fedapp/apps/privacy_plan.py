@@ -18,6 +18,7 @@ from fedapp.config import ClientDPConfig, ConfigError, DataConfig, GeneralConfig
 from fedapp.config.run_config import FTRL_STRATEGIES
 from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 from fedapp.registry import get_spec
+from strategies.privacy.threat_models import ROUNDED_SUM_CAVEAT
 
 
 def privacy_plan(run_config: Mapping[str, Any], num_clients: int, payload_dim: int | None = None) -> dict[str, Any]:
@@ -111,7 +112,8 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
             field = modulus_for(n, QUANTIZATION_RANGE)
         except ValueError as exc:
             raise ConfigError(f"run-config 'secure-aggregation' = true with {n} clients: {exc}") from None
-        mechanism.update(quantization_bits=int(math.log2(QUANTIZATION_RANGE)), field_bits=int(math.log2(field)))
+        mechanism.update(quantization_bits=int(math.log2(QUANTIZATION_RANGE)), field_bits=int(math.log2(field)),
+                         epsilon_vs_server_proven=False, epsilon_vs_server_caveat=ROUNDED_SUM_CAVEAT)
     t = dp.rounds
     r = dp.clients_per_round  # the discrete sum is charged at its Gaussian equivalent (never below σ), unamplified
     z_server = ddg.gaussian_equivalent(r, r) if ddg is not None else dp.budget_noise_multiplier
@@ -141,6 +143,8 @@ def _ftrl(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPC
         "min_separation": m.min_separation,
         "clients_per_round": m.clients_per_round or n, "delta": m.delta, "accountant": "dpa-pld (one Gaussian)",
         "budget_holds_against": "server" if m.secure_aggregation else "release"}
+    if m.secure_aggregation:  # continuous Gaussian streams through Flower's quantizer
+        mechanism.update(epsilon_vs_server_proven=False, epsilon_vs_server_caveat=ROUNDED_SUM_CAVEAT)
     return {"mechanism": mechanism, "epsilon_budget": eps,
             "every_client": {"epsilon_vs_server": eps if m.secure_aggregation else None, "epsilon_vs_release": eps,
                              "delta": m.delta}}

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from fedapp.clients.finite_clipping import finite_clip_factors, zero_rows_
 from fedapp.data.datasets import ArrayDataset
 from fedapp.privacy.profiles import dpsgd_sample_rate, steps_per_epoch
 
@@ -73,10 +74,13 @@ def _per_sample_grads(model: nn.Module):
 
 
 def clipped_sums(per_sample: dict[str, torch.Tensor], mask: torch.Tensor, clip: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Σ_b mask_kb · min(1, C_k / (‖g_kb‖ + 1e-6)) · g_kb per client (Opacus' flat clipping, its 1e-6 included)."""
+    """Σ_b mask_kb · min(1, C_k / (‖g_kb‖ + 1e-6)) · g_kb per client (Opacus' flat clipping, its 1e-6 included); a
+    g_kb whose norm is not finite counts as 0, sampled or padding (:mod:`fedapp.clients.finite_clipping`)."""
     sq = functools.reduce(operator.add, (g.flatten(2).pow(2).sum(-1) for g in per_sample.values()))
-    factor = (clip[:, None] / (sq.sqrt() + 1e-6)).clamp(max=1.0) * mask
-    return {n: torch.einsum("kb,kb...->k...", factor, g) for n, g in per_sample.items()}
+    factor, rows = finite_clip_factors(sq.sqrt(), clip[:, None])
+    factor = factor * mask
+    return {n: torch.einsum("kb,kb...->k...", factor, zero_rows_(g.flatten(0, 1), rows.reshape(-1)).view_as(g))
+            for n, g in per_sample.items()}
 
 
 def train_clients_batched(model: nn.Module, clients: list[BatchedClient],

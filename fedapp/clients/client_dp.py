@@ -50,7 +50,8 @@ from fedapp.clients.client_level_guard import (
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
-    noise_seed,
+    noise_rng,
+    nonfinite_model_refusal,
     read_record,
     restart_if_diverged,
     round_lr,
@@ -191,6 +192,10 @@ class ClientLevelDPClient(NumPyClient):
             return None
         return client_level_mechanism(self.s.general, self.s.training, self.client_dp, self.s.profile.num_clients)
 
+    def node_config(self) -> dict:
+        """This node's node-config (empty without a Context)."""
+        return dict(self.context.node_config) if self.context is not None else {}
+
     @property
     def floors(self) -> ClientFloors:
         return ClientFloors.from_node_config(self.context.node_config if self.context is not None else {})
@@ -267,6 +272,10 @@ class ClientLevelDPClient(NumPyClient):
         if p.batch_size > len(self.s.train):
             return [], 0, {**metrics, "status": "refused",
                            "reason": f"batch-size {p.batch_size} > local dataset size {len(self.s.train)}"}
+        reason = nonfinite_model_refusal(parameters)
+        if reason is not None:  # before any state changes (an FTRL turn, a stream, a release)
+            metrics.pop("epsilon_spent", None)
+            return [], 0, {**metrics, "status": "refused", "reason": reason}
         model = self.s.new_model()
         set_weights(model, parameters)
         lr = round_lr(training.lr, training.lr_decay, server_round)
@@ -277,7 +286,7 @@ class ClientLevelDPClient(NumPyClient):
             update, _ = restart_if_diverged(update, p.client_id, server_round)
         elif not np.all(np.isfinite(update)):  # no DP here: the failure may be reported as it is
             return [], 0, {**metrics, "status": "failed", "reason": "local training diverged (non-finite update)"}
-        rng = np.random.default_rng(noise_seed(self.s.general, p.client_id, server_round))  # secret unless seeded-noise
+        rng = noise_rng(self.s.general, p.client_id, server_round, self.node_config())  # secret unless seeded-noise
         try:
             arrays, extra = self.privatize(update, [tuple(a.shape) for a in parameters], config, noise_dp, rng)
         except (KeyError, ValueError) as exc:  # malformed mask from the server: send nothing
@@ -311,7 +320,9 @@ class FTRLClient(ClientLevelDPClient):
     """DP-FTRL client (``dp-ftrl``, :mod:`strategies.dp_ftrl`): clips Δ to C; under SecAgg+ it adds w_{i,t} =
     (C⁻¹Z_i)_t from its own stream (entries of Z_i with std zC/√n, secret randomness), indexed by the server round
     and kept in ``Context.state`` so its position survives between rounds; a round already drawn is refused (its
-    noise is never reused). Without SecAgg+ it sends the clipped update only: the server adds the noise.
+    noise is never reused), and so is every round after the first once the stream is missing from its state: it drops
+    out (the server leaves it out of P) instead of restarting the stream. Without SecAgg+ it sends the clipped update
+    only: the server adds the noise.
 
     Its data enters only the rounds of its turn (``ftrl-min-separation`` b: (t − 1 − i) mod b = 0, every round for
     b = 1), each once and in increasing order: a round of its turn not later than the last it trained in is refused,
@@ -336,11 +347,16 @@ class FTRLClient(ClientLevelDPClient):
         return super().local_train(model, lr=lr, seed=seed, config=config)
 
     def budget_check(self, dp, server_round: int) -> tuple[float, str | None]:
-        """Refuse past the T rounds C was built for, and a round whose noise this client already drew."""
+        """Refuse past the T rounds C was built for, a round whose noise this client already drew, and under SecAgg+
+        every round after the first once its stream is lost (:meth:`stream_lost`)."""
         rounds = accounted_rounds(server_round, releases(self.context))
         if rounds > dp.rounds:
             return dp.epsilon(), (f"budget: this would be round {rounds} (server round {server_round}), past "
                                   f"dp-rounds={dp.rounds}, the rounds DP-FTRL's factorization was built for")
+        if dp.secure_aggregation and self.stream_lost(server_round):
+            return dp.epsilon(rounds), (f"server round {server_round}: this client's noise stream is lost (no "
+                                        f"{FTRL_STREAM!r} in its state); a restarted stream would not be the one "
+                                        "the released sums carry, so it drops out of the run")
         drawn = int(read_record(self.context, FTRL_STREAM).get("round", 0)) if self.context is not None else 0
         if dp.secure_aggregation and server_round - 1 < drawn:
             return dp.epsilon(rounds), (f"server round {server_round}: this client's noise stream already drew round "
@@ -355,14 +371,23 @@ class FTRLClient(ClientLevelDPClient):
     def privatize(self, update, shapes, config, dp, rng):
         clipped, norm = dp_dense(update, clip=float(self.s.training.clip_norm), dp=None, rng=rng)
         if dp is not None and dp.secure_aggregation:
-            stream = self._load_stream(dp, clipped.size)
+            stream = self._load_stream(dp, clipped.size, int(config["server-round"]))
             clipped = clipped + advance_to(stream, int(config["server-round"]) - 1)
             self._save_stream(stream)
         return unflatten(clipped, shapes), {"update_norm": norm, "k": update.size,
                                             "in_turn": self.takes_turn(int(config["server-round"]))}
 
-    def _load_stream(self, dp, dim: int):
-        stream = dp.noise_stream(dim, np.random.default_rng(noise_seed(self.s.general, self.s.profile.client_id, 0)))
+    def stream_lost(self, server_round: int) -> bool:
+        """Whether this client's stream should exist and does not: after round 1 every client of a SecAgg+ run has
+        drawn its stream in each round it took part in (its turn or not). A client without it sat out round 1 or lost
+        its state; either way its stream did not reach every released sum, so it is not among the clients P the
+        accountant counts (:mod:`strategies.dp_ftrl`), and it drops out rather than send a restarted stream."""
+        return server_round > 1 and (self.context is None or FTRL_STREAM not in self.context.state)
+
+    def _load_stream(self, dp, dim: int, server_round: int):
+        if self.stream_lost(server_round):  # budget_check refuses first; never start a stream after round 1
+            raise RuntimeError(f"server round {server_round}: this client's DP-FTRL noise stream is lost")
+        stream = dp.noise_stream(dim, noise_rng(self.s.general, self.s.profile.client_id, 0, self.node_config()))
         if self.context is None or FTRL_STREAM not in self.context.state:
             return stream
         saved = read_record(self.context, FTRL_STREAM)
@@ -370,7 +395,7 @@ class FTRLClient(ClientLevelDPClient):
         if not isinstance(record, ArrayRecord):
             raise RuntimeError(f"Context.state {FTRL_STREAM_MEMORY!r} is not the stream's memory")
         stream.load_state_dict({"round": int(saved["round"]), "memory": record["memory"].numpy(),
-                                "rng": json.loads(saved["rng"])})
+                                "rng": json.loads(saved["rng"], object_hook=_array_from_json)})
         return stream
 
     def _save_stream(self, stream) -> None:
@@ -378,4 +403,16 @@ class FTRLClient(ClientLevelDPClient):
             raise RuntimeError("a DP-FTRL client under SecAgg+ needs its Context to keep its noise stream")
         state = stream.state_dict()
         self.context.state[FTRL_STREAM_MEMORY] = ArrayRecord({"memory": Array(np.ascontiguousarray(state["memory"]))})
-        write_record(self.context, FTRL_STREAM, {"round": int(state["round"]), "rng": json.dumps(state["rng"])})
+        write_record(self.context, FTRL_STREAM, {"round": int(state["round"]),
+                                                 "rng": json.dumps(state["rng"], default=_array_to_json)})
+
+
+def _array_to_json(value: object) -> dict:
+    """A bit generator's state array as JSON (ChaCha's key, block and counter; PCG64's state is plain ints)."""
+    if isinstance(value, np.ndarray):
+        return {"__ndarray__": value.tolist(), "dtype": str(value.dtype)}
+    raise TypeError(f"cannot serialize {type(value).__name__}")
+
+
+def _array_from_json(obj: dict) -> object:
+    return np.asarray(obj["__ndarray__"], dtype=obj["dtype"]) if "__ndarray__" in obj else obj

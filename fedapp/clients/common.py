@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import WARNING
 from typing import Any
@@ -97,6 +98,34 @@ def noise_seed(general: GeneralConfig, client_id: int, server_round: int) -> int
     return secrets.randbits(63)
 
 
+def secure_randomness(general: GeneralConfig, node_config: Mapping[str, Any] | None = None) -> bool:
+    """Whether this client draws its DP randomness from a CSPRNG: run-config ``secure-randomness``, or node-config
+    ``secure-randomness = true`` (a node's own policy: the server cannot turn it off)."""
+    from fedapp.privacy.node_policy import node_bool
+
+    return general.secure_randomness or node_bool(node_config or {}, "secure-randomness", False)
+
+
+def noise_rng(general: GeneralConfig, client_id: int, server_round: int,
+              node_config: Mapping[str, Any] | None = None) -> np.random.Generator:
+    """The generator of a client's DP noise and sampling coins for one round.
+
+    Default: NumPy's PCG64 seeded with 63 bits of OS entropy (:func:`noise_seed`): statistically sound, not a
+    cryptographic generator (its state can be recovered from enough outputs). Under :func:`secure_randomness`:
+    ChaCha20 (20 rounds, ``randomgen``) keyed with 256 bits from ``secrets``, a CSPRNG. ``seeded-noise`` (tests and
+    benchmarks) derives PCG64 from the run seed."""
+    if secure_randomness(general, node_config) and not general.seeded_noise:
+        return csprng()
+    return np.random.default_rng(noise_seed(general, client_id, server_round))
+
+
+def csprng() -> np.random.Generator:
+    """A NumPy ``Generator`` over ChaCha20 (20 rounds) keyed with 256 bits of OS entropy."""
+    from randomgen import ChaCha
+
+    return np.random.Generator(ChaCha(key=secrets.randbits(256), counter=0, rounds=20))
+
+
 def round_lr(lr: float, decay: float, server_round: int) -> float:
     """η_r = η · decay^(r−1) (per-round decay, e.g. Fed-SMP Sec. 6.2, DP2-FedSAM Sec. 5.1)."""
     return lr * decay ** (server_round - 1)
@@ -124,3 +153,18 @@ def restart_if_diverged(delta: np.ndarray, client_id: int, server_round: int) ->
         "from the global model (a zero update plus the mechanism's noise)", client_id, server_round,
         int(np.sum(~np.isfinite(delta))))
     return np.zeros_like(delta), True
+
+
+def nonfinite_model_refusal(parameters: list[np.ndarray]) -> str | None:
+    """Why a client does not train on the server's model: an array with NaN, ±inf or a value beyond float32's range
+    (what the model holds; a finite float64 of 10^39 would load as inf). None when every array is finite. The check
+    reads only the server's model, so the refusal reveals nothing about the client's data."""
+    f32_max = float(np.finfo(np.float32).max)
+    for i, w in enumerate(parameters):
+        a = np.asarray(w)
+        if a.dtype.kind != "f" or a.size == 0:
+            continue
+        if not np.all(np.isfinite(a)) or (a.dtype.itemsize > 4 and float(np.max(np.abs(a))) > f32_max):
+            return (f"the server's model is not finite (array {i} of {len(parameters)} holds NaN, inf or a value "
+                    "beyond float32's range); this client does not train on it")
+    return None

@@ -46,7 +46,8 @@ from fedapp.clients.common import (
     ClientSetup,
     evaluate_local_splits,
     make_model,
-    noise_seed,
+    noise_rng,
+    nonfinite_model_refusal,
     restart_if_diverged,
     round_lr,
     round_seed,
@@ -153,6 +154,7 @@ class DP2FedSAMClient(NumPyClient):
         adaptive: AdaptiveClipConfig | None = None
         if reason is None:
             noise_dp, adaptive, reason = adaptive_setup(dp, self.client_dp, config, metrics)
+        reason = reason or nonfinite_model_refusal(parameters)
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         assert noise_dp is not None  # adaptive_setup gives no mechanism only with a reason
@@ -180,7 +182,7 @@ class DP2FedSAMClient(NumPyClient):
         delta, diverged = restart_if_diverged(delta, p.client_id, rnd)
         head = [w for w, m in zip(new, self.mask) if not m]
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
-        rng = np.random.default_rng(noise_seed(self.s.general, p.client_id, rnd))
+        rng = noise_rng(self.s.general, p.client_id, rnd, self.context.node_config)
         r_t = round_clients(config, dp, floors)
         ddg = secure_sum_mechanism(self.client_dp, dp, delta.size)  # never with adaptive clipping (adaptive_round)
         try:

@@ -13,6 +13,8 @@ in Flower ``Context.state`` so each reported ε is cumulative and exact. A round
 ε above ε_i is refused: the client does not train and replies ``status = "refused"`` with the
 reason; so is every round when δ_i > 1/(10·N_i) (node-config or run-config ``delta``) unless
 ``allow-large-delta`` — checked here, so a deployed SuperNode's node-config δ is covered.
+A server model that is not finite is refused before training; a round whose DP-SGD still ends non-finite sends
+its noise-only steps instead (:meth:`DPSGDClient.noise_only_update`), a reply of the same form.
 """
 
 from __future__ import annotations
@@ -20,16 +22,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+from logging import WARNING
 from typing import Any
 
 import numpy as np
 from flwr.client import NumPyClient
-from flwr.common import Context
+from flwr.common import Context, log
 
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
     noise_seed,
+    nonfinite_model_refusal,
     read_record,
     round_lr,
     round_seed,
@@ -124,6 +128,9 @@ class DPSGDClient(NumPyClient):
         if p.batch_size > self.num_train:
             return [], 0, {**metrics, "status": "refused",
                            "reason": f"batch-size {p.batch_size} > local dataset size {self.num_train}"}
+        reason = nonfinite_model_refusal(parameters)
+        if reason is not None:
+            return [], 0, {**metrics, "status": "refused", "reason": reason}
         model = self.s.new_model()
         set_weights(model, parameters)
         lr = round_lr(training.lr, training.lr_decay, server_round)
@@ -163,15 +170,36 @@ class DPSGDClient(NumPyClient):
             result = local_train(model, self.s.train, spec, self.s.device)
             metrics["steps"] = result.steps
         update = [new - old for new, old in zip(get_weights(model), parameters)]
-        metrics.update({"status": "ok", "train_seconds": result.seconds, "lr": lr, "steps_round": result.steps})
+        seconds = result.seconds
+        if self.private and not all(np.all(np.isfinite(u)) for u in update):
+            update, extra_seconds = self.noise_only_update(parameters, spec, server_round)
+            seconds += extra_seconds
+        metrics.update({"status": "ok", "train_seconds": seconds, "lr": lr, "steps_round": result.steps})
         if not all(np.all(np.isfinite(u)) for u in update):
-            # the trained model is DP-SGD's output, so saying it is not finite is post-processing; the round's
-            # privacy cost is spent all the same (the server charges a failed DP-SGD round too)
+            # plain SGD (no DP to keep), or DP-SGD's noise-only steps from the server's model: data-independent
             metrics.update({"status": "failed", "reason": "local training diverged (non-finite model)"})
             return [], self.num_train, metrics
         if not self.private:  # a loss on private records is not covered by the DP guarantee: never sent by DP clients
             metrics["train_loss"] = result.loss
         return update, self.num_train, metrics
+
+    def noise_only_update(self, parameters: list[np.ndarray], spec: LocalTraining,
+                          server_round: int) -> tuple[list[np.ndarray], float]:
+        """(Δ, seconds) of the round's DP-SGD steps from the server's model with every per-sample gradient clipped to
+        0: each step is the mechanism's noise N(0, c²z²) alone, at the same q, steps, η and momentum, from fresh
+        secret randomness. Sent in place of a trained model that is not finite: replacing DP-SGD's output by a draw
+        independent of the data is post-processing, and the reply has the form of any other. That training
+        diverged is logged here, never sent."""
+        assert spec.dp is not None
+        log(WARNING, "client %d, round %d: DP-SGD left a non-finite model; this round sends its noise-only steps from "
+            "the server's model", self.s.profile.client_id, server_round)
+        model = self.s.new_model()
+        set_weights(model, parameters)
+        fallback = dataclasses.replace(
+            spec, seed=noise_seed(self.s.general, self.s.profile.client_id, server_round),
+            dp=dataclasses.replace(spec.dp, noise_only=True, cuda_graphs=False))
+        result = local_train(model, self.s.train, fallback, self.s.device)
+        return [new - old for new, old in zip(get_weights(model), parameters)], result.seconds
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         return evaluate_on_local_test(self.s, parameters)

@@ -8,7 +8,9 @@
    a reply already released for this very request before a crash
    (:class:`fedapp.state.client_state.ClientStateStore`; journal folder ``state-dir`` (node-config),
    else ``client-state-dir``, else ``<output-dir>/.client-state``);
-2. refuses if this client already detected lost privacy state in this run;
+2. refuses if this node's privacy policy does not accept the run-config (:mod:`fedapp.privacy.node_policy`: seeded
+   noise, the release adversary, a large δ, add/remove neighbours, a planned ε above ``max-epsilon``), or if this
+   client already detected lost privacy state in this run;
 3. injects a fault when this client is among the ``fault-fraction`` failing this round:
    ``raise`` raises *before* training (no ε spent, the server records ``status="failed"``);
    ``timeout`` sleeps ``fault-delay`` seconds, then trains (ε is spent and counted by the
@@ -54,7 +56,9 @@ from flwr.common import (
     log,
 )
 
-from fedapp.config import ConfigError, DataConfig, DeploymentConfig, GeneralConfig, TrainingConfig
+from fedapp.compat.runtime import on_supernode
+from fedapp.config import ConfigError, DataConfig, DeploymentConfig, GeneralConfig, RunConfig, TrainingConfig
+from fedapp.privacy.node_policy import NodePolicy, planned_epsilon
 from fedapp.state.client_state import (
     COMMITTED_ROUND_KEY,
     LINEAGE_CONFIG_KEY,
@@ -99,7 +103,8 @@ class GuardedClient(Client):
     def __init__(self, inner: Client, context: Context, deployment: DeploymentConfig, seed: int, client_id: int,
                  num_clients: int, state_dir: str = "", best_effort: bool = False, allow_large_delta: bool = False,
                  lifetime: LifetimeBudget | None = None, lifetime_epsilon: float | None = None,
-                 lifetime_delta: float | None = None) -> None:
+                 lifetime_delta: float | None = None, policy_refusal: str | None = None) -> None:
+        self.policy_refusal = policy_refusal  # why this node's privacy policy refuses the run (None: it accepts it)
         self.lifetime = lifetime
         self.lifetime_epsilon = lifetime_epsilon  # None: the client's per-run budget
         self.lifetime_delta = lifetime_delta  # None: 1/(10·N_i) for record-level replies (lifetime_delta_budget)
@@ -141,6 +146,9 @@ class GuardedClient(Client):
             taint = str(self.ctx.state[TAINT_KEY].get("reason", "privacy state lost earlier in this run"))
             return _refusal({"client_id": self.client_id, "status": "refused", "reason": taint,
                              **({"epsilon_spent": ledger} if ledger is not None else {})})
+        if self.policy_refusal is not None:
+            log(WARNING, "client %d: %s", self.client_id, self.policy_refusal)
+            return _refusal({"client_id": self.client_id, "status": "refused", "reason": self.policy_refusal})
         fraction = self.faults.fault_fraction
         if fraction > 0 and self.client_id in failing_clients(self.seed, rnd, self.num_clients, fraction):
             if self.faults.fault_mode == "raise":
@@ -188,9 +196,15 @@ class GuardedClient(Client):
 
 
 def guard_client(inner: Client, context: Context, general: GeneralConfig, data: DataConfig, training: TrainingConfig,
-                 deployment: DeploymentConfig) -> Client:
-    """Wrap ``inner`` (a family's client) with :class:`GuardedClient` for this node."""
+                 deployment: DeploymentConfig, cfg: RunConfig | None = None) -> Client:
+    """Wrap ``inner`` (a family's client) with :class:`GuardedClient` for this node; with the run's ``cfg``, the
+    node's privacy policy (:class:`fedapp.privacy.node_policy.NodePolicy`) decides whether it trains at all."""
     node = context.node_config
+    policy_refusal = None
+    if cfg is not None:
+        policy = NodePolicy.from_node_config(node, on_supernode())
+        eps = planned_epsilon(cfg, node) if policy.max_epsilon is not None else None
+        policy_refusal = policy.refusal(cfg, eps)
     try:
         cid = int(node["partition-id"])
         n = int(node["num-partitions"])
@@ -213,7 +227,7 @@ def guard_client(inner: Client, context: Context, general: GeneralConfig, data: 
             raise ConfigError(f"node-config 'lifetime-delta' = {node['lifetime-delta']!r} must be a number in (0, 1)")
     return GuardedClient(inner, context, deployment, general.seed, cid, n, state_dir or default_state_dir(general),
                          best_effort=not state_dir, allow_large_delta=training.allow_large_delta, lifetime=lifetime,
-                         lifetime_epsilon=cap, lifetime_delta=delta_cap)
+                         lifetime_epsilon=cap, lifetime_delta=delta_cap, policy_refusal=policy_refusal)
 
 
 def lifetime_delta_budget(node_cap: float | None, metrics: Mapping[str, Any],

@@ -30,7 +30,8 @@ from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
     make_model,
-    noise_seed,
+    noise_rng,
+    nonfinite_model_refusal,
     read_record,
     write_record,
 )
@@ -149,7 +150,8 @@ class SoteriaFLClient(NumPyClient):
         if str(config.get("soteriafl-method", self.method.name)) != self.method.name:
             return [], 0, {**metrics, "status": "refused",
                            "reason": f"server runs {config.get('soteriafl-method')!r}, client {self.method.name!r}"}
-        reason = record_delta_refusal(p.delta, self.m, self.context.node_config, training.allow_large_delta)
+        reason = record_delta_refusal(p.delta, self.m, self.context.node_config,
+                                      training.allow_large_delta) or nonfinite_model_refusal(parameters)
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "reason": reason}
         d, k, omega, gamma = self.dims()
@@ -182,7 +184,7 @@ class SoteriaFLClient(NumPyClient):
         seed = mask_seed(rseed, p.client_id)
         res = client_step(self.method, oracle, x, state, clip=training.clip_norm, batch_size=b,
                           sigma_p=float(rec["sigma_p"]), k=k, gamma=gamma,
-                          rng=np.random.default_rng(noise_seed(self.s.general, p.client_id, server_round)),  # secret
+                          rng=noise_rng(self.s.general, p.client_id, server_round, self.context.node_config),  # secret
                           seed=seed, refresh_snapshot=snapshot_coin(rseed, p.client_id, p_snap))
         save_state(self.context, state)
         write_record(self.context, PRIVACY_KEY, {**rec, "rounds": done + 1})

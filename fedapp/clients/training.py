@@ -69,6 +69,7 @@ class PerSampleDP:
     clip: float
     grad_sample_mode: str = "hooks"
     cuda_graphs: bool = False  # padded steps replayed as CUDA graphs (fedapp.clients.graphed_dpsgd); eager on a CPU
+    noise_only: bool = False  # every batch empty: each step the mechanism's noise alone (q and steps unchanged)
 
 
 @dataclass(frozen=True)
@@ -233,17 +234,23 @@ def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_e
 def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining,
              sample_rate: float):
     """(wrapped module, DP optimizer) as Opacus' ``PrivacyEngine.make_private(poisson_sampling=True)`` builds
-    them (same validation, module class and optimizer class and arguments; no engine accountant: the client's
+    them (same validation, module class and optimizer arguments, the optimizer Opacus' ``DPOptimizer`` with the clip
+    step of :func:`~fedapp.clients.finite_clipping.finite_clip_dp_optimizer`; no engine accountant: the client's
     ledger composes), for batches this module draws itself at ``sample_rate``: ⌈N/b⌉ steps an epoch at q = 1/⌈N/b⌉, what the
     accountant composes. (Opacus' loader has int(1/q) batches, one fewer where ⌈N/b⌉ ∈ {93, 99, 105, …}, and
     ``make_private`` then reports q = 1/92 for a loader that samples at 1/93.)"""
     from opacus.grad_sample import prepare_module
-    from opacus.optimizers import get_optimizer_class
+    from opacus.optimizers import DPOptimizer, get_optimizer_class
     from opacus.validators.module_validator import ModuleValidator
+
+    from fedapp.clients.finite_clipping import finite_clip_dp_optimizer
 
     dp = spec.dp
     if dp is None:
         raise ValueError("Opacus training needs a DP spec (LocalTraining.dp)")
+    if get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=dp.grad_sample_mode) is not DPOptimizer:
+        raise ValueError(f"grad-sample-mode {dp.grad_sample_mode!r} clips outside DPOptimizer; this client's clipping "
+                         "(fedapp.clients.finite_clipping) covers 'hooks', 'ew' and 'functorch'")
     torch.manual_seed(spec.seed)
     ModuleValidator.validate(model, strict=True)
     # exact default strides: a one-input-channel conv weight with channels-last strides passes is_contiguous() and
@@ -254,7 +261,7 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
     module = prepare_module(model, grad_sample_mode=dp.grad_sample_mode, batch_first=True, loss_reduction="mean",
                             wrap_model=True)
     module.forbid_grad_accumulation()
-    dp_optimizer = get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=dp.grad_sample_mode)(
+    dp_optimizer = finite_clip_dp_optimizer()(  # Opacus' flat DPOptimizer, a clip step no non-finite gradient bypasses
         optimizer=optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
         expected_batch_size=int(len(data) * sample_rate), loss_reduction="mean", generator=None, secure_mode=False)
     return module, dp_optimizer
@@ -295,10 +302,13 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
             extra["sample_rate"] = sample_rate
             x_dev, y_dev = torch.from_numpy(data.x).to(device), torch.from_numpy(data.y).to(device)
             epochs = -(-spec.steps // per_epoch)
-            if spec.dp.cuda_graphs:
+            if spec.dp.noise_only:  # no record enters: every per-sample gradient of every step is clipped to 0
+                batches = iter([(x_dev[:0], y_dev[:0])] * (epochs * per_epoch))
+            elif spec.dp.cuda_graphs:
                 return _graphed(model, module, optimizer, opt, params, spec, x_dev, y_dev, sample_rate, per_epoch,
                                 epochs, start, extra)
-            batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, epochs)
+            else:
+                batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, epochs)
         else:  # a plain CNN runs channels-last on a CPU (per-sample gradients keep the default layout)
             layout.enter_context(cpu_memory_format(model, device))
             batches = _shuffled_batches(torch.from_numpy(data.x), torch.from_numpy(data.y), spec.batch_size, spec.steps,

@@ -120,6 +120,7 @@ def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mappi
             if name not in SCHEMA:
                 raise ConfigError(f"unknown run-config key {name!r}; see docs/config.md")
             merged[name] = value
+    resolve_defaults(merged)
     cfg = RunConfig.from_values({name: check_value(SCHEMA[name], value) for name, value in merged.items()})
     validate_cross_fields(cfg)
     if len(_CACHE) >= _CACHE_SIZE:
@@ -130,6 +131,28 @@ def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mappi
 
 _CACHE: dict[tuple[Any, Any], RunConfig] = {}
 _CACHE_SIZE = 64
+
+
+def resolve_defaults(merged: dict[str, Any]) -> None:
+    """Replace the defaults that depend on the rest of the run-config by their values, in place.
+
+    ``secagg-mechanism = 'auto'`` (the default) under SecAgg+ for a client-level strategy: the distributed discrete
+    Gaussian where it applies, else continuous Gaussian shares, which the strategy and features that the run turns on
+    need (DP-FTRL's correlated streams, adaptive clipping's count coordinate, the release adversary's amplification,
+    an accountant other than rdp). A value the user sets is kept, and refused by the checks where it conflicts."""
+    if merged.get("secagg-mechanism") != "auto" or not merged.get("secure-aggregation"):
+        return
+    from fedapp.registry import get_spec
+
+    try:
+        client_level = get_spec(str(merged["strategy"])).privacy.startswith("client-level")
+    except (KeyError, ValueError):
+        return  # an unknown strategy is refused by its own check
+    if not client_level:
+        return
+    needs_gaussian = (merged["strategy"] in FTRL_STRATEGIES or merged.get("adaptive-clip-quantile") not in (0, 0.0)
+                      or merged.get("client-dp-adversary") == "release" or merged.get("accountant") != "rdp")
+    merged["secagg-mechanism"] = "gaussian" if needs_gaussian else "ddg"
 
 
 def clear_cache() -> None:
@@ -208,6 +231,7 @@ def validate_cross_fields(cfg: RunConfig) -> None:
     if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
     check_ftrl(cfg)
+    check_secure_randomness(cfg)
     check_secure_sum(cfg)
     check_adaptive_clip(cfg)
     ignored = ignored_keys(cfg)
@@ -283,13 +307,41 @@ def check_adaptive_clip(cfg: Mapping[str, Any]) -> None:
                           "secagg-mechanism = 'gaussian' or adaptive-clip-quantile = 0")
 
 
+def check_secure_randomness(cfg: Mapping[str, Any]) -> None:
+    """``secure-randomness`` needs a family whose noise is drawn through NumPy (client-level, SoteriaFL) and real
+    noise: refuse it where it would do nothing or could not be honoured."""
+    if not cfg["secure-randomness"]:
+        return
+    from fedapp.registry import get_spec
+
+    spec = get_spec(cfg["strategy"])
+    privacy = spec.privacy
+    if cfg["seeded-noise"]:
+        raise ConfigError("run-config 'secure-randomness' = true with seeded-noise = true: noise derived from the run "
+                          "seed is known to the server whatever generator draws it; set one of them to false")
+    if privacy.startswith("none"):
+        raise ConfigError(f"run-config 'secure-randomness' = true with strategy {cfg['strategy']!r}, which adds no "
+                          "noise: it would have no effect; set it to false")
+    if privacy.startswith("record-level") and spec.family != "soteriafl":
+        raise ConfigError(f"run-config 'secure-randomness' = true with strategy {cfg['strategy']!r}: its DP-SGD "
+                          "noise and Poisson batches are drawn by Opacus from torch's generator, and Opacus' secure "
+                          "mode needs torchcsprng, which has no build for this torch; set secure-randomness = false")
+
+
 def check_secure_sum(cfg: Mapping[str, Any]) -> None:
     """The distributed discrete Gaussian is charged as an RDP bound without amplification by sampling: refuse the
     settings that would claim more (a PRV composition of that bound, or the release adversary's amplified ε)."""
     from fedapp.registry import get_spec
 
-    if not (get_spec(cfg["strategy"]).privacy.startswith("client-level") and cfg["secure-aggregation"]
-            and cfg["secagg-mechanism"] == "ddg"):
+    client_level = get_spec(cfg["strategy"]).privacy.startswith("client-level")
+    if (client_level and cfg["strategy"] not in FTRL_STRATEGIES and not cfg["secure-aggregation"]
+            and cfg["client-dp-adversary"] == "release"):
+        raise ConfigError("run-config 'client-dp-adversary' = 'release' with secure-aggregation = false: without "
+                          "SecAgg+ every update carries its own fixed noise, so the released mean's noise reveals how "
+                          "many clients were sampled and amplification by sampling does not hold (the release would be "
+                          "charged unamplified, as against the server); set secure-aggregation = true with "
+                          "secagg-mechanism = 'gaussian', or client-dp-adversary = 'server'")
+    if not (client_level and cfg["secure-aggregation"] and cfg["secagg-mechanism"] == "ddg"):
         return
     if cfg["accountant"] != "rdp":
         raise ConfigError(f"run-config 'accountant' = {cfg['accountant']!r} with secagg-mechanism = 'ddg': the "

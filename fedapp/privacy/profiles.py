@@ -239,13 +239,16 @@ def _client_level(sigma: float, target: float, clip: float, r: int, n: int, roun
 
 def adaptive_clip_config(cd: ClientDPConfig, dp: ClientLevelDP) -> AdaptiveClipConfig | None:
     """The run's adaptive clipping (Andrew et al. 2021) for mechanism ``dp``, or None when
-    ``adaptive-clip-quantile`` = 0: γ, η_C, C_0 = ``clip-norm`` and σ_b = ``adaptive-clip-count-noise`` (0 → r/20).
-    σ_b must exceed z/2 (z = ``dp``'s σ) for the update multiplier z_Δ to exist. Server and clients call this with
-    the same inputs, so each client derives z_Δ itself."""
+    ``adaptive-clip-quantile`` = 0: γ, η_C, C_0 = ``clip-norm`` and σ_b = ``adaptive-clip-count-noise`` (0 → r/20,
+    the paper's choice, or z where r/20 does not exceed z/2: the update noise is then z_Δ = 2z/√3 ≈ 1.155 z).
+    σ_b must exceed z/2 (z = ``dp``'s σ) for the update multiplier z_Δ to exist; a value the user sets below it is
+    refused. Server and clients call this with the same inputs, so each client derives z_Δ itself."""
     if cd.adaptive_clip_quantile == 0:
         return None
     given = cd.adaptive_clip_count_noise
     count_noise = given or default_count_noise(dp.clients_per_round)
+    if not given and count_noise <= dp.noise_multiplier / 2:
+        count_noise = dp.noise_multiplier
     if count_noise <= dp.noise_multiplier / 2:
         source = (f"run-config 'adaptive-clip-count-noise' = {given:g}" if given else
                   f"run-config 'adaptive-clip-count-noise' = 0 (r/20 = {count_noise:g} for r = {dp.clients_per_round})")

@@ -64,11 +64,14 @@ from flwr.serverapp.grid import Grid
 
 from fedapp.config import ClientDPConfig, DeploymentConfig
 from fedapp.privacy import shamir
+from strategies.client_level import CFG_ROUND_CLIENTS
 
 #: SecAgg+ weights each masked update by num_examples / max_weight; clients send 1 (a uniform sum)
 MAX_WEIGHT = 1.0
 #: Flower SecAgg+'s quantization levels per coordinate for continuous Gaussian shares
 QUANTIZATION_RANGE = 2**22
+#: the legacy message's record of the fit config (Flower's ``fitins_to_recorddict``)
+FIT_CONFIG = "fitins.config"
 #: fit metric: the bit width of a distributed discrete Gaussian share (absent: a continuous share)
 SECAGG_BITS = "secagg_bits"
 
@@ -259,8 +262,36 @@ class NoContribution(RuntimeError):
     """A sampled client does not contribute to this round's secure sum (SecAgg+ drops it)."""
 
 
+def cohort_seen(ctxt: Context) -> int | None:
+    """How many clients this client itself knows take part in the round's secure sum, from its SecAgg+ protocol state:
+    the sample size the setup stage announced and, when every participant is its neighbour (``share_num`` ≥
+    ``sample_num``: ``secagg-num-shares = 1.0``, the default), the public keys it received (its own included). None
+    before the protocol has set up."""
+    state: Mapping[str, Any] = ctxt.state.config_records.get(RECORD_KEY_STATE, {})
+    sample, share, keys = state.get("sample_num"), state.get("share_num"), state.get("public_keys_dict:K")
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        return None
+    if isinstance(share, int) and share >= sample and isinstance(keys, list) and keys:
+        return min(sample, len(keys))
+    return sample
+
+
+def clamp_round_clients(msg: Message, ctxt: Context) -> None:
+    """Cap the fit config's r_t (``dp-round-clients``, each client adds noise for a sum of r_t) at :func:`cohort_seen`:
+    a server that announces more clients than the secure sum it set up would have every client add too little noise.
+    A smaller r_t only adds noise."""
+    config = msg.content.config_records.get(FIT_CONFIG)
+    seen = cohort_seen(ctxt)
+    if config is None or seen is None or CFG_ROUND_CLIENTS not in config:
+        return
+    claimed = config[CFG_ROUND_CLIENTS]
+    if isinstance(claimed, int) and not isinstance(claimed, bool) and claimed > seen:
+        config[CFG_ROUND_CLIENTS] = seen
+
+
 def _contribution_or_dropout(call_next: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
     def inner(msg: Message, ctxt: Context) -> Message:
+        clamp_round_clients(msg, ctxt)
         out = call_next(msg, ctxt)
         if out.has_error():
             raise NoContribution(f"client error: {out.error}")

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedapp.config import ConfigError, DataConfig, GeneralConfig, TrainingConfig, resolve_config
+from fedapp.config import ConfigError, DataConfig, GeneralConfig, RunConfig, TrainingConfig, resolve_config
+from fedapp.privacy.node_policy import POLICY_KEYS, NodePolicy, planned_epsilon
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
     CONNECTION,
@@ -63,8 +64,19 @@ from fedapp.run.processes import (
     write_flower_config,
 )
 
-NODE_KEYS = {"partition-id": int, "num-partitions": int, "epsilon": float, "delta": float, "batch-size": int,
-             "local-epochs": int, "reported-epsilon": float, "dataset": str, "state-dir": str}
+
+def _toml_bool(raw: str) -> bool:
+    """A node-config boolean as TOML writes it."""
+    if raw not in ("true", "false"):
+        raise ValueError(raw)
+    return raw == "true"
+
+
+NODE_KEYS: dict[str, Any] = {
+    "partition-id": int, "num-partitions": int, "epsilon": float, "delta": float, "batch-size": int,
+    "local-epochs": int, "reported-epsilon": float, "dataset": str, "state-dir": str, "min-round-clients": int,
+    "min-noise-multiplier": float, "lifetime-epsilon": float, "lifetime-delta": float,
+    **{key: (_toml_bool if kind is bool else kind) for key, kind in POLICY_KEYS.items()}}
 AUTH_REFUSED_EXIT = 305  # flower-supernode: "Failed to activate SuperNode" (the shell sees 305 % 256 = 49)
 
 
@@ -81,7 +93,8 @@ def parse_node_config(text: str) -> dict[str, Any]:
         try:
             out[key] = NODE_KEYS[key](raw)
         except ValueError:
-            raise ConfigError(f"node-config {key!r} expects {NODE_KEYS[key].__name__}, got {raw!r}") from None
+            kind = "true or false" if NODE_KEYS[key] is _toml_bool else NODE_KEYS[key].__name__
+            raise ConfigError(f"node-config {key!r} expects {kind}, got {raw!r}") from None
     return out
 
 
@@ -116,6 +129,18 @@ def validate_nodes(general: GeneralConfig, training: TrainingConfig, data: DataC
         if profile.batch_size > sizes[profile.client_id]:
             raise ConfigError(f"SuperNode {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                               f"N_i = {sizes[profile.client_id]}")
+
+
+def check_node_policies(cfg: RunConfig, configs: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse, before any process starts, a run-config that a SuperNode's privacy policy would refuse on the node
+    (:class:`fedapp.privacy.node_policy.NodePolicy`; the node enforces it itself whatever the launcher does)."""
+    for node in configs:
+        policy = NodePolicy.from_node_config(node, on_supernode=True)
+        eps = planned_epsilon(cfg, node) if policy.max_epsilon is not None else None
+        reason = policy.refusal(cfg, eps)
+        if reason is not None:
+            raise ConfigError(f"SuperNode {node['partition-id']}: {reason}; allow it in that node's --node-config "
+                              "or change the run-config")
 
 
 def node_config_arg(node: Mapping[str, Any]) -> str:
@@ -239,8 +264,10 @@ class DeployResult:
 def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overrides: Sequence[str] = (),
            tls: bool = True, auth: bool = True, unauthorized: int = 0, work_dir: Path | None = None,
            app: Path = PROJECT_ROOT, timeout: float | None = None, outsider: bool = False,
-           public_host: str = "127.0.0.1", log=print) -> DeployResult:
-    """Validate, start SuperLink + SuperNodes, ``flwr run`` the app, stop everything (see module doc)."""
+           public_host: str = "127.0.0.1", log=print, check_policies: bool = True) -> DeployResult:
+    """Validate, start SuperLink + SuperNodes, ``flwr run`` the app, stop everything (see module doc).
+    ``check_policies = False`` (tests only) skips the launcher's look at each node's privacy policy, so that the
+    SuperNodes' own enforcement can be observed."""
     app = app.resolve()
     overrides = parse_overrides(run_config)
     overrides.setdefault("num-clients", num_supernodes)
@@ -252,6 +279,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
         raise ConfigError("--unauthorized/--outsider need SuperNode authentication (drop --no-auth)")
     nodes = node_configs(num_supernodes, node_overrides)
     validate_nodes(cfg.general, cfg.training, cfg.data, nodes)
+    if check_policies:
+        check_node_policies(cfg, nodes)
     output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
 
     work = Path(work_dir or tempfile.mkdtemp(prefix="dpfl-deploy-")).resolve()

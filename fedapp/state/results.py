@@ -164,6 +164,13 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
     vs_release = [r["metrics"]["epsilon_vs_release"] for r in rounds if r["metrics"].get("epsilon_vs_release") is not None]
     if vs_server:  # client-level: against the server that draws the sample (no amplification)
         out_of_model["max_epsilon_vs_server"] = max(vs_server)
+    proven = [r["metrics"]["epsilon_vs_server_proven"] for r in rounds if "epsilon_vs_server_proven" in r["metrics"]]
+    if proven:  # under SecAgg+: False when a rounded continuous Gaussian sum carried any round
+        out_of_model["epsilon_vs_server_proven"] = all(proven)
+        caveat = next((r["metrics"].get("epsilon_vs_server_caveat") for r in rounds
+                       if r["metrics"].get("epsilon_vs_server_caveat")), None)
+        if caveat:
+            out_of_model["epsilon_vs_server_caveat"] = caveat
     if vs_release:  # client-level: against whoever sees only the released models
         out_of_model["max_epsilon_vs_release"] = max(vs_release)
     return {

@@ -148,3 +148,23 @@ def test_dp_ftrl_under_secagg_in_a_deployment_spends_the_recomputed_epsilon(tmp_
         assert [c["status"] for c in rec["clients"]] == ["ok"] * 3
         assert all(c["epsilon_vs_server"] == pytest.approx(eps, rel=0.01) for c in rec["clients"])
     assert 3.9 <= summary["max_epsilon_vs_server"] <= 4.0
+
+
+@pytest.mark.slow
+def test_supernodes_enforce_their_own_privacy_policy_whatever_the_run_config_says(tmp_path) -> None:
+    """The run-config (the submitter's) asks for seeded noise, which voids every guarantee: the SuperNodes with default
+    node-config refuse to train, in their own ClientApp processes, naming the node-config key; the one whose operator
+    allowed it trains. The launcher's own pre-check (which would refuse this before starting) is skipped here."""
+    from fedapp.run.deploy import deploy
+
+    res = deploy(3, f"strategy='dpsgd-fedavg' seeded-noise=true num-server-rounds=2 max-samples=300 batch-size=16 "
+                    f"fraction-evaluate=0.0 output-dir='{tmp_path / 'results'}'",
+                 node_overrides=["0:allow-seeded-noise=true"], work_dir=tmp_path / "work", timeout=900,
+                 log=lambda *_: None, check_policies=False)
+    summary = json.loads((res.run_dir / "summary.json").read_text())
+    assert summary["finished"] and summary["rounds_completed"] == 2 and res.leftover_pids == []
+    for rec in (json.loads(line) for line in (res.run_dir / "rounds.jsonl").read_text().splitlines()):
+        by_id = {c["client_id"]: c for c in rec["clients"]}
+        assert by_id[0]["status"] == "ok"
+        for cid in (1, 2):
+            assert by_id[cid]["status"] == "refused" and "allow-seeded-noise" in by_id[cid]["reason"]
