@@ -28,6 +28,7 @@ AUTO = "auto"
 
 
 def supported_modes(model_name: str) -> tuple[str, ...]:
+    """The modes to try: every one for a user's model (:func:`time_modes` keeps those that run), else the catalog's."""
     return tuple(m for m in GRAD_SAMPLE_MODES if (model_name, m) not in UNSUPPORTED_GRAD_SAMPLE_MODES)
 
 
@@ -61,6 +62,20 @@ def time_modes(new_model: Callable[[], nn.Module], input_shape: tuple[int, ...],
     return out
 
 
+def time_modes_that_run(new_model: Callable[[], nn.Module], input_shape: tuple[int, ...], num_classes: int,
+                        batch_size: int, device: torch.device, modes: tuple[str, ...]) -> dict[str, float]:
+    """:func:`time_modes` of each mode alone, leaving out the modes that fail on this model (a user's model may not
+    run under every per-sample-gradient mode); ``hooks`` at an infinite time when none runs, so it is the fallback
+    and its own error shows in training."""
+    out: dict[str, float] = {}
+    for mode in modes:
+        try:
+            out.update(time_modes(new_model, input_shape, num_classes, batch_size, device, (mode,)))
+        except Exception:  # noqa: BLE001 — a mode this model does not support: not a candidate
+            continue
+    return out or {"hooks": float("inf")}
+
+
 def _versions() -> str:
     from importlib.metadata import version
 
@@ -86,7 +101,8 @@ def resolve_grad_sample_mode(mode: str, model_name: str, new_model: Callable[[],
         return _CHOSEN[memo_key]
     chosen = lookup("grad-sample-modes", fields)
     if chosen not in modes:
-        times = time_modes(new_model, tuple(data.input_shape), int(data.num_classes), int(batch_size), device, modes)
+        times = time_modes_that_run(new_model, tuple(data.input_shape), int(data.num_classes), int(batch_size), device,
+                                    modes)
         chosen = min(times, key=times.__getitem__)
         store("grad-sample-modes", fields, chosen)
     _CHOSEN[memo_key] = str(chosen)

@@ -133,6 +133,39 @@ _CACHE: dict[tuple[Any, Any], RunConfig] = {}
 _CACHE_SIZE = 64
 
 
+def check_user_model(cfg: RunConfig) -> None:
+    """A user's ``model = "module.path:factory"``, before any process starts: importable, an ``nn.Module`` for the
+    dataset's inputs whose dummy batch gives (2, num_classes) logits, accepted by Opacus' ``ModuleValidator`` for the
+    DP-SGD families, and with the personal head ``dp2-head`` names for the DP2-FedSAM family. Datasets whose shapes
+    are known only once loaded (``hf:``) are checked by the import alone here, the rest when the model is built."""
+    from fedapp.models.catalog import INPUT_SHAPES, NUM_CLASSES
+    from fedapp.models.user import build_user_model, load_factory, user_model_problem
+    from fedapp.registry import get_spec
+
+    spec = cfg["model"]
+    if cfg["dataset"] not in INPUT_SHAPES:
+        try:
+            load_factory(spec)
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'model' = {spec!r}: {exc}") from None
+        return
+    shape, classes = INPUT_SHAPES[cfg["dataset"]], NUM_CLASSES[cfg["dataset"]]
+    family = get_spec(cfg["strategy"])
+    dp_sgd = family.privacy.startswith("record-level") and family.family != "soteriafl"
+    problem = user_model_problem(spec, shape, classes, dp_sgd=dp_sgd)
+    if problem is not None:
+        raise ConfigError(f"run-config 'model' = {spec!r} (inputs {shape}, {classes} classes of dataset "
+                          f"{cfg['dataset']!r}): {problem}")
+    if family.family == "dp2-fedsam":
+        from strategies.dp2_fedsam import head_parameter_names
+
+        try:
+            head_parameter_names(build_user_model(spec, shape, classes), cfg["dp2-head"])
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'dp2-head' = {cfg['dp2-head']!r} with model {spec!r}: {exc}; name the "
+                              "personal head's modules (comma-separated parameter-name prefixes)") from None
+
+
 def resolve_defaults(merged: dict[str, Any]) -> None:
     """Replace the defaults that depend on the rest of the run-config by their values, in place.
 
@@ -174,17 +207,22 @@ def validate_cross_fields(cfg: RunConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ConfigError("run-config 'device' = 'cuda' but no CUDA device is available here (use 'auto' or 'cpu')")
-    if cfg["model"] != "auto":
+    from fedapp.models.user import is_user_model
+
+    if cfg["model"] != "auto" and not is_user_model(cfg["model"]):
         from fedapp.models.catalog import MODEL_NAMES
 
         if cfg["model"] not in MODEL_NAMES:
-            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)}")
+            raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)} nor a "
+                              "factory of your own, 'module.path:factory'")
     model = cfg["model"]
+    if is_user_model(model):
+        check_user_model(cfg)
     if model == "auto" and cfg["dataset"] in DATASETS:
         from fedapp.models.catalog import DEFAULT_MODEL
 
         model = DEFAULT_MODEL[cfg["dataset"]]
-    if model != "auto" and cfg["dataset"] in DATASETS:  # before any data: hf: shapes are checked once loaded (build_model)
+    if model != "auto" and not is_user_model(model) and cfg["dataset"] in DATASETS:  # hf: shapes: once loaded
         from fedapp.models.catalog import INPUT_SHAPES, model_input_problem
 
         shape = INPUT_SHAPES[cfg["dataset"]]
@@ -204,7 +242,7 @@ def validate_cross_fields(cfg: RunConfig) -> None:
             raise ConfigError(f"dataset {cfg['dataset']!r} needs run-config 'data-dir' (a readable folder), got ''")
         if not os.path.isdir(data_dir) or not os.access(data_dir, os.R_OK):
             raise ConfigError(f"run-config 'data-dir' = {data_dir!r} is not a readable folder (dataset {cfg['dataset']!r})")
-    if model != "auto" and cfg["grad-sample-mode"] != "auto":
+    if model != "auto" and not is_user_model(model) and cfg["grad-sample-mode"] != "auto":
         from fedapp.models.catalog import check_grad_sample_mode
 
         try:

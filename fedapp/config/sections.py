@@ -38,7 +38,7 @@ class GeneralConfig(Section):
     SECTION: ClassVar[str] = "general"
 
     strategy: str = setting("dpsgd-fedavg", "Strategy from the registry (`fedapp.registry`).")
-    model: str = setting("auto", "Model name (`fedapp.models.zoo.MODELS`); auto = the dataset's default.")
+    model: str = setting("auto", "Model name (`fedapp.models.zoo.MODELS`), or your own model as `module.path:factory`, where `factory(input_shape, num_classes)` returns an nn.Module (importable from the app folder or an installed package; checked before the run: import, output shape on a dummy batch, Opacus' ModuleValidator for DP-SGD, dp2-head for DP2-FedSAM); auto = the dataset's default.")
     num_server_rounds: int = setting(3, "Number of federated rounds E.", check=_positive, expect="> 0")
     seed: int = setting(42, "Seed for partitions, privacy profiles and model init (not DP noise or client sampling, see seeded-noise).", check=_nonneg, expect=">= 0")
     seeded_noise: bool = setting(False, "Derive DP noise and Poisson sampling from the run seed: reproducible for tests/benchmarks, but a server that knows the seed can remove the noise, which voids the guarantee. Default: OS entropy.")

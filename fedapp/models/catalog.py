@@ -30,6 +30,9 @@ INPUT_SHAPES: dict[str, tuple[int, ...]] = {
     "a9a": (A9A_FEATURES,),
 }
 
+#: the classes of every named dataset (``tests/unit/fedapp/models/test_user_model.py`` checks it against the loaders)
+NUM_CLASSES: dict[str, int] = {"digits": 10, "mnist": 10, "fmnist": 10, "cifar10": 10, "cifar100": 100, "a9a": 2}
+
 GRAD_SAMPLE_MODES: tuple[str, ...] = ("hooks", "ew", "functorch")
 """Opacus per-sample gradient modes ``fedapp.clients.training`` runs (Opacus' ``ghost`` needs a wrapped criterion: not run)."""
 
