@@ -73,7 +73,7 @@ def user_model_problem(spec: str, input_shape: tuple[int, ...], num_classes: int
         return str(exc)
     try:
         with torch.no_grad():
-            out = model.eval()(torch.zeros((2, *input_shape)))
+            out = model.eval()(torch.zeros((2, *input_shape), device="cpu"))  # a fresh CPU model
     except Exception as exc:  # noqa: BLE001 — the forward pass is the user's code
         return f"a dummy batch of shape {(2, *input_shape)} fails in its forward pass ({type(exc).__name__}: {exc})"
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):

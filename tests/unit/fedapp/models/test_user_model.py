@@ -89,3 +89,19 @@ def test_the_dp2_fedsam_head_must_name_the_users_modules(user_module):
 def test_the_class_counts_match_the_loaders():
     train, _ = load_dataset("digits")
     assert NUM_CLASSES["digits"] == train.num_classes == int(np.max(train.y)) + 1
+
+
+def test_auto_keeps_the_modes_that_run_on_a_users_model(monkeypatch):
+    import torch
+
+    from fedapp.clients import grad_sample_mode as gsm
+
+    def timed(new_model, shape, classes, batch, device, modes):
+        if "ew" in modes:
+            raise RuntimeError("this layer has no ew grad sampler")
+        return {m: {"hooks": 2.0, "functorch": 1.0}[m] for m in modes}
+
+    monkeypatch.setattr(gsm, "time_modes", timed)
+    args = (lambda: None, (1, 8, 8), 10, 16, torch.device("cpu"))
+    assert gsm.time_modes_that_run(*args, ("hooks", "ew", "functorch")) == {"hooks": 2.0, "functorch": 1.0}
+    assert gsm.time_modes_that_run(*args, ("ew",)) == {"hooks": float("inf")}  # nothing runs: hooks, to fail loudly
