@@ -103,11 +103,18 @@ def _coerce(key: Key, value: Any) -> Any:
     return value
 
 
+def is_user_dataset(name: str) -> bool:
+    """Whether run-config 'dataset' names a user's loader, ``module.path:loader`` (``hf:...`` is Hugging Face's)."""
+    return not name.startswith("hf:") and ":" in name
+
+
 def check_value(key: Key, value: Any) -> Any:
     value = _coerce(key, value)
-    open_value = bool(key.prefix) and value.startswith(key.prefix) and len(value) > len(key.prefix)
+    open_value = ((bool(key.prefix) and value.startswith(key.prefix) and len(value) > len(key.prefix))
+                  or (key.name == "dataset" and is_user_dataset(value)))
     if key.choices is not None and value not in key.choices and not open_value:
         extra = f" or {key.prefix}..." if key.prefix else ""
+        extra += " or module.path:loader" if key.name == "dataset" else ""
         raise ConfigError(f"run-config {key.name!r} = {value!r} is not one of {list(key.choices)}{extra}")
     if key.check is not None and not key.check(value):
         raise ConfigError(f"run-config {key.name!r} = {value!r} is invalid: must be {key.expect}")

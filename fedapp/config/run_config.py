@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedapp.config.keys import DATASETS, check_value, parse_int_list
+from fedapp.config.keys import DATASETS, check_value, is_user_dataset, parse_int_list
 from fedapp.config.schema import SCHEMA
 from fedapp.config.sections import (
     SECTION_CLASSES,
@@ -231,7 +231,16 @@ def validate_cross_fields(cfg: RunConfig) -> None:
             raise ConfigError(f"run-config 'model' = {model!r} does not fit dataset {cfg['dataset']!r}, whose inputs have "
                               f"shape {shape}: {problem}; pick a model that takes them (model = 'auto' picks "
                               "the dataset's default)")
-    if cfg["dataset"].startswith("hf:"):
+    if is_user_dataset(cfg["dataset"]):
+        from fedapp.models.user import load_factory
+
+        if cfg["model"] == "auto":
+            raise ConfigError(f"dataset {cfg['dataset']!r} (your loader) has no default model: set run-config 'model'")
+        try:
+            load_factory(cfg["dataset"])
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'dataset' = {cfg['dataset']!r}: {exc}") from None
+    elif cfg["dataset"].startswith("hf:"):
         if cfg["model"] == "auto":
             raise ConfigError(f"dataset {cfg['dataset']!r} has no default model: set run-config 'model'")
         if cfg["data-dir"] and not os.path.isdir(cfg["data-dir"]):

@@ -63,7 +63,7 @@ class DataConfig(Section):
 
     SECTION: ClassVar[str] = "data"
 
-    dataset: str = setting("digits", "Dataset: a name listed here (digits is embedded) or `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/data/hf_data.py`; needs an explicit `model`).", choices=DATASETS, prefix="hf:")
+    dataset: str = setting("digits", "Dataset: a name listed here (digits is embedded), `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/data/hf_data.py`), or `module.path:loader`, your own: `loader()` returns (train, test), each (x, y) arrays or a torch Dataset of (x, y) items (`fedapp/data/user_data.py`); the last two need an explicit `model`.", choices=DATASETS, prefix="hf:")
     data_dir: str = setting("", "Folder holding MNIST/CIFAR (torchvision's folder layout) / LIBSVM data (e.g. ../shared/data). Required except for digits and hf: datasets (for which it is the base of relative folders and the Hub download cache).")
     partitioner: str = setting("iid", "Data split: iid, shards (McMahan), pathological (S classes each), dirichlet.", choices=PARTITIONERS)
     shards_per_client: int = setting(8, "shards: shards per client (n·s shards cut from label-sorted data).", check=_positive, expect="> 0")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fedapp.config import ConfigError
+from fedapp.config.keys import is_user_dataset
 from fedapp.models.catalog import A9A_FEATURES
 from fedapp.state.cache import read_rows
 
@@ -251,9 +252,15 @@ def _load_dataset(name: str, data_dir: str) -> tuple[ArrayDataset, ArrayDataset]
         return _decoded(name, data_dir, lambda: _cifar_arrays(name, data_dir))
     if name == "a9a":
         return _decoded(name, data_dir, lambda: _a9a_arrays(data_dir))
+    if is_user_dataset(name):  # a user's loader (fedapp.data.user_data)
+        from fedapp.data.user_data import load_user_arrays
+
+        tx, ty, vx, vy, classes = load_user_arrays(name)
+        return ArrayDataset(tx, ty, classes), ArrayDataset(vx, vy, classes)
     if name.startswith("hf:"):  # a Hugging Face dataset (fedapp.data.hf_data documents the syntax)
         from fedapp.data.hf_data import load_hf
 
         train, test = load_hf(name, data_dir)
         return ArrayDataset(*train), ArrayDataset(*test)
-    raise ConfigError(f"unknown dataset {name!r}; valid: digits, mnist, fmnist, cifar10, cifar100, a9a, hf:<name>")
+    raise ConfigError(f"unknown dataset {name!r}; valid: digits, mnist, fmnist, cifar10, cifar100, a9a, hf:<name>, "
+                      "module.path:loader")
