@@ -184,3 +184,19 @@ def analytic_gaussian_epsilon(multiplier: float, delta: float) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if delta_of(mid) > delta else (lo, mid)
     return hi
+
+
+def install_user_module(tmp_path: Path, monkeypatch: Any, name: str, source: str) -> str:
+    """Write ``source`` as module ``name`` in a folder outside the project and make it importable here and in the Ray
+    actors a simulation starts (``sys.path`` and ``PYTHONPATH``), as a user's app folder would be; the module is
+    dropped from ``sys.modules`` when the test ends. Returns ``name``."""
+    import sys
+
+    folder = tmp_path / "user_code"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text(source)
+    monkeypatch.syspath_prepend(str(folder))
+    monkeypatch.setenv("PYTHONPATH", str(folder) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.delitem(sys.modules, name, raising=False)
+    return name
+

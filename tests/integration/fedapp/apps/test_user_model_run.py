@@ -4,12 +4,10 @@ the model (issue 56, items 2 and 3)."""
 
 from __future__ import annotations
 
-import os
-import sys
 import textwrap
 
 import pytest
-from conftest import read_rounds, run_small_simulation
+from conftest import install_user_module, read_rounds, run_small_simulation
 
 USER_MODULE = textwrap.dedent('''
     import math
@@ -30,17 +28,10 @@ USER_MODULE = textwrap.dedent('''
 
 @pytest.mark.slow
 def test_robust_hdp_trains_a_users_model_from_outside_the_project(tmp_path, monkeypatch):
-    user = tmp_path / "user_code"
-    user.mkdir()
-    (user / "my_lab_models.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(user))
-    monkeypatch.setenv("PYTHONPATH", str(user) + os.pathsep + os.environ.get("PYTHONPATH", ""))  # the Ray actors
-    try:
-        run_dir = run_small_simulation({"strategy": "robust-hdp", "num-server-rounds": 2, "model": "my_lab_models:make",
-                                        "output-dir": str(tmp_path / "results"), "grad-sample-mode": "auto",
-                                        "privacy-dist": "dist2", "fraction-evaluate": 0.0}, num_supernodes=3)
-    finally:
-        sys.modules.pop("my_lab_models", None)
+    module = install_user_module(tmp_path, monkeypatch, "my_lab_models", USER_MODULE)
+    run_dir = run_small_simulation({"strategy": "robust-hdp", "num-server-rounds": 2, "model": f"{module}:make",
+                                    "output-dir": str(tmp_path / "results"), "grad-sample-mode": "auto",
+                                    "privacy-dist": "dist2", "fraction-evaluate": 0.0}, num_supernodes=3)
     rounds = read_rounds(run_dir)
     assert [r["round"] for r in rounds] == [1, 2]
     for r in rounds:
@@ -51,18 +42,11 @@ def test_robust_hdp_trains_a_users_model_from_outside_the_project(tmp_path, monk
 
 @pytest.mark.slow
 def test_a_users_loader_feeds_the_partitioned_clients(tmp_path, monkeypatch):
-    user = tmp_path / "user_code"
-    user.mkdir()
-    (user / "my_lab_data.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(user))
-    monkeypatch.setenv("PYTHONPATH", str(user) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    try:
-        run_dir = run_small_simulation({"strategy": "dpsgd-fedavg", "num-server-rounds": 2, "dataset": "my_lab_data:blobs",
-                                        "model": "my_lab_data:make", "partitioner": "dirichlet", "lr": 0.3,
-                                        "output-dir": str(tmp_path / "results"), "privacy-dist": "fixed",
-                                        "epsilon": 5.0, "fraction-evaluate": 0.0}, num_supernodes=3)
-    finally:
-        sys.modules.pop("my_lab_data", None)
+    module = install_user_module(tmp_path, monkeypatch, "my_lab_data", USER_MODULE)
+    run_dir = run_small_simulation({"strategy": "dpsgd-fedavg", "num-server-rounds": 2, "dataset": f"{module}:blobs",
+                                    "model": f"{module}:make", "partitioner": "dirichlet", "lr": 0.3,
+                                    "output-dir": str(tmp_path / "results"), "privacy-dist": "fixed",
+                                    "epsilon": 5.0, "fraction-evaluate": 0.0}, num_supernodes=3)
     rounds = read_rounds(run_dir)
     assert [r["round"] for r in rounds] == [1, 2]
     assert all(c["status"] == "ok" for r in rounds for c in r["clients"])

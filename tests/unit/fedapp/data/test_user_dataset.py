@@ -8,6 +8,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import install_user_module
 
 from fedapp.config import ConfigError, resolve_config
 from fedapp.data.client_data import client_train_sizes, load_client_data
@@ -52,9 +53,7 @@ LOADERS = textwrap.dedent('''
 
 @pytest.fixture()
 def loaders(tmp_path, monkeypatch):
-    (tmp_path / "lab_loaders_test.py").write_text(LOADERS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "lab_loaders_test"
+    yield install_user_module(tmp_path, monkeypatch, "lab_loaders_test", LOADERS)
     sys.modules.pop("lab_loaders_test", None)
 
 

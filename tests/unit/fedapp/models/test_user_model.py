@@ -10,6 +10,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import install_user_module
 
 from fedapp.config import ConfigError, resolve_config
 from fedapp.data.datasets import load_dataset
@@ -48,9 +49,7 @@ USER_MODULE = textwrap.dedent('''
 
 @pytest.fixture()
 def user_module(tmp_path, monkeypatch):
-    (tmp_path / "usernet_test_mod.py").write_text(USER_MODULE)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield "usernet_test_mod"
+    yield install_user_module(tmp_path, monkeypatch, "usernet_test_mod", USER_MODULE)
     sys.modules.pop("usernet_test_mod", None)
 
 
