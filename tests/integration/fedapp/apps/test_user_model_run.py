@@ -1,6 +1,6 @@
 """A user's own model (``model = "module:factory"``) and own data (``dataset = "module:loader"``), from a folder outside
 the project, train in real Flower simulations with DP-SGD clients, grad-sample-mode auto timing the modes that run on
-the model (issue 56, items 2 and 3)."""
+the model."""
 
 from __future__ import annotations
 

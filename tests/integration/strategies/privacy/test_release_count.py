@@ -1,4 +1,4 @@
-"""What a release reveals about the cohort, and the fewest survivors a secure sum is unmasked with (issue 57, 1 and 4).
+"""What a release reveals about the cohort, and the fewest survivors a secure sum is unmasked with.
 
 * The released mean divides by the fixed expected cohort r under sampling (McMahan et al. 2018), so its noise std
   σC/r does not tell an observer how many clients were sampled; a mean over the realised count would (σC/r_t).

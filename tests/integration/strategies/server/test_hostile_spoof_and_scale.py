@@ -1,6 +1,6 @@
 """A malformed spoof costs the honest owner of the id nothing; a ×1e12 update is rejected whatever the cohort size.
 
-Audit items (issue 57): a reply with malformed metrics that claims an unbound client id must not strike that id
+A reply with malformed metrics that claims an unbound client id must not strike that id
 (it strikes the node that sent it) nor contest it; an update far above anything honest is rejected in a round of
 two updates, and, where a mechanism bounds the update, in a round of one.
 """

@@ -1,4 +1,4 @@
-"""What a zero update does to a client-level DP round: nothing (audit issue 57, item 13).
+"""What a zero update does to a client-level DP round: nothing.
 
 The release divides the sum of the accepted updates by the round's sampled count (or the expected cohort), never by
 the number accepted, so a zero update moves the model exactly as a dropout does. A mean over the accepted updates

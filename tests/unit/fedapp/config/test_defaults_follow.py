@@ -1,5 +1,5 @@
 """A value the user never set never makes a run fail: defaults follow the strategy and the features turned on, and
-a conflicting value the user did set is still refused, naming it (issue 56, item 5)."""
+a conflicting value the user did set is still refused, naming it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""run-config ``dataset = "module.path:loader"``: a user's own data in simulation, split by the same partitioners
-(issue 56, item 3). The loader's module lives outside the project; every refusal names run-config 'dataset'."""
+"""run-config ``dataset = "module.path:loader"``: a user's own data in simulation, split by the same partitioners.
+The loader's module lives outside the project; every refusal names run-config 'dataset'."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""run-config ``model = "module.path:factory"``: a user's own PyTorch model, checked before the run (issue 56, item 2).
+"""run-config ``model = "module.path:factory"``: a user's own PyTorch model, checked before the run.
 
 The user's module lives outside the project (a temporary folder on ``sys.path``, as an app folder or an installed
 package would be), and every refusal names run-config 'model' (or 'dp2-head')."""

@@ -1,5 +1,5 @@
 """A node's privacy policy is its own: on a SuperNode the run-config (the server's) may not seed the noise, pick the
-release adversary, allow a large δ or add/remove neighbours, or plan more ε than the node's cap (issue 57, item 3);
+release adversary, allow a large δ or add/remove neighbours, or plan more ε than the node's cap;
 and a client caps r_t at the cohort its own SecAgg+ state shows."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """secure-randomness: every noise draw and sampling coin a client-level or SoteriaFL guarantee rests on comes from a
-CSPRNG (ChaCha20), a SuperNode can force it, and the discrete Gaussian's shares keep Theorem 1's s >= 1/2 (issue 57,
-item 9)."""
+CSPRNG (ChaCha20), a SuperNode can force it, and the discrete Gaussian's shares keep Theorem 1's s >= 1/2."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""SoteriaFL-SAGA's subsampled term is charged without amplification (issue 57, item 6): its table's hidden state
+"""SoteriaFL-SAGA's subsampled term is charged without amplification: its table's hidden state
 breaks the amplification argument, while SVRG's shared snapshot does not."""
 
 from __future__ import annotations
