@@ -58,7 +58,7 @@ from flwr.common import (
 
 from fedapp.compat.runtime import on_supernode
 from fedapp.config import ConfigError, DataConfig, DeploymentConfig, GeneralConfig, RunConfig, TrainingConfig
-from fedapp.privacy.node_policy import NodePolicy, planned_epsilon
+from fedapp.privacy.node_policy import node_refusal
 from fedapp.state.client_state import (
     COMMITTED_ROUND_KEY,
     LINEAGE_CONFIG_KEY,
@@ -200,11 +200,7 @@ def guard_client(inner: Client, context: Context, general: GeneralConfig, data: 
     """Wrap ``inner`` (a family's client) with :class:`GuardedClient` for this node; with the run's ``cfg``, the
     node's privacy policy (:class:`fedapp.privacy.node_policy.NodePolicy`) decides whether it trains at all."""
     node = context.node_config
-    policy_refusal = None
-    if cfg is not None:
-        policy = NodePolicy.from_node_config(node, on_supernode())
-        eps = planned_epsilon(cfg, node) if policy.max_epsilon is not None else None
-        policy_refusal = policy.refusal(cfg, eps)
+    policy_refusal = node_refusal(cfg, node, on_supernode()) if cfg is not None else None
     try:
         cid = int(node["partition-id"])
         n = int(node["num-partitions"])

@@ -60,28 +60,35 @@ def build_user_model(spec: str, input_shape: tuple[int, ...], num_classes: int) 
     return model
 
 
-def user_model_problem(spec: str, input_shape: tuple[int, ...], num_classes: int, *, dp_sgd: bool) -> str | None:
-    """Why the user's model ``spec`` cannot run on inputs of ``input_shape`` with ``num_classes`` (None when it can):
-    the factory fails, the output of a dummy batch of two is not (2, num_classes), or (``dp_sgd``: the record-level
-    DP-SGD families, whose per-sample gradients Opacus computes) Opacus' ``ModuleValidator`` finds layers it cannot
-    train privately (named with what ``ModuleValidator.fix`` would replace them by)."""
+def checked_user_model(spec: str, input_shape: tuple[int, ...], num_classes: int) -> Any:
+    """:func:`build_user_model`, whose output on a dummy batch of two is checked to be (2, num_classes) logits
+    (``ValueError`` saying what failed); returned in training mode."""
     import torch
 
-    try:
-        model = build_user_model(spec, input_shape, num_classes)
-    except ValueError as exc:
-        return str(exc)
+    model = build_user_model(spec, input_shape, num_classes)
     try:
         with torch.no_grad():
             out = model.eval()(torch.zeros((2, *input_shape), device="cpu"))  # a fresh CPU model
     except Exception as exc:  # noqa: BLE001 — the forward pass is the user's code
-        return f"a dummy batch of shape {(2, *input_shape)} fails in its forward pass ({type(exc).__name__}: {exc})"
+        raise ValueError(f"a dummy batch of shape {(2, *input_shape)} fails in its forward pass "
+                         f"({type(exc).__name__}: {exc})") from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        return f"a dummy batch of shape {(2, *input_shape)} gives output {got}, expected (2, {num_classes}) logits"
-    if dp_sgd:
-        return opacus_problem(model.train())
-    return None
+        raise ValueError(f"a dummy batch of shape {(2, *input_shape)} gives output {got}, expected (2, {num_classes}) "
+                         "logits")
+    return model.train()
+
+
+def user_model_problem(spec: str, input_shape: tuple[int, ...], num_classes: int, *, dp_sgd: bool) -> str | None:
+    """Why the user's model ``spec`` cannot run on inputs of ``input_shape`` with ``num_classes`` (None when it can):
+    :func:`checked_user_model` fails, or (``dp_sgd``: the record-level DP-SGD families, whose per-sample gradients
+    Opacus computes) Opacus' ``ModuleValidator`` finds layers it cannot train privately (named with what
+    ``ModuleValidator.fix`` would replace them by)."""
+    try:
+        model = checked_user_model(spec, input_shape, num_classes)
+    except ValueError as exc:
+        return str(exc)
+    return opacus_problem(model) if dp_sgd else None
 
 
 def opacus_problem(model: Any) -> str | None:

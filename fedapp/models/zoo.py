@@ -26,7 +26,7 @@ from fedapp.models.catalog import (  # noqa: F401 — the names, torch-free, re-
     check_grad_sample_mode,
     model_input_problem,
 )
-from fedapp.models.user import build_user_model, is_user_model, user_model_problem
+from fedapp.models.user import checked_user_model, is_user_model
 from strategies.errors import ConfigError
 
 
@@ -235,11 +235,11 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, *, no
     A model that cannot take such inputs (:func:`fedapp.models.catalog.model_input_problem`) raises a
     ``ConfigError`` (a ``ValueError``) naming run-config 'model' — the data's shape is only known here for
     ``hf:`` datasets; the run-config check refuses the pair for every named dataset before any data is loaded."""
-    if is_user_model(name):  # a user's factory; its shapes are checked on a dummy batch
-        problem = user_model_problem(name, tuple(input_shape), num_classes, dp_sgd=False)
-        if problem is not None:
-            raise ConfigError(f"run-config 'model' = {name!r}: {problem}")
-        return build_user_model(name, tuple(input_shape), num_classes)
+    if is_user_model(name):  # a user's factory, built once; its shapes are checked on a dummy batch
+        try:
+            return checked_user_model(name, tuple(input_shape), num_classes)
+        except ValueError as exc:
+            raise ConfigError(f"run-config 'model' = {name!r}: {exc}") from None
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; valid: {sorted(MODELS)}")
     problem = model_input_problem(name, tuple(input_shape))

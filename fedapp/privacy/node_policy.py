@@ -106,6 +106,14 @@ class NodePolicy:
         return None
 
 
+def node_refusal(cfg: RunConfig, node_config: Mapping[str, Any], on_supernode: bool) -> str | None:
+    """Why the node of ``node_config`` does not train in the run ``cfg`` (None when its policy accepts it); the planned
+    ε is computed only when the node caps it."""
+    policy = NodePolicy.from_node_config(node_config, on_supernode)
+    eps = planned_epsilon(cfg, node_config) if policy.max_epsilon is not None else None
+    return policy.refusal(cfg, eps)
+
+
 def planned_epsilon(cfg: RunConfig, node_config: Mapping[str, Any]) -> float | None:
     """The ε the run ``cfg`` plans for this node against the server that configures it (None without DP): its own ε_i
     for record-level DP (node-config ``epsilon`` when set), else the client-level mechanism's over all planned rounds

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fedapp.config import ConfigError, DataConfig, GeneralConfig, RunConfig, TrainingConfig, resolve_config
-from fedapp.privacy.node_policy import POLICY_KEYS, NodePolicy, planned_epsilon
+from fedapp.privacy.node_policy import POLICY_KEYS, node_refusal
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
     CONNECTION,
@@ -135,9 +135,7 @@ def check_node_policies(cfg: RunConfig, configs: Sequence[Mapping[str, Any]]) ->
     """Refuse, before any process starts, a run-config that a SuperNode's privacy policy would refuse on the node
     (:class:`fedapp.privacy.node_policy.NodePolicy`; the node enforces it itself whatever the launcher does)."""
     for node in configs:
-        policy = NodePolicy.from_node_config(node, on_supernode=True)
-        eps = planned_epsilon(cfg, node) if policy.max_epsilon is not None else None
-        reason = policy.refusal(cfg, eps)
+        reason = node_refusal(cfg, node, on_supernode=True)
         if reason is not None:
             raise ConfigError(f"SuperNode {node['partition-id']}: {reason}; allow it in that node's --node-config "
                               "or change the run-config")
