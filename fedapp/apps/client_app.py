@@ -8,12 +8,13 @@ from flwr.client import Client
 from flwr.clientapp import ClientApp
 from flwr.common import Context
 
-from fedapp.clients.guard import guard_client
+from fedapp.clients.guard import RefusingClient, guard_client
 from fedapp.compat.heap import trim_heap_mod
 from fedapp.compat.lean_ray import lean_head_in_simulation_runtime
 from fedapp.compat.server_log import log_to_file_from_env
 from fedapp.compat.wakeups import wake_feeder_in_simulation_runtime
 from fedapp.config import resolve_config
+from fedapp.data.node_data import NodeDataError
 from fedapp.privacy.secure_aggregation import secagg_mod
 from fedapp.registry import get_spec
 
@@ -22,13 +23,29 @@ def build_client_app(overrides: dict[str, Any] | None = None) -> ClientApp:
     """A ClientApp whose run-config is Flower's merged with ``overrides`` (used by tests)."""
 
     def client_fn(context: Context) -> Client:
-        cfg = resolve_config(context.run_config, overrides)
-        client = get_spec(cfg.general.strategy).client_factory()(context, overrides)
-        # the node's privacy policy, faults, state persistence, the lost-accountant guard
-        return guard_client(client, context, cfg.general, cfg.data, cfg.training, cfg.deployment, cfg)
+        return node_client(context, overrides)
 
     # trim_heap_mod: freed memory back to the OS after each message; secagg_mod: SecAgg+ rounds only
     return ClientApp(client_fn=client_fn, mods=[trim_heap_mod, secagg_mod])
+
+
+def node_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
+    """This node's client of the run's strategy family, guarded: the node's privacy policy, faults, state persistence,
+    the lost-accountant guard. A node whose own data cannot serve the run (``NodeDataError``) refuses every request,
+    naming why; the others go on."""
+    cfg = resolve_config(context.run_config, overrides)
+    try:
+        client = get_spec(cfg.general.strategy).client_factory()(context, overrides)
+    except NodeDataError as exc:
+        client = RefusingClient(_node_id(context), str(exc))
+    return guard_client(client, context, cfg.general, cfg.data, cfg.training, cfg.deployment, cfg)
+
+
+def _node_id(context: Context) -> int:
+    try:
+        return int(context.node_config["partition-id"])
+    except (KeyError, TypeError, ValueError):
+        return -1  # the guard refuses a node-config without one, naming the key
 
 
 app = build_client_app()

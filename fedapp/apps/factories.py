@@ -43,6 +43,7 @@ from fedapp.config import (
     resolve_config,
 )
 from fedapp.data.client_data import client_train_sizes, public_dataset, training_pool
+from fedapp.data.node_data import NodeDataError, is_node_local
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, ftrl_mechanism, secure_sum_mechanism
 from fedapp.registry import get_spec
@@ -86,7 +87,7 @@ class EngineSettings:
     accountant: str
     strike_limit: int
     robust_norm_factor: float
-    dataset_sizes: Callable[[int], Sequence[int]]
+    dataset_sizes: Callable[[int], Sequence[int]] | None  # None: node-local data, each N_i known to its node only
 
     def kwargs(self, ctx: StrategyContext) -> dict[str, Any]:
         """Constructor arguments of :class:`strategies.base.DPFLStrategy`: these settings plus ``ctx``'s."""
@@ -109,7 +110,7 @@ def engine_settings(general: GeneralConfig, data: DataConfig, training: Training
         secure_randomness=general.secure_randomness and not general.seeded_noise,
         accountant=training.accountant, strike_limit=deployment.strike_limit,
         robust_norm_factor=deployment.robust_norm_factor,
-        dataset_sizes=lambda n: client_train_sizes(data, general.seed, n))
+        dataset_sizes=None if is_node_local(data) else lambda n: client_train_sizes(data, general.seed, n))
 
 
 # ----------------------------------------------------------------------------- foundation, Robust-HDP
@@ -228,7 +229,7 @@ def build_soteriafl(ctx: StrategyContext, engine: EngineSettings, *, general: Ge
     d = int(sum(np.asarray(w).size for w in ctx.initial_weights))
     k, _, gamma = soteriafl_params(soteriafl, d)
     oracle = None
-    if soteriafl.soteriafl_utility:
+    if soteriafl.soteriafl_utility and not is_node_local(data):  # node-local: no central data to measure it on
         pool = training_pool(data, general.seed)
         oracle = GradientOracle(make_model(model_spec, pool), pool.x, pool.y, device=resolve_device(general.device))
     outer = ctx.prevalidate
@@ -237,6 +238,8 @@ def build_soteriafl(ctx: StrategyContext, engine: EngineSettings, *, general: Ge
         if outer is not None:
             outer(num_clients)
         b = soteriafl.soteriafl_batch_size
+        if is_node_local(data):
+            return  # each node checks its own m (fedapp.clients.soteriafl)
         for cid, m in enumerate(client_train_sizes(data, general.seed, num_clients)):
             if b > m:
                 raise ConfigError(f"client {cid}: run-config 'soteriafl-batch-size' = {b} > its dataset size m = {m}")
@@ -309,7 +312,12 @@ def make_compressed_client(context: Context, overrides: dict[str, Any] | None = 
 def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Client of every SoteriaFL-family method."""
     cfg = resolve_config(context.run_config, overrides)
-    return SoteriaFLClient(setup_client(context, overrides), cfg.soteriafl, context).to_client()
+    setup = setup_client(context, overrides)
+    b = cfg.soteriafl.soteriafl_batch_size
+    if is_node_local(cfg.data) and b > len(setup.train):  # the server could not check this node's m
+        raise NodeDataError(f"run-config 'soteriafl-batch-size' = {b} exceeds this node's m = {len(setup.train)} "
+                            "training examples (node-config 'data-path' after its local splits)")
+    return SoteriaFLClient(setup, cfg.soteriafl, context).to_client()
 
 
 def make_dp2_fedsam_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:

@@ -56,12 +56,11 @@ def secure_payload_dim(run_config: Mapping[str, Any], initial_weights: Sequence[
 
     cfg = resolve_config(run_config)
     if initial_weights is None:
-        from fedapp.clients.common import make_model
+        from fedapp.clients.common import model_for_shape
         from fedapp.clients.training import get_weights
-        from fedapp.data.datasets import load_dataset
+        from fedapp.data.node_data import run_shape
 
-        _, test = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-        initial_weights = get_weights(make_model(cfg.model_spec, test))
+        initial_weights = get_weights(model_for_shape(cfg.model_spec, *run_shape(cfg.data)))
     # built as the ServerApp builds it under SecAgg+, so that the payload includes adaptive clipping's count coordinate
     strategy = build_strategy(cfg, StrategyContext(initial_weights=list(initial_weights),
                                                    secure_aggregation=cfg.client_dp.secure_aggregation))
@@ -153,18 +152,20 @@ def _ftrl(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPC
 def _record_level(general: GeneralConfig, training: TrainingConfig, data: DataConfig, n: int,
                   dpsgd: bool) -> dict[str, Any]:
     from fedapp.data.client_data import client_train_sizes
+    from fedapp.data.node_data import is_node_local
     from fedapp.privacy.profiles import dpsgd_sample_rate, federation_profiles, steps_per_epoch
 
     profiles = federation_profiles(general, training, data, n)
-    sizes = client_train_sizes(data, general.seed, n)
+    # node-local data: N_i is each node's own (it arrives with its replies), so q_i and the step count are too
+    sizes: list[int | None] = [None] * n if is_node_local(data) else list(client_train_sizes(data, general.seed, n))
     clients = []
     for p, n_i in zip(profiles, sizes):
-        row: dict[str, Any] = {"client_id": p.client_id, "num_examples": int(n_i), "delta": p.delta,
+        row: dict[str, Any] = {"client_id": p.client_id, "num_examples": n_i, "delta": p.delta,
                                # local DP: the client's own noise, so the same ε against the server and the release
                                "epsilon_vs_server": p.epsilon, "epsilon_vs_release": p.epsilon}
         if dpsgd:  # DP-SGD's Poisson batches: q_i = 1/⌈N_i/b_i⌉, K_i⌈N_i/b_i⌉ steps a round
             row.update(batch_size=p.batch_size, sample_rate=dpsgd_sample_rate(n_i, p.batch_size) if n_i else None,
-                       steps_per_round=p.local_epochs * steps_per_epoch(n_i, p.batch_size))
+                       steps_per_round=p.local_epochs * steps_per_epoch(n_i, p.batch_size) if n_i else None)
         clients.append(row)
     return {"mechanism": {"name": "local DP-SGD / noisy local estimator on each client (noise added before "
                                   "anything leaves it); each client calibrates its own noise to its ε_i over "

@@ -18,7 +18,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedapp.apps.factories import build_strategy
 from fedapp.apps.privacy_plan import privacy_plan
-from fedapp.clients.common import make_model
+from fedapp.clients.common import make_model, model_for_shape
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, log_to_file_from_env
@@ -36,6 +36,7 @@ from fedapp.config import (
 from fedapp.config.run_config import FTRL_STRATEGIES
 from fedapp.data.client_data import client_train_sizes
 from fedapp.data.datasets import ArrayDataset, load_dataset
+from fedapp.data.node_data import is_node_local, run_schema
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles, ftrl_mechanism
 from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
@@ -50,23 +51,30 @@ from strategies.client_level import ClientLevelDPStrategy
 
 @dataclass(frozen=True)
 class ServerInputs:
-    """What the server side of a run is built from, loaded once per run: the dataset's held-out test split,
-    the model (centralized evaluation loads the global weights into it) and its initial weights."""
+    """What the server side of a run is built from, loaded once per run: the dataset's held-out test split (None for
+    node-local data: there is no central test set, evaluation is federated), the model (centralized evaluation loads
+    the global weights into it) and its initial weights."""
 
-    test: ArrayDataset
+    test: ArrayDataset | None
     model: torch.nn.Module
     initial_weights: list[np.ndarray]
 
 
 def load_server_inputs(data: DataConfig, model_spec: ModelSpec) -> ServerInputs:
+    if is_node_local(data):  # the server never sees the nodes' data: the model comes from the run-config's schema
+        schema = run_schema(data)
+        model = model_for_shape(model_spec, schema.input_shape, schema.num_classes)
+        return ServerInputs(test=None, model=model, initial_weights=get_weights(model))
     _, test = load_dataset(data.dataset, data.data_dir)
     model = make_model(model_spec, test)
     return ServerInputs(test=test, model=model, initial_weights=get_weights(model))
 
 
 def make_evaluate_fn(general: GeneralConfig, inputs: ServerInputs):
-    """Centralized evaluation of the global model on the dataset's held-out test split."""
+    """Centralized evaluation of the global model on the dataset's held-out test split (None without one)."""
     model, test = inputs.model, inputs.test
+    if test is None:
+        return None
     device = resolve_device(general.device)
     batch = general.eval_batch_size
 
@@ -86,13 +94,20 @@ def make_prevalidate(general: GeneralConfig, data: DataConfig, training: Trainin
     def prevalidate(num_clients: int) -> None:
         if general.num_clients and general.num_clients != num_clients:
             raise ConfigError(f"run-config 'num-clients' = {general.num_clients} but {num_clients} clients connected")
+        n = general.num_clients or num_clients
+        if is_node_local(data):  # N_i is each node's own: every node checks its batch size and δ_i itself
+            federation_profiles(general, training, data, num_clients)
+            if general.strategy in FTRL_STRATEGIES:
+                ftrl_mechanism(general, training, client_dp, n)
+            elif get_spec(general.strategy).privacy.startswith("client-level"):
+                client_level_mechanism(general, training, client_dp, n)
+            return
         sizes = client_train_sizes(data, general.seed, num_clients)
         profiles = federation_profiles(general, training, data, num_clients)
         for profile, n_i in zip(profiles, sizes):
             if profile.batch_size > n_i:
                 raise ConfigError(f"client {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                                   f"N_i = {n_i}")
-        n = general.num_clients or num_clients
         if get_spec(general.strategy).privacy.startswith("record-level"):
             check_record_delta(general, training, profiles, sizes)
         elif general.strategy in FTRL_STRATEGIES:
@@ -225,11 +240,13 @@ def dry_run(run_config: Mapping[str, Any], num_clients: int) -> list[str]:
         raise ConfigError(f"run-config 'num-clients' = {cfg.general.num_clients} but {num_clients} clients will connect")
     inputs = load_server_inputs(cfg.data, cfg.model_spec)
     test = inputs.test
+    batch = (torch.from_numpy(test.x[:2].copy()) if test is not None  # a copy: the pool is read-only
+             else torch.zeros((2, *run_schema(cfg.data).input_shape)))
     try:
-        inputs.model.eval()(torch.from_numpy(test.x[:2].copy()))  # a copy: the pool is read-only
+        inputs.model.eval()(batch)
     except Exception as exc:  # noqa: BLE001 — any shape/dtype mismatch of model and data
         raise ConfigError(f"run-config 'model' = {cfg.general.model!r} does not fit dataset {cfg.data.dataset!r} "
-                          f"(inputs {tuple(test.x.shape[1:])}): {type(exc).__name__}: {exc}") from None
+                          f"(inputs {tuple(batch.shape[1:])}): {type(exc).__name__}: {exc}") from None
     components = build_components(cfg, inputs=inputs)
     strategy = components.strategy
     prevalidate = getattr(strategy, "prevalidate", None)
@@ -238,9 +255,10 @@ def dry_run(run_config: Mapping[str, Any], num_clients: int) -> list[str]:
     setup = getattr(strategy, "setup_privacy", None)
     if callable(setup):
         setup(cfg.general.num_clients or num_clients)
-    node = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-partitions": num_clients},
-                   state=RecordDict(), run_config={})
-    get_spec(cfg.general.strategy).client_factory()(node, dict(cfg))  # the client side builds too (model, data, head)
+    if not is_node_local(cfg.data):  # node-local data is each node's own: the deploy launcher checks it per node
+        node = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-partitions": num_clients},
+                       state=RecordDict(), run_config={})
+        get_spec(cfg.general.strategy).client_factory()(node, dict(cfg))  # the client side builds (model, data, head)
     return unused_keys(cfg, get_spec(cfg.general.strategy).family)
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -16,6 +17,7 @@ from fedapp.clients.training import evaluate_model, resolve_device, set_weights
 from fedapp.config import DataConfig, GeneralConfig, TrainingConfig, resolve_config
 from fedapp.data.client_data import load_client_data
 from fedapp.data.datasets import ArrayDataset
+from fedapp.data.node_data import NodeDataError, is_node_local, node_splits
 from fedapp.models.catalog import ModelSpec
 from fedapp.models.zoo import build_model
 from fedapp.privacy.profiles import ClientProfile, client_profile
@@ -69,16 +71,44 @@ def evaluate_local_splits(setup: ClientSetup, model: torch.nn.Module) -> tuple[f
 
 def make_model(spec: ModelSpec, data: ArrayDataset) -> torch.nn.Module:
     """The run's model for ``data``'s shapes, initialized from the spec's seed (identical on server and every client)."""
+    return model_for_shape(spec, data.input_shape, data.num_classes)
+
+
+def model_for_shape(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
+    """The run's model for inputs of ``input_shape`` and ``num_classes`` classes, initialized from the spec's seed."""
     torch.manual_seed(spec.seed)
-    return build_model(spec.name, data.input_shape, data.num_classes, nonconvex_lambda=spec.nonconvex_lambda)
+    return build_model(spec.name, tuple(input_shape), int(num_classes), nonconvex_lambda=spec.nonconvex_lambda)
 
 
 def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> ClientSetup:
+    """This node's setup. With ``dataset = 'node-local'`` its splits come from its own ``data-path``
+    (:func:`fedapp.data.node_data.node_splits`), and a data problem raises :class:`~fedapp.data.node_data.NodeDataError`,
+    which the ClientApp answers with a refusal."""
     cfg = resolve_config(context.run_config, overrides)
     profile = client_profile(cfg.general, cfg.training, cfg.data, context.node_config)
-    train, validation, test = load_client_data(cfg.data, cfg.general.seed, profile.client_id, profile.num_clients)
+    if is_node_local(cfg.data):
+        train, validation, test = node_splits(context.node_config, cfg.data, cfg.general.seed, profile.client_id)
+        profile = node_batch(profile, cfg.training, context.node_config, len(train))
+        log(INFO, "client %d trains on its own data-path %s: %d train, %d validation, %d local test examples (this "
+            "line stays on the node)", profile.client_id, context.node_config["data-path"], len(train),
+            len(validation), len(test))
+    else:
+        train, validation, test = load_client_data(cfg.data, cfg.general.seed, profile.client_id, profile.num_clients)
     return ClientSetup(cfg.general, cfg.data, cfg.training, cfg.model_spec, profile, train, test,
                        resolve_device(cfg.general.device), validation)
+
+
+def node_batch(profile: ClientProfile, training: TrainingConfig, node_config: Mapping[str, Any],
+               num_train: int) -> ClientProfile:
+    """A node-local profile's batch size against its N_i: a drawn b_i is capped at N_i (as a partition's is); one the
+    run-config or node-config sets above N_i is a :class:`~fedapp.data.node_data.NodeDataError` naming the key."""
+    if profile.batch_size <= num_train:
+        return profile
+    if "batch-size" in node_config or training.batch_size > 0:
+        key = "node-config 'batch-size'" if "batch-size" in node_config else "run-config 'batch-size'"
+        raise NodeDataError(f"{key} = {profile.batch_size} exceeds this node's N_i = {num_train} training examples "
+                            "(node-config 'data-path' after its local test and validation splits)")
+    return dataclasses.replace(profile, batch_size=num_train)
 
 
 def round_seed(seed: int, client_id: int, server_round: int, stream: int = 401) -> int:

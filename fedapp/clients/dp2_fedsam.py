@@ -45,7 +45,7 @@ from fedapp.clients.client_level_guard import (
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_local_splits,
-    make_model,
+    model_for_shape,
     noise_rng,
     nonfinite_model_refusal,
     restart_if_diverged,
@@ -54,7 +54,7 @@ from fedapp.clients.common import (
 )
 from fedapp.clients.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
 from fedapp.config import ClientDPConfig, ConfigError, DataConfig, DP2FedSAMConfig
-from fedapp.data.datasets import load_dataset
+from fedapp.data.node_data import run_shape
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
 from fedapp.privacy.secure_aggregation import SECAGG_BITS
@@ -68,9 +68,8 @@ HEAD_KEY = "dp2-head"
 
 
 def run_model(data: DataConfig, model_spec: ModelSpec) -> torch.nn.Module:
-    """The run's (seeded) model, built from the dataset's shapes."""
-    _, test = load_dataset(data.dataset, data.data_dir)
-    return make_model(model_spec, test)
+    """The run's (seeded) model, built from the dataset's shapes (the run-config schema for node-local data)."""
+    return model_for_shape(model_spec, *run_shape(data))
 
 
 def shared_weights(head: str, data: DataConfig, model_spec: ModelSpec, weights: list[np.ndarray],

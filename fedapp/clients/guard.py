@@ -97,6 +97,22 @@ def _refusal(metrics: dict[str, Any]) -> FitRes:
                   num_examples=0, metrics=metrics)
 
 
+class RefusingClient(Client):
+    """A node that cannot take part (its own data does not fit the run, :class:`fedapp.data.node_data.NodeDataError`):
+    it answers every training and evaluation request with a refusal naming why, and computes nothing on its data."""
+
+    def __init__(self, client_id: int, reason: str) -> None:
+        self.client_id, self.reason = client_id, reason
+        log(WARNING, "client %d refuses this run: %s", client_id, reason)
+
+    def fit(self, ins: FitIns) -> FitRes:
+        return _refusal({"client_id": self.client_id, "status": "refused", "reason": self.reason})
+
+    def evaluate(self, ins: EvaluateIns) -> EvaluateRes:
+        return EvaluateRes(status=Status(Code.OK, "refused"), loss=0.0, num_examples=0,
+                           metrics={"client_id": self.client_id, "status": "refused", "reason": self.reason})
+
+
 class GuardedClient(Client):
     """Wraps a family's ``Client``; see the module docstring for what ``fit`` adds."""
 

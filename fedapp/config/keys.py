@@ -17,6 +17,7 @@ T = TypeVar("T")
 
 PRIVACY_DISTS = tuple(f"dist{i}" for i in range(1, 10)) + ("fixed",)
 DATASETS = ("digits", "mnist", "fmnist", "cifar10", "cifar100", "a9a")
+NODE_LOCAL = "node-local"  # run-config 'dataset': every SuperNode reads its own node-config 'data-path'
 PARTITIONERS = ("iid", "shards", "pathological", "dirichlet")
 MIN_ROUND_TIMEOUT_S = 1.0  # the shortest round-timeout accepted (0 = none)
 
@@ -101,6 +102,24 @@ def _coerce(key: Key, value: Any) -> Any:
     if not isinstance(value, str):
         raise ConfigError(f"run-config {key.name!r} expects a string, got {value!r}")
     return value
+
+
+def parse_input_shape(text: str) -> tuple[int, ...]:
+    """Run-config ``input-shape``: ``"[1, 28, 28]"``, ``"1,28,28"`` or ``"16"`` → a tuple of positive ints (``()`` for
+    ``""``). Flower's run-config holds no arrays, so the launchers pass ``input-shape=[16]`` on as the string
+    ``"[16]"``."""
+    raw = text.strip()
+    if not raw:
+        return ()
+    inner = raw[1:-1] if raw.startswith("[") and raw.endswith("]") else raw
+    try:
+        dims = tuple(int(part) for part in inner.replace(" ", "").split(",") if part)
+    except ValueError:
+        dims = ()
+    if not dims or any(d <= 0 for d in dims):
+        raise ConfigError(f"run-config 'input-shape' = {text!r}: expected a list of positive integers, e.g. [16] or "
+                          "[1, 28, 28]")
+    return dims
 
 
 def is_user_dataset(name: str) -> bool:

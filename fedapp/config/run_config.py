@@ -13,7 +13,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedapp.config.keys import DATASETS, check_value, is_user_dataset, parse_int_list
+from fedapp.config.keys import (
+    DATASETS,
+    NODE_LOCAL,
+    check_value,
+    is_user_dataset,
+    parse_input_shape,
+    parse_int_list,
+)
 from fedapp.config.schema import SCHEMA
 from fedapp.config.sections import (
     SECTION_CLASSES,
@@ -143,13 +150,15 @@ def check_user_model(cfg: RunConfig) -> None:
     from fedapp.registry import get_spec
 
     spec = cfg["model"]
-    if cfg["dataset"] not in INPUT_SHAPES:
+    shapes = {**INPUT_SHAPES, **({NODE_LOCAL: schema_shape(cfg)} if cfg["dataset"] == NODE_LOCAL else {})}
+    counts = {**NUM_CLASSES, NODE_LOCAL: int(cfg["num-classes"])}
+    if cfg["dataset"] not in shapes:
         try:
             load_factory(spec)
         except ValueError as exc:
             raise ConfigError(f"run-config 'model' = {spec!r}: {exc}") from None
         return
-    shape, classes = INPUT_SHAPES[cfg["dataset"]], NUM_CLASSES[cfg["dataset"]]
+    shape, classes = shapes[cfg["dataset"]], counts[cfg["dataset"]]
     family = get_spec(cfg["strategy"])
     dp_sgd = family.privacy.startswith("record-level") and family.family != "soteriafl"
     problem = user_model_problem(spec, shape, classes, dp_sgd=dp_sgd)
@@ -216,6 +225,8 @@ def validate_cross_fields(cfg: RunConfig) -> None:
             raise ConfigError(f"run-config 'model' = {cfg['model']!r} is not one of {sorted(MODEL_NAMES)} nor a "
                               "factory of your own, 'module.path:factory'")
     model = cfg["model"]
+    if cfg["dataset"] == NODE_LOCAL:
+        check_node_local(cfg)
     if is_user_model(model):
         check_user_model(cfg)
     if model == "auto" and cfg["dataset"] in DATASETS:
@@ -231,7 +242,9 @@ def validate_cross_fields(cfg: RunConfig) -> None:
             raise ConfigError(f"run-config 'model' = {model!r} does not fit dataset {cfg['dataset']!r}, whose inputs have "
                               f"shape {shape}: {problem}; pick a model that takes them (model = 'auto' picks "
                               "the dataset's default)")
-    if is_user_dataset(cfg["dataset"]):
+    if cfg["dataset"] == NODE_LOCAL:
+        pass  # no data here: each node reads its own (check_node_local checked the schema and the model above)
+    elif is_user_dataset(cfg["dataset"]):
         from fedapp.models.user import load_factory
 
         if cfg["model"] == "auto":
@@ -285,6 +298,37 @@ def validate_cross_fields(cfg: RunConfig) -> None:
     if ignored:
         raise ConfigError("; ".join(f"run-config {name!r} = {cfg[name]!r} would have no effect: {why}"
                                     for name, why in ignored.items()))
+
+
+def schema_shape(cfg: Mapping[str, Any]) -> tuple[int, ...]:
+    """Run-config ``input-shape`` as a tuple (``()`` when unset; ``ConfigError`` naming the key when malformed)."""
+    return parse_input_shape(str(cfg["input-shape"]))
+
+
+def check_node_local(cfg: Mapping[str, Any]) -> None:
+    """``dataset = 'node-local'``: the schema the server builds the model from, a model it can build from it, and no
+    feature that needs data on the server (its public set, a central pool)."""
+    missing = [k for k, bad in (("input-shape", not schema_shape(cfg)), ("num-classes", cfg["num-classes"] < 2)) if bad]
+    if missing:
+        raise ConfigError(f"run-config 'dataset' = {NODE_LOCAL!r} needs {' and '.join(repr(k) for k in missing)}: the "
+                          "server builds the model from them, since it never sees the nodes' data (e.g. "
+                          "input-shape=[16] num-classes=3; num-classes >= 2)")
+    if cfg["model"] == "auto":
+        raise ConfigError(f"run-config 'dataset' = {NODE_LOCAL!r} has no default model: set run-config 'model' (a "
+                          "catalog name or your own 'module.path:factory')")
+    from fedapp.models.user import is_user_model
+
+    if not is_user_model(cfg["model"]):
+        from fedapp.models.catalog import model_input_problem
+
+        problem = model_input_problem(cfg["model"], schema_shape(cfg))
+        if problem is not None:
+            raise ConfigError(f"run-config 'model' = {cfg['model']!r} does not fit run-config 'input-shape' = "
+                              f"{list(schema_shape(cfg))}: {problem}")
+    if cfg["strategy"] == "fed-smp-topk" or cfg["strategy"] == "fedavg-topk":
+        raise ConfigError(f"strategy {cfg['strategy']!r} needs the server's public set (public-samples), which "
+                          f"run-config 'dataset' = {NODE_LOCAL!r} does not have: every example stays on its node; "
+                          "use a rand-k variant")
 
 
 #: the strategies that add DP-FTRL's correlated noise (their run-config keys ftrl-*)
@@ -482,6 +526,16 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
     _ReadWhen("batch-size-choices", lambda c: c["batch-size"] == 0,
               lambda c: f"batch-size = {c['batch-size']} fixes every client's batch size; set batch-size = 0 to draw "
                         "each b_i from batch-size-choices"),
+    _ReadWhen("input-shape", lambda c: c["dataset"] == NODE_LOCAL,
+              lambda c: f"dataset = {c['dataset']!r} gives the model its inputs' shape; input-shape applies to "
+                        f"dataset = {NODE_LOCAL!r}"),
+    _ReadWhen("num-classes", lambda c: c["dataset"] == NODE_LOCAL,
+              lambda c: f"dataset = {c['dataset']!r} gives the model its classes; num-classes applies to "
+                        f"dataset = {NODE_LOCAL!r}"),
+    *(_ReadWhen(name, lambda c: c["dataset"] != NODE_LOCAL,
+                lambda c: f"dataset = {NODE_LOCAL!r}: every node trains on its own data (node-config 'data-path', "
+                          "split locally); there is no central pool to read, cap or partition")
+      for name in ("data-dir", "partitioner", "max-samples", "public-samples")),
     _ReadWhen("shards-per-client", lambda c: c["partitioner"] == "shards",
               lambda c: f"partitioner = {c['partitioner']!r} does not cut shards; it applies to partitioner = 'shards'"),
     _ReadWhen("classes-per-client", lambda c: c["partitioner"] == "pathological",

@@ -13,6 +13,7 @@ from typing import ClassVar
 from fedapp.config.keys import (
     DATASETS,
     MIN_ROUND_TIMEOUT_S,
+    NODE_LOCAL,
     PARTITIONERS,
     PRIVACY_DISTS,
     _fraction,
@@ -63,7 +64,9 @@ class DataConfig(Section):
 
     SECTION: ClassVar[str] = "data"
 
-    dataset: str = setting("digits", "Dataset: a name listed here (digits is embedded), `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/data/hf_data.py`), or `module.path:loader`, your own: `loader()` returns (train, test), each (x, y) arrays or a torch Dataset of (x, y) items (`fedapp/data/user_data.py`); the last two need an explicit `model`.", choices=DATASETS, prefix="hf:")
+    dataset: str = setting("digits", "Dataset: a name listed here (digits is embedded), `hf:<name or folder>[?option=value&...]`, a Hugging Face dataset (`fedapp/data/hf_data.py`), `module.path:loader`, your own: `loader()` returns (train, test), each (x, y) arrays or a torch Dataset of (x, y) items (`fedapp/data/user_data.py`), or node-local: every SuperNode trains on its own file or folder, named by its node-config `data-path` (`fedapp/data/node_data.py`; needs `input-shape` and `num-classes`; evaluation is then federated only). The last three need an explicit `model`.", choices=(*DATASETS, NODE_LOCAL), prefix="hf:")
+    input_shape: str = setting("", "dataset = node-local: the shape of one example, e.g. [16] or [1, 28, 28]. Flower's run-config holds no arrays: give it as a string (`input-shape = \"[1, 28, 28]\"`; `flwr run --run-config \"input-shape='[16]'\"`); this project's launchers also take the array, written without spaces (`input-shape=[1,28,28]`). The server builds the model from it; each node checks its data against it.")
+    num_classes: int = setting(0, "dataset = node-local: the number of classes k (labels 0..k-1); each node checks its labels against it.", check=_nonneg, expect=">= 0")
     data_dir: str = setting("", "Folder holding MNIST/CIFAR (torchvision's folder layout) / LIBSVM data (e.g. ../shared/data). Required except for digits and hf: datasets (for which it is the base of relative folders and the Hub download cache).")
     partitioner: str = setting("iid", "Data split: iid, shards (McMahan), pathological (S classes each), dirichlet.", choices=PARTITIONERS)
     shards_per_client: int = setting(8, "shards: shards per client (n·s shards cut from label-sorted data).", check=_positive, expect="> 0")

@@ -123,7 +123,10 @@ def _node_value(node_config: Mapping[str, Any], key: str, kind: type) -> Any:
 def _train_size(data: DataConfig, seed: int, num_clients: int, client_id: int) -> int | None:
     """N_i of a client (None when the dataset cannot be read here; the pre-round check still applies)."""
     from fedapp.data.client_data import client_train_sizes
+    from fedapp.data.node_data import is_node_local
 
+    if is_node_local(data):
+        return None  # the node's own data: it caps a drawn b_i itself (fedapp.clients.common.node_batch)
     try:
         return int(client_train_sizes(data, seed, num_clients)[client_id])
     except (ConfigError, OSError):

@@ -11,7 +11,7 @@
    registers each SuperNode's
    public key with ``flwr supernode register`` (unless ``--no-auth``), starts the SuperNodes,
    each with its own ``--node-config`` (partition-id, num-partitions, and per-node epsilon,
-   delta, batch-size, local-epochs, dataset from ``--node-config i:key=value ...``);
+   delta, batch-size, local-epochs, data-path, label-column … from ``--node-config i:key=value ...``);
 4. runs ``flwr run <app> dpfl --stream`` and prints the new results folder;
 5. stops *every* process it started and every descendant it saw (SIGTERM, then SIGKILL, by PID),
    also on Ctrl-C, SIGTERM, SIGHUP or failure.
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from fedapp.config import ConfigError, DataConfig, GeneralConfig, RunConfig, TrainingConfig, resolve_config
+from fedapp.data.node_data import is_node_local
 from fedapp.privacy.node_policy import POLICY_KEYS, node_refusal
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
@@ -74,7 +75,8 @@ def _toml_bool(raw: str) -> bool:
 
 NODE_KEYS: dict[str, Any] = {
     "partition-id": int, "num-partitions": int, "epsilon": float, "delta": float, "batch-size": int,
-    "local-epochs": int, "reported-epsilon": float, "dataset": str, "state-dir": str, "min-round-clients": int,
+    "local-epochs": int, "reported-epsilon": float, "dataset": str, "data-path": str, "label-column": str,
+    "state-dir": str, "min-round-clients": int,
     "min-noise-multiplier": float, "lifetime-epsilon": float, "lifetime-delta": float,
     **{key: (_toml_bool if kind is bool else kind) for key, kind in POLICY_KEYS.items()}}
 AUTH_REFUSED_EXIT = 305  # flower-supernode: "Failed to activate SuperNode" (the shell sees 305 % 256 = 49)
@@ -102,7 +104,7 @@ def node_configs(num: int, per_node: Sequence[str] = ()) -> list[dict[str, Any]]
     """One node-config per SuperNode: ``partition-id=i num-partitions=num`` plus ``i:key=value ...`` overrides."""
     if num < 2:
         raise ConfigError(f"--supernodes = {num}: a federation needs at least 2 SuperNodes")
-    configs = [{"partition-id": i, "num-partitions": num} for i in range(num)]
+    configs: list[dict[str, Any]] = [{"partition-id": i, "num-partitions": num} for i in range(num)]
     for item in per_node:
         match = re.fullmatch(r"\s*(\d+)\s*:(.*)", item)
         if not match:
@@ -111,6 +113,9 @@ def node_configs(num: int, per_node: Sequence[str] = ()) -> list[dict[str, Any]]
         if idx >= num:
             raise ConfigError(f"--node-config {item!r}: SuperNode {idx} does not exist (0..{num - 1})")
         configs[idx].update(parse_node_config(match.group(2)))
+    for node in configs:  # a SuperNode runs in its own working folder: a relative data-path is the launcher's
+        if "data-path" in node:
+            node["data-path"] = str(Path(os.path.expanduser(str(node["data-path"]))).resolve())
     return configs
 
 
@@ -120,6 +125,15 @@ def validate_nodes(general: GeneralConfig, training: TrainingConfig, data: DataC
     from fedapp.data.client_data import client_train_sizes
     from fedapp.privacy.profiles import client_profile
 
+    if is_node_local(data):
+        validate_node_data(general, training, data, configs)
+        return
+    for node in configs:
+        for key in ("data-path", "label-column"):
+            if key in node:
+                raise ConfigError(f"SuperNode {node['partition-id']}: node-config {key!r} is read only with run-config "
+                                  f"'dataset' = 'node-local' (here {data.dataset!r}, a partition of one run-wide "
+                                  "dataset); set dataset = 'node-local' or leave the key out")
     sizes = client_train_sizes(data, general.seed, len(configs))
     for node in configs:
         if "dataset" in node and node["dataset"] != data.dataset:
@@ -129,6 +143,23 @@ def validate_nodes(general: GeneralConfig, training: TrainingConfig, data: DataC
         if profile.batch_size > sizes[profile.client_id]:
             raise ConfigError(f"SuperNode {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                               f"N_i = {sizes[profile.client_id]}")
+
+
+def validate_node_data(general: GeneralConfig, training: TrainingConfig, data: DataConfig,
+                       configs: Sequence[Mapping[str, Any]]) -> None:
+    """``dataset = 'node-local'`` with every SuperNode on this machine: read each node's ``data-path`` as that node
+    will, and refuse (naming the node and its node-config key) what the node would refuse once started."""
+    from fedapp.clients.common import node_batch
+    from fedapp.data.node_data import NodeDataError, node_splits
+    from fedapp.privacy.profiles import client_profile
+
+    for node in configs:
+        profile = client_profile(general, training, data, node)
+        try:
+            train, _, _ = node_splits(node, data, general.seed, profile.client_id)
+            node_batch(profile, training, node, len(train))
+        except NodeDataError as exc:
+            raise ConfigError(f"SuperNode {node['partition-id']}: {exc}") from None
 
 
 def check_node_policies(cfg: RunConfig, configs: Sequence[Mapping[str, Any]]) -> None:
@@ -262,10 +293,11 @@ class DeployResult:
 def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overrides: Sequence[str] = (),
            tls: bool = True, auth: bool = True, unauthorized: int = 0, work_dir: Path | None = None,
            app: Path = PROJECT_ROOT, timeout: float | None = None, outsider: bool = False,
-           public_host: str = "127.0.0.1", log=print, check_policies: bool = True) -> DeployResult:
+           public_host: str = "127.0.0.1", log=print, check_policies: bool = True,
+           check_data: bool = True) -> DeployResult:
     """Validate, start SuperLink + SuperNodes, ``flwr run`` the app, stop everything (see module doc).
-    ``check_policies = False`` (tests only) skips the launcher's look at each node's privacy policy, so that the
-    SuperNodes' own enforcement can be observed."""
+    ``check_policies = False`` / ``check_data = False`` (tests only) skip the launcher's look at each node's privacy
+    policy / its data, so that the SuperNodes' own enforcement can be observed."""
     app = app.resolve()
     overrides = parse_overrides(run_config)
     overrides.setdefault("num-clients", num_supernodes)
@@ -276,7 +308,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
     if (unauthorized or outsider) and not auth:
         raise ConfigError("--unauthorized/--outsider need SuperNode authentication (drop --no-auth)")
     nodes = node_configs(num_supernodes, node_overrides)
-    validate_nodes(cfg.general, cfg.training, cfg.data, nodes)
+    if check_data:
+        validate_nodes(cfg.general, cfg.training, cfg.data, nodes)
     if check_policies:
         check_node_policies(cfg, nodes)
     output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)

@@ -152,6 +152,8 @@ def _flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(_flatten(value, name))
         elif isinstance(value, (bool, int, float, str)):
             out[name] = value
+        elif name == "input-shape" and isinstance(value, list) and all(type(v) is int for v in value):
+            out[name] = str(value)  # Flower's run-config holds no arrays: the string "[1, 28, 28]" travels instead
         else:
             raise ValueError(f"the value for key {key} needs to be of type int, float, bool, str, or a table of those")
     return out

@@ -180,6 +180,7 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
         # neither a budget refused nor Poisson sampling left with fewer than 2 clients trained
         "finished": bool(done and trained > 0 and not untrained),
         "stopped_reason": _stopped_reason(done, trained, untrained, budget_stopped, len(rounds), unsampled),
+        "evaluation": _evaluation(rounds),
         "final_accuracy": last.get("accuracy"), "final_loss": last.get("loss"),
         "final_client_accuracy": last.get("client_accuracy"),
         "final_client_val_accuracy": last.get("client_val_accuracy"),
@@ -192,6 +193,17 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
         "wall_seconds": wall_seconds,
         **out_of_model,
     }
+
+
+def _evaluation(rounds: list[dict[str, Any]]) -> str:
+    """How the run measured its model: on the server's held-out test set, or only on the clients' local test splits
+    (node-local data and the personalized DP2-FedSAM variants have no central test set)."""
+    if any("accuracy" in r["metrics"] for r in rounds):
+        return "centralized (the server's held-out test set: final_accuracy) and federated (final_client_accuracy)"
+    if any("client_accuracy" in r["metrics"] for r in rounds):
+        return "federated only, no central test set: final_client_accuracy is the mean over clients of their local " \
+               "test accuracy"
+    return "none"
 
 
 def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
