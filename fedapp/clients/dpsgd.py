@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from logging import WARNING
 from typing import Any
 
 import numpy as np
+import torch
 from flwr.client import NumPyClient
 from flwr.common import Context, log
 
@@ -58,6 +59,9 @@ STATE_KEY = "dpsgd-accountant"
 
 class DPSGDClient(NumPyClient):
     """Runs DP-SGD (``private=True``) or plain SGD (``private=False``) and returns Δ = θ_local − θ."""
+
+    #: the batch loss of local training (None: cross-entropy; see ``LocalTraining.loss``)
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def __init__(self, setup: ClientSetup, context: Context, private: bool = True) -> None:
         self.s = setup
@@ -155,7 +159,8 @@ class DPSGDClient(NumPyClient):
                 metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
                 return [], 0, metrics
             spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=training.momentum,
-                                 seed=seed, dp=PerSampleDP(z, training.clip_norm, self.grad_sample_mode(), training.cuda_graphs))
+                                 seed=seed, dp=PerSampleDP(z, training.clip_norm, self.grad_sample_mode(), training.cuda_graphs),
+                                 loss=self.loss)
             result = local_train(model, self.s.train, spec, self.s.device)
             if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:
                 raise RuntimeError(f"DP-SGD ran q={result.extra['sample_rate']}, {result.steps} steps; "
@@ -166,7 +171,7 @@ class DPSGDClient(NumPyClient):
                             "steps": sum(h[2] for h in hist)})
         else:
             spec = LocalTraining(batch_size=p.batch_size, steps=self.steps_per_round(), lr=lr,
-                                 momentum=training.momentum, seed=seed)
+                                 momentum=training.momentum, seed=seed, loss=self.loss)
             result = local_train(model, self.s.train, spec, self.s.device)
             metrics["steps"] = result.steps
         update = [new - old for new, old in zip(get_weights(model), parameters)]

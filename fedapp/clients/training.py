@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,6 +102,8 @@ class LocalTraining:
     trainable: tuple[str, ...] | None = None
     sam: SAM | None = None
     dp: PerSampleDP | None = None
+    #: the batch loss (None: cross-entropy); with ``dp`` it must be the mean of per-sample losses (Opacus' "mean")
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 class PlainSGD:
@@ -290,7 +292,7 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
     for n, p in named.items():
         p.requires_grad_(n in set(names))
     opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum)  # also what Opacus wraps for DP-SGD
-    loss_fn = nn.CrossEntropyLoss()
+    loss_fn = spec.loss if spec.loss is not None else nn.CrossEntropyLoss()
     start, steps, total, extra = time.perf_counter(), 0, 0.0, {}
     module, optimizer = model, opt
     layout = contextlib.ExitStack()

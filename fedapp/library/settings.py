@@ -1,0 +1,92 @@
+"""Typed settings a user's ServerApp and ClientApp must agree on (build both sides from the same object)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ACCOUNTANTS = ("rdp", "prv")
+RECORD_NEIGHBOURS = ("replace-one", "add-remove")
+
+
+@dataclass(frozen=True)
+class DPSGDSettings:
+    """Record-level DP-SGD shared by the server's update checks and every client's training.
+
+    ``rounds`` is T, the rounds each client's (ε_i, δ_i) budget is planned for: a client calibrates its noise so that
+    T rounds of ``local_epochs``·⌈N_i/b_i⌉ Poisson-sampled steps spend exactly ε_i, and refuses any round past that.
+    ``clip_norm`` is the per-sample clip c; the learning rate of round t is ``lr``·``lr_decay``^(t−1). The server uses
+    c, the schedule and ``momentum`` to bound an honest update (DP-FedAvg) and to know the noise variance it must carry
+    (Robust-HDP), so they must be the clients' values."""
+
+    rounds: int
+    clip_norm: float = 1.0
+    lr: float = 0.05
+    momentum: float = 0.0
+    lr_decay: float = 1.0
+    local_epochs: int = 1
+    accountant: str = "rdp"
+    record_neighbours: str = "replace-one"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.rounds < 1:
+            problems.append(f"rounds = {self.rounds} must be >= 1")
+        if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
+            problems.append(f"clip_norm = {self.clip_norm} must be a finite number > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            problems.append(f"lr = {self.lr} must be a finite number > 0")
+        if not 0 <= self.momentum < 1:
+            problems.append(f"momentum = {self.momentum} must be in [0, 1)")
+        if not 0 < self.lr_decay <= 1:
+            problems.append(f"lr_decay = {self.lr_decay} must be in (0, 1]")
+        if self.local_epochs < 1:
+            problems.append(f"local_epochs = {self.local_epochs} must be >= 1")
+        if self.accountant not in ACCOUNTANTS:
+            problems.append(f"accountant = {self.accountant!r} must be one of {ACCOUNTANTS}")
+        if self.record_neighbours not in RECORD_NEIGHBOURS:
+            problems.append(f"record_neighbours = {self.record_neighbours!r} must be one of {RECORD_NEIGHBOURS}")
+        if problems:
+            raise ValueError("DPSGDSettings: " + "; ".join(problems))
+
+    def lr_schedule(self) -> Callable[[int], float]:
+        """η_t = lr · lr_decay^(t−1), the step size of round t (server and clients)."""
+        lr, decay = self.lr, self.lr_decay
+        return lambda server_round: lr * decay ** (server_round - 1)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """The round settings every strategy shares (:class:`strategies.engine.RoundEngine`'s arguments).
+
+    ``clients_per_round`` r: 0 = every connected client each round (a record-level strategy samples r of them; a
+    client-level strategy samples each client with q = r/n, secret Poisson sampling). ``client_sizes``: every client's
+    number of training records by client id, when the server knows them; without it the server cannot bound the
+    ``num_examples`` a client claims (FedAvg and DP-FedAvg weights are proportional to it)."""
+
+    num_rounds: int
+    min_available_clients: int = 2
+    clients_per_round: int = 0
+    fraction_evaluate: float = 1.0
+    evaluate_every: int = 1
+    server_lr: float = 1.0
+    seed: int = 0
+    strike_limit: int = 3
+    robust_norm_factor: float = 10.0
+    client_sizes: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.num_rounds < 1:
+            problems.append(f"num_rounds = {self.num_rounds} must be >= 1")
+        if self.min_available_clients < 2:
+            problems.append(f"min_available_clients = {self.min_available_clients} must be >= 2")
+        if self.clients_per_round < 0:
+            problems.append(f"clients_per_round = {self.clients_per_round} must be >= 0")
+        if not 0 <= self.fraction_evaluate <= 1:
+            problems.append(f"fraction_evaluate = {self.fraction_evaluate} must be in [0, 1]")
+        if not self.server_lr > 0:
+            problems.append(f"server_lr = {self.server_lr} must be > 0")
+        if problems:
+            raise ValueError("Rounds: " + "; ".join(problems))
