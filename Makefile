@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.installed
 NUM_SUPERNODES ?= 20
 RUN_CONFIG ?= configs/main.toml
 ENGINE ?= superlink
+VERBOSE ?=
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_HOME := $(CURDIR)/.flwr
 export MPLBACKEND := Agg
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m fedapp.run.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)" --engine $(ENGINE)
+	$(PY) -m fedapp.run.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)" --engine $(ENGINE) $(if $(VERBOSE),--verbose)
 
 test: $(STAMP)
 	$(PY) -m mypy

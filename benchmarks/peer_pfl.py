@@ -371,7 +371,8 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
                 "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"})
     if not wakeups:
         env["DPFL_WAKEUPS"] = "off"  # fedapp.compat.wakeups.SWITCH
-    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(NUM_CLIENTS),
+    # --verbose: the phases and the initial evaluation are read from Flower's log lines in the launcher's output
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(NUM_CLIENTS), "--verbose",
            "--num-cpus", str(num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
     log = work / (f"ours-{engine}-cpus{num_cpus:g}{'' if wakeups else '-polls'}{'-secagg' if secure_aggregation else ''}"
                   f"-{tag}.log")

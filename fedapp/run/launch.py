@@ -5,9 +5,10 @@ command. This launcher instead starts ``flower-superlink --simulation`` itself o
 SuperExec next to it (``--isolation process``), writes a Flower config (``$FLWR_HOME/config.toml``, default
 ``./.flwr``) naming the SuperLink, and submits the run with ``flwr run <app> dpfl`` (on a staged copy of the app's
 packages and ``pyproject.toml``, :mod:`fedapp.run.fab`); the SuperExec and ``flwr run`` import Flower while the
-SuperLink starts (:mod:`fedapp.run.cli_preload`). It prints the ServerApp's log while the run goes on (from a file,
-not through a ``flwr run --stream`` process held for the whole run: :mod:`fedapp.compat.server_log`), prints where
-the results are, and stops the SuperLink, the SuperExec and their children by PID as soon as the ServerApp has
+SuperLink starts (:mod:`fedapp.run.cli_preload`). It follows the ServerApp's log while the run goes on (from a file,
+not through a ``flwr run --stream`` process held for the whole run: :mod:`fedapp.compat.server_log`), copies it to
+``flower.log`` in the run's results folder and prints one line a round (``--verbose`` or ``DPFL_VERBOSE=1``: the whole
+log), ends with a one-screen summary of the results (:mod:`fedapp.run.console`), and stops the SuperLink, the SuperExec and their children by PID as soon as the ServerApp has
 logged its last line (or its process has ended), when the run fails, on SIGINT (Ctrl-C), SIGTERM or SIGHUP (exit
 code 128 + signal), and — through a parent-death signal and a watchdog process — when the launcher itself is
 killed.
@@ -33,15 +34,17 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from fedapp.compat.early_ray import init_args_env as early_ray_env
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, LogFollower
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
+from fedapp.config.keys import NODE_LOCAL
 from fedapp.run.cli_preload import PreloadedCommand
+from fedapp.run.console import FLOWER_LOG, PREFIX, display_path, echo, echo_all, plain, summary_lines, verbose_from_env
 from fedapp.run.dry_run_cache import dry_run_fields, passed_before, remember_pass
 from fedapp.run.fab import stage_app
 from fedapp.run.processes import (
@@ -119,11 +122,13 @@ def _dry_run_child(send, run_config: Mapping[str, Any], num_clients: int) -> Non
 def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
         flwr_home: Path | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
         timeout: float | None = None, port: int | None = None, ray_address: str = "",
-        engine: str = "superlink") -> Path:
+        engine: str = "superlink", verbose: bool = False) -> Path:
     """Validate, run the app on ``engine``, stop everything; returns the new results folder.
 
     ``engine``: ``superlink`` (a private SuperLink and ``flwr run``) or ``run-simulation`` (Flower's
-    ``run_simulation`` in one child process, :mod:`fedapp.run.simulation_engine`)."""
+    ``run_simulation`` in one child process, :mod:`fedapp.run.simulation_engine`). Flower's whole log goes to
+    ``flower.log`` in the results folder; ``verbose`` also prints it, else only one line a round and Flower's
+    warnings and errors are printed (:mod:`fedapp.run.console`)."""
     if engine not in ENGINES:
         raise ConfigError(f"--engine {engine!r}: valid engines are {', '.join(ENGINES)}")
     app = app.resolve()
@@ -135,18 +140,18 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
     output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
     before = list_runs(output_dir)
-    folder: Path | None = None
+    results = NewRun(announce=not verbose)
     if engine == "run-simulation":
-        log_hint = "the output above"
-        _run_python_engine({**merged, **overrides}, num_supernodes, num_cpus, num_gpus, timeout, ray_address)
+        log_hint = f"{FLOWER_LOG} in the results folder, or the engine's log named above"
+        _run_python_engine({**merged, **overrides}, num_supernodes, num_cpus, num_gpus, timeout, ray_address,
+                           results, verbose)
     else:
         flwr_home = resolve_flwr_home(app, flwr_home)
         port = port or free_port()
         log_hint = f"{server_log_path(flwr_home, port)} and {flwr_home}/superlink-{port}.log"
-        results = NewRun()
         _run_superlink_engine(app, overrides, flwr_home, port, num_supernodes, num_cpus, num_gpus, timeout,
-                              ray_address, results)
-        folder = results.folder  # named by this run's ServerApp in its log
+                              ray_address, results, verbose)
+    folder = results.folder  # named by this run's ServerApp in its log
     if folder is None:
         new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
         folder = new_runs[-1] if new_runs else None
@@ -165,19 +170,53 @@ class NewRun:
     """The results folder this launch's ServerApp names in its log (:data:`RESULTS_FOLDER_LINE`: another launch
     into the same output folder cannot be mistaken for it) and what its ``summary.json`` says. A summary with
     ``finished`` or a ``stopped_reason`` is the ServerApp's last file of a run that ended
-    (:meth:`fedapp.state.results.ResultsWriter.finish`)."""
+    (:meth:`fedapp.state.results.ResultsWriter.finish`).
 
-    def __init__(self) -> None:
+    Every line it reads also goes to ``flower.log`` in that folder (:data:`~fedapp.run.console.FLOWER_LOG`; the lines
+    read before the folder was named are written once it is), without terminal colour codes; ``announce`` prints
+    where the folder and that log are as soon as the folder is named."""
+
+    def __init__(self, announce: bool = False) -> None:
         self.folder: Path | None = None
         #: the log's last line (:data:`RUN_END_LINE`) was read: the ServerApp logs nothing more of the run
         self.log_complete = False
+        self.announce = announce
+        self._pending: list[str] = []
+        self._log: IO[str] | None = None
 
     def saw(self, line: str) -> None:
         """Read a line of the ServerApp's log."""
         if self.folder is None and RESULTS_FOLDER_LINE in line:
-            self.folder = Path(line.split(RESULTS_FOLDER_LINE, 1)[1].strip())
+            self.folder = Path(plain(line).split(RESULTS_FOLDER_LINE, 1)[1].strip())
+            self._open_log()
         elif RUN_END_LINE in line:
             self.log_complete = True
+        if self._log is not None:
+            self._log.write(plain(line) + "\n")
+            self._log.flush()
+        else:
+            self._pending.append(plain(line))
+
+    def _open_log(self) -> None:
+        assert self.folder is not None
+        try:
+            self._log = open(self.folder / FLOWER_LOG, "a", encoding="utf-8")  # noqa: SIM115 - closed by close()
+        except OSError as exc:  # the run goes on; only the copy of its log is missing
+            print(f"{PREFIX} WARNING: cannot write {self.folder / FLOWER_LOG}: {exc}", file=sys.stderr, flush=True)
+            self._pending.clear()
+            return
+        self._log.writelines(line + "\n" for line in self._pending)
+        self._log.flush()
+        self._pending.clear()
+        if self.announce:
+            shown = display_path(self.folder)
+            print(f"{PREFIX} results folder: {shown}{os.sep} (Flower's log: {shown / FLOWER_LOG})", flush=True)
+
+    def close(self) -> None:
+        """Close ``flower.log``."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def summary(self) -> dict[str, Any]:
         try:
@@ -199,6 +238,11 @@ def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tu
     overrides = parse_overrides(run_config)
     merged = {**pyproject_run_config(app), **overrides}
     cfg = resolve_config(merged)  # raises ConfigError before anything starts
+    if cfg.data.dataset == NODE_LOCAL:
+        raise ConfigError(f"run-config 'dataset' = {NODE_LOCAL!r} trains each SuperNode on its own node-config "
+                          "'data-path', which a simulation's nodes do not have; deploy SuperNodes "
+                          "(python -m fedapp.run.deploy --supernodes N --node-config '0:data-path=...' ..., "
+                          "docs/deployment.md) or simulate with a dataset that is partitioned among the clients")
     if num_supernodes >= 2:  # before num-clients is set from it below, so that the error names --num-supernodes
         check_federation_size(cfg.general, cfg.training, num_supernodes, f"--num-supernodes {num_supernodes}")
     if num_supernodes >= 2 and not cfg.general.num_clients:
@@ -236,53 +280,96 @@ ENGINES = ("superlink", "run-simulation")
 
 
 def _run_python_engine(overrides: dict, num_supernodes: int, num_cpus: float, num_gpus: float,
-                       timeout: float | None, ray_address: str) -> None:
+                       timeout: float | None, ray_address: str, results: NewRun | None = None,
+                       verbose: bool = True) -> None:
     """Flower's ``run_simulation`` in a child process of its own session (its Ray daemons and actors are its
     descendants), watched like the SuperLink engine's tree and stopped by PID when it ends, fails or is
-    interrupted."""
+    interrupted. Its output goes to a file that is followed like the SuperLink engine's ServerApp log (each line to
+    ``results``, printed when ``verbose``, else only the progress lines); the file is removed after a run that
+    ended well, kept (and its last lines printed) after one that did not."""
     import tempfile
 
     from fedapp.run.simulation_engine import write_spec
 
+    results = results or NewRun()
     simulation_backend(num_cpus, num_gpus, ray_address)  # the same checks as the SuperLink engine's
     fd, name = tempfile.mkstemp(prefix="dpfl-run-simulation-", suffix=".json")
     os.close(fd)
     spec = write_spec(Path(name), overrides, num_supernodes, num_cpus, num_gpus, ray_address)
+    output = spec.with_suffix(".log")
     procs = Processes()
     watchdog = None
+    ok = False
     env = os.environ.copy()
     env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"  # its lines reach the file, and the terminal, as they are written
+    show = echo(verbose)
+    follower = LogFollower(output)
+
+    def follow(final: bool = False) -> None:
+        for line in follower.new_lines(final=final):
+            show(line)
+            results.saw(line)
+
     with signals_as_interrupt():
         try:
-            child = procs.add(subprocess.Popen([sys.executable, "-m", "fedapp.run.simulation_engine", str(spec)],
-                                               env=env, cwd=str(PROJECT_ROOT), start_new_session=True,
-                                               preexec_fn=parent_death_preexec()))
+            with open(output, "wb") as sink:
+                child = procs.add(subprocess.Popen([sys.executable, "-m", "fedapp.run.simulation_engine", str(spec)],
+                                                   env=env, cwd=str(PROJECT_ROOT), start_new_session=True,
+                                                   stdout=sink, stderr=subprocess.STDOUT,
+                                                   preexec_fn=parent_death_preexec()))
             watchdog = start_watchdog(child)  # stops the child's tree (Ray included) if this process is killed
-            print(f"[dpfl] run_simulation engine pid {child.pid}: {num_supernodes} clients, "
-                  f"{overrides.get('num-server-rounds')} rounds", flush=True)
+            print(f"{PREFIX} run_simulation engine pid {child.pid}: {num_supernodes} clients, "
+                  f"{overrides.get('num-server-rounds')} rounds; its log: {output}", flush=True)
             procs.watch()
-            try:
-                code = child.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                raise TimeoutError(f"the run did not finish within {timeout:.0f}s") from None
-            if code != 0:
-                raise RuntimeError(f"the run_simulation engine exited with code {code}")
+            start = time.monotonic()
+            while child.poll() is None:
+                follow()
+                if timeout is not None and time.monotonic() - start > timeout:
+                    raise TimeoutError(f"the run did not finish within {timeout:.0f}s")
+                time.sleep(0.1)
+            follow(final=True)
+            if child.returncode != 0:
+                raise RuntimeError(f"the run_simulation engine exited with code {child.returncode}; its log: "
+                                   f"{output}")
+            ok = True
         finally:
             leftovers = procs.stop_all()
+            follow(final=True)
+            results.close()
             spec.unlink(missing_ok=True)
+            if ok:
+                output.unlink(missing_ok=True)
+            elif not verbose:
+                print_tail(output)
             if watchdog is not None:
                 _stop_watchdog(watchdog)
             if leftovers:
-                print(f"[dpfl] WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
+                print(f"{PREFIX} WARNING: processes still alive after stop: {leftovers}", file=sys.stderr)
+
+
+#: lines of Flower's log the launcher prints after a run that failed, when it printed only its progress
+FAILURE_TAIL_LINES = 40
+
+
+def print_tail(path: Path, lines: int = FAILURE_TAIL_LINES) -> None:
+    """The last ``lines`` lines of ``path`` to stderr, named as such."""
+    try:
+        tail = path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:]
+    except OSError:
+        return
+    if tail:
+        print(f"{PREFIX} the last {len(tail)} lines of {path}:", file=sys.stderr, flush=True)
+        print("\n".join(plain(line) for line in tail), file=sys.stderr, flush=True)
 
 
 def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int, num_supernodes: int,
                           num_cpus: float, num_gpus: float, timeout: float | None, ray_address: str,
-                          results: NewRun) -> None:
+                          results: NewRun, verbose: bool = True) -> None:
     """A private SuperLink on ``port``; the staged app submitted with ``flwr run``; the ServerApp's log
-    (:mod:`fedapp.compat.server_log`) printed until ``results`` says the run ended or the ServerApp's process
-    ends; everything stopped by PID. A run that did not finish gets the SuperLink's whole log of it printed
-    before the SuperLink stops."""
+    (:mod:`fedapp.compat.server_log`) followed until ``results`` says the run ended or the ServerApp's process
+    ends (printed when ``verbose``, else only its progress lines); everything stopped by PID. A run that did not
+    finish gets the SuperLink's whole log of it printed before the SuperLink stops."""
     write_flower_config(flwr_home, f"127.0.0.1:{port}")
     if ray_address:  # attach the simulation runtime to an existing (multi-node) Ray cluster
         os.environ.update(simulation_backend(num_cpus, num_gpus, ray_address)[1])
@@ -317,7 +404,7 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
             run_id = submit_run(staged, cli, overrides, federation)
             print(f"[dpfl] run {run_id} started; ServerApp log: {server_log}", flush=True)
             procs.watch()
-            server = follow_run(procs, server_log, timeout, results)
+            server = follow_run(procs, server_log, timeout, results, echo=echo(verbose))
             summary = results.summary()
             if results.ended(summary):
                 grace = ENDED_STOP_GRACE_S  # its results are written: nothing left for a graceful shutdown to save
@@ -326,6 +413,7 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
                       f"log of run {run_id}:", file=sys.stderr, flush=True)
                 print_flower_log(run_id, flwr_home, app)
         finally:
+            results.close()
             cli.close()
             if superexec is not None:
                 superexec.close()  # a SuperExec never told to start (it started: nothing left to close)
@@ -416,8 +504,8 @@ def submit_run(staged: Path, cli: PreloadedCommand, overrides: dict, federation:
 
 
 def follow_run(procs: Processes, server_log: Path, timeout: float | None, results: NewRun, poll: float = 0.1,
-               start_timeout: float = SERVER_START_TIMEOUT_S) -> int:
-    """Print ``server_log`` as it grows (each line also to ``results``) until the ServerApp logs its last line
+               start_timeout: float = SERVER_START_TIMEOUT_S, echo: Callable[[str], None] = echo_all) -> int:
+    """Print ``server_log`` as it grows (each line to ``echo``, default every line; each also to ``results``) until the ServerApp logs its last line
     (:data:`RUN_END_LINE`) or the process that runs it (Flower's simulation runtime, a child of the SuperExec)
     has ended; returns that process's PID. This lets the launcher stop the run as soon as it is over, not seconds
     later when Flower's runtime has shut Ray down and exited. A run whose ``summary.json`` says it ended gets at most
@@ -432,7 +520,7 @@ def follow_run(procs: Processes, server_log: Path, timeout: float | None, result
 
     def show(lines: list[str]) -> None:
         for line in lines:
-            print(line, flush=True)
+            echo(line)
             results.saw(line)
 
     while True:
@@ -510,6 +598,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
                              "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
                              "SuperLink and SuperExec: less memory and start-up (docs/benchmarks.md)")
+    parser.add_argument("--verbose", action="store_true", default=verbose_from_env(),
+                        help="print Flower's whole log while the run goes on (default: one line a round; the whole "
+                             "log is in flower.log in the results folder either way); also DPFL_VERBOSE=1")
     parser.add_argument("--plan", action="store_true",
                         help="validate and build everything, print the privacy plan (mechanism, σ, q, rounds, planned "
                              "epsilon_vs_server / epsilon_vs_release per client) and start nothing")
@@ -523,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-                      ray_address=args.ray_address, engine=args.engine)
+                      ray_address=args.ray_address, engine=args.engine, verbose=args.verbose)
     except ConfigError as exc:
         print(f"[dpfl] configuration error: {exc}", file=sys.stderr)
         return 2
@@ -534,12 +625,7 @@ def main(argv: list[str] | None = None) -> int:
         signum = exc.signum if isinstance(exc, Interrupted) else 2
         print(f"[dpfl] interrupted by signal {signum}; every process it started was stopped", file=sys.stderr)
         return 128 + signum
-    text = (run_dir / "summary.json").read_text(encoding="utf-8")
-    summary = json.loads(text)
-    print(f"[dpfl] results: {run_dir}\n[dpfl] summary.json:\n{text}")
-    print(f"[dpfl] {summary.get('rounds_trained')} of {summary.get('rounds_completed')} rounds trained"
-          + (f", {len(summary['rounds_refused_by_budget'])} refused by the privacy budget"
-             if summary.get("rounds_refused_by_budget") else ""))
+    print("\n".join(summary_lines(run_dir, display_path(run_dir))), flush=True)
     return 0
 
 

@@ -70,11 +70,19 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path,
     assert not leftovers, f"processes left running: {leftovers}"
     printed = capsys.readouterr().out
     server_log = (tmp_path / "flwr-home" / f"serverapp-{port}.log").read_text()
+    flower_log = (superlink_dir / "flower.log").read_text()  # the ServerApp's whole log, in the results folder
     for line in ("[round 1/2] accuracy=", "[round 2/2] accuracy=", "[SUMMARY]"):
-        assert line in server_log and line in printed, printed[-3000:]
+        assert line in server_log and line in flower_log, flower_log[-3000:]
+    for line in ("[dpfl] [round 1/2] accuracy=", "[dpfl] [round 2/2] accuracy="):  # one progress line a round
+        assert line in printed, printed[-3000:]
+    assert "[SUMMARY]" not in printed and "configure_fit" not in printed  # the rest stays in flower.log
     assert "Ray started while the apps loaded" in server_log  # fedapp.compat.early_ray, with Flower's arguments
     python_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "python"), timeout=300,
                      engine="run-simulation")
+    printed = capsys.readouterr().out
+    flower_log = (python_dir / "flower.log").read_text()  # the engine's whole output, without its colour codes
+    assert "[round 2/2] accuracy=" in flower_log and "[SUMMARY]" in flower_log and "\x1b[" not in flower_log
+    assert "[dpfl] [round 2/2] accuracy=" in printed and "[SUMMARY]" not in printed, printed[-3000:]
     # both engines started one lean Ray head each: flwr-simulation early, from the import of fedapp.apps (a restart
     # with other arguments would add a session), ours in process
     new_sessions = _ray_sessions() - sessions
@@ -99,6 +107,34 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path,
         assert a["metrics"]["loss"] == pytest.approx(b["metrics"]["loss"], rel=1e-5)
         assert a["metrics"]["uplink_bytes"] == b["metrics"]["uplink_bytes"]
         assert a["metrics"]["clients_ok"] == b["metrics"]["clients_ok"] == 3
+
+
+@pytest.mark.slow
+def test_the_command_line_shows_one_line_a_round_and_a_summary_and_keeps_flowers_log(tmp_path):
+    """``python -m fedapp.run.launch`` as ``make run`` starts it: the terminal gets one progress line a round and a
+    one-screen summary (accuracy, ε against each budget, threat model, where the files are); Flower's whole log is
+    ``flower.log`` in the results folder."""
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "home")}
+    env.pop("DPFL_VERBOSE", None)
+    cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", "3", "--run-config",
+           f"strategy='dpsgd-fedavg' num-server-rounds=2 max-samples=300 seed=3 output-dir='{tmp_path / 'out'}'"]
+    done = subprocess.run(cmd, env=env, cwd=str(REPO), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    out = done.stdout
+    (run_dir,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir() and not p.name.startswith(".")]
+    flower_log = (run_dir / "flower.log").read_text()
+    for line in ("[ROUND 1]", "configure_fit", "[round 2/2] accuracy=", "[SUMMARY]"):
+        assert line in flower_log, flower_log[-3000:]
+    assert "[ROUND 1]" not in out and "configure_fit" not in out and "[SUMMARY]" not in out, out
+    assert "[dpfl] [round 1/2] accuracy=" in out and "[dpfl] [round 2/2] accuracy=" in out, out
+    assert len(out.splitlines()) <= 40, out
+    summary = out[out.index("[dpfl] ---- dpsgd-fedavg on digits, 3 clients, 2 rounds, seed 3"):].splitlines()
+    text = "\n".join(summary)
+    assert len(summary) <= 25, text
+    assert "test accuracy of the global model:" in text
+    assert "ε spent / budget per client, δ = 1e-04 each, replace-one neighbours: 3 of 3 within budget" in text
+    assert "threat model: record-level local DP" in text
+    assert f"results: {run_dir}" in text and "flower.log" in text and "privacy.png" in text
 
 
 def test_run_simulation_engine_refuses_another_app_and_unknown_engines(tmp_path):
