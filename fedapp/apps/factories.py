@@ -27,8 +27,10 @@ from fedapp.clients.client_dp import ClientLevelDPClient, FTRLClient, local_step
 from fedapp.clients.common import csprng, make_model, round_lr, setup_client
 from fedapp.clients.dp2_fedsam import DP2FedSAMClient, shared_weights
 from fedapp.clients.dpsgd import DPSGDClient, min_epsilon_profile
+from fedapp.clients.guard import RefusingClient
 from fedapp.clients.soteriafl import SoteriaFLClient, soteriafl_params
 from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
+from fedapp.compat.runtime import on_supernode
 from fedapp.config import (
     ADAPTIVE_CLIP_STRATEGIES,
     ClientDPConfig,
@@ -45,6 +47,7 @@ from fedapp.config import (
 from fedapp.data.client_data import client_train_sizes, public_dataset, training_pool
 from fedapp.data.node_data import NodeDataError, is_node_local
 from fedapp.models.catalog import ModelSpec
+from fedapp.privacy.audit import canary_direction, canary_index
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, ftrl_mechanism, secure_sum_mechanism
 from fedapp.registry import get_spec
 from strategies.aggregate import flatten
@@ -294,13 +297,30 @@ def make_min_eps_client(context: Context, overrides: dict[str, Any] | None = Non
 def make_client_dp_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """DP-FedAvg / Fed-SMP client (client-level DP)."""
     cfg = resolve_config(context.run_config, overrides)
-    return ClientLevelDPClient(setup_client(context, overrides), cfg.client_dp, context, private=True).to_client()
+    client = ClientLevelDPClient(setup_client(context, overrides), cfg.client_dp, context, private=True)
+    return with_canary(client, cfg.general)
 
 
 def make_ftrl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """DP-FTRL client: clips; under SecAgg+ adds its share of the correlated noise from its own stream."""
     cfg = resolve_config(context.run_config, overrides)
-    return FTRLClient(setup_client(context, overrides), cfg.client_dp, context, private=True).to_client()
+    client = FTRLClient(setup_client(context, overrides), cfg.client_dp, context, private=True)
+    return with_canary(client, cfg.general)
+
+
+def with_canary(client: ClientLevelDPClient, general: GeneralConfig) -> Client:
+    """``client`` as a Flower client; one of the last ``audit-canaries`` clients becomes an audit canary
+    (:mod:`fedapp.privacy.audit`). On a SuperNode a canary id refuses: canaries are simulated clients."""
+    p = client.s.profile
+    index = canary_index(p.client_id, p.num_clients, general.audit_canaries)
+    if index is not None:
+        if on_supernode():
+            return RefusingClient(p.client_id, f"run-config 'audit-canaries' = {general.audit_canaries} makes client "
+                                               f"{p.client_id} an audit canary; canaries are simulated clients, and "
+                                               "this is a SuperNode with its own data")
+        dim = int(sum(np.asarray(w).size for w in client.get_parameters({})))
+        client.canary = canary_direction(general.audit_seed, index, dim)
+    return client.to_client()
 
 
 def make_compressed_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:

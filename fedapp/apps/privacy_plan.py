@@ -43,6 +43,12 @@ def privacy_plan(run_config: Mapping[str, Any], num_clients: int, payload_dim: i
         plan["mechanism"] = {"name": "none (non-private baseline)"}
     if plan["seeded_noise"]:
         plan["note"] = "seeded-noise = true: the server knows the noise seed, so no ε holds against it"
+    k = cfg.general.audit_canaries
+    if k:  # fedapp.privacy.audit
+        plan["audit"] = {"canaries": k, "canary_clients": f"{num_clients - k}..{num_clients - 1} (of {num_clients})",
+                         "seed": cfg.general.audit_seed,
+                         "estimator": "one-shot (Andrew et al. 2024): final model and all iterates, beside "
+                                      "epsilon_vs_release"}
     return plan
 
 

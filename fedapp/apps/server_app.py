@@ -38,6 +38,7 @@ from fedapp.data.client_data import client_train_sizes
 from fedapp.data.datasets import ArrayDataset, load_dataset
 from fedapp.data.node_data import is_node_local, run_schema
 from fedapp.models.catalog import ModelSpec
+from fedapp.privacy.audit import AuditRecorder
 from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles, ftrl_mechanism
 from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
@@ -220,9 +221,14 @@ def build_components(run_config: Mapping[str, Any], *, transport: bool = True,
         payload_dim = strategy.payload_dim() if isinstance(strategy, ClientLevelDPStrategy) else None
         recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
     check_fault_config(cfg.deployment)
+    audited: Any = recorder
+    if cfg.general.audit_canaries > 0:  # canaries marked in the records, the audit block added when the run ends
+        audited = AuditRecorder(recorder, strategy, cfg.general.audit_seed, cfg.general.audit_canaries,
+                                cfg.general.num_clients)
+        strategy.record_with(audited)
     journal = Path(cfg.deployment.client_state_dir or default_state_dir(cfg.general))
     remaining = attach_checkpointing(  # resume-from, checkpoints, faults; an ended run's journals on this disk
-        strategy, recorder, run_values=dict(cfg), general=cfg.general, deployment=cfg.deployment,
+        strategy, audited, run_values=dict(cfg), general=cfg.general, deployment=cfg.deployment,
         on_end=functools.partial(compact_lineage, journal))
     return ServerParts(strategy=strategy, config=ServerConfig(
         num_rounds=remaining, round_timeout=cfg.deployment.round_timeout or None))

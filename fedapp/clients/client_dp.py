@@ -30,6 +30,7 @@ Reuse (DP2-FedSAM): subclass :class:`ClientLevelDPClient` and override :meth:`lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from typing import Any
@@ -39,6 +40,7 @@ from flwr.client import NumPyClient
 from flwr.common import Array, ArrayRecord, Context
 from torch import nn
 
+from fedapp.clients.broken_mechanism import noise_scale_fault
 from fedapp.clients.client_level_guard import (
     ClientFloors,
     accounted_rounds,
@@ -177,6 +179,9 @@ class ClientLevelDPClient(NumPyClient):
 
     #: whether this client runs adaptive clipping when the run-config asks for it (its privatize clips at dp.clip)
     adaptive_clipping: bool = True
+    #: an audit canary's unit direction u (:mod:`fedapp.privacy.audit`): the client then sends C·u through the
+    #: mechanism (sampling, clipping, its noise share, SecAgg+) instead of training, and evaluates nothing
+    canary: np.ndarray | None = None
 
     def __init__(self, setup: ClientSetup, client_dp: ClientDPConfig, context: Context | None = None,
                  private: bool = True) -> None:
@@ -217,7 +222,12 @@ class ClientLevelDPClient(NumPyClient):
         return local_steps(self.client_dp, self.s.training, len(self.s.train), self.s.profile.batch_size)
 
     def local_train(self, model: nn.Module, *, lr: float, seed: int, config: dict[str, Any]) -> TrainResult:
-        """*hook*: τ local steps in place on ``model``."""
+        """*hook*: τ local steps in place on ``model`` (an audit canary: θ + C·u, no data read)."""
+        if self.canary is not None:
+            weights = get_weights(model)
+            moved = flatten(weights) + float(self.s.training.clip_norm) * self.canary
+            set_weights(model, unflatten(moved, [tuple(w.shape) for w in weights]))
+            return TrainResult(steps=0, loss=float("nan"), seconds=0.0)
         spec = LocalTraining(batch_size=self.s.profile.batch_size, steps=self.local_steps(), lr=lr,
                              momentum=float(self.s.training.momentum), seed=seed)
         return local_train(model, self.s.train, spec, self.s.device)
@@ -238,6 +248,9 @@ class ClientLevelDPClient(NumPyClient):
                 clipped, norm = dp_spar(update, indices, sparsifier, clip=clip, dp=None, rng=rng)
             return discrete_share(ddg, clipped, config, r_t, rng), {"update_norm": norm, "k": len(clipped),
                                                                     SECAGG_BITS: ddg.bits}
+        scale = noise_scale_fault()
+        if dp is not None and scale != 1.0:  # a test's deliberately broken mechanism (fedapp.clients.broken_mechanism)
+            dp = dataclasses.replace(dp, noise_multiplier=dp.noise_multiplier * scale)
         if indices is None:
             noisy, norm = dp_dense(update, clip=clip, dp=dp, rng=rng, round_clients=r_t)
             return unflatten(noisy, shapes), {"update_norm": norm, "k": update.size}
@@ -306,6 +319,8 @@ class ClientLevelDPClient(NumPyClient):
         return arrays, 1 if dp is not None and self.client_dp.secure_aggregation else len(self.s.train), metrics
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
+        if self.canary is not None:  # a canary has no data: it never counts in utility metrics
+            return 0.0, 0, {"client_id": self.s.profile.client_id, "audit_canary": True}
         return evaluate_on_local_test(self.s, parameters)
 
 

@@ -290,6 +290,7 @@ def validate_cross_fields(cfg: RunConfig) -> None:
                               f"run-config 'num-clients' = {cfg.general.num_clients}")
     if cfg["dp-rounds"] and cfg["dp-rounds"] < 1:
         raise ConfigError(f"run-config 'dp-rounds' = {cfg['dp-rounds']} must be >= 1")
+    check_audit(cfg)
     check_ftrl(cfg)
     check_secure_randomness(cfg)
     check_secure_sum(cfg)
@@ -329,6 +330,28 @@ def check_node_local(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"strategy {cfg['strategy']!r} needs the server's public set (public-samples), which "
                           f"run-config 'dataset' = {NODE_LOCAL!r} does not have: every example stays on its node; "
                           "use a rand-k variant")
+
+
+#: the strategies whose clients can be audit canaries (run-config audit-canaries): the client-level clip-and-noise
+#: clients of DP-FedAvg, Fed-SMP and DP-FTRL
+AUDIT_STRATEGIES = ("dp-fedavg", "fed-smp-randk", "fed-smp-topk", "dp-ftrl")
+
+
+def check_audit(cfg: Mapping[str, Any]) -> None:
+    """``audit-canaries``: a family with canary clients, and at least 2 clients that are not canaries."""
+    k = int(cfg["audit-canaries"])
+    if k == 0:
+        return
+    if cfg["strategy"] not in AUDIT_STRATEGIES:
+        raise ConfigError(f"run-config 'audit-canaries' = {k} with strategy {cfg['strategy']!r}: canary clients exist "
+                          f"for the client-level strategies {list(AUDIT_STRATEGIES)}; set audit-canaries = 0")
+    if cfg["dataset"] == NODE_LOCAL:
+        raise ConfigError(f"run-config 'audit-canaries' = {k} with dataset = {NODE_LOCAL!r}: canaries are simulated "
+                          "clients, and a deployment's nodes are real ones; audit in a simulation")
+    n = int(cfg["num-clients"])
+    if n and k > n - 2:
+        raise ConfigError(f"run-config 'audit-canaries' = {k} leaves {n - k} of the {n} clients to train; at most "
+                          f"{max(n - 2, 0)} canaries (2 clients that train)")
 
 
 #: the strategies that add DP-FTRL's correlated noise (their run-config keys ftrl-*)
@@ -543,6 +566,8 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
                         "'pathological'"),
     _ReadWhen("dirichlet-alpha", lambda c: c["partitioner"] == "dirichlet",
               lambda c: f"partitioner = {c['partitioner']!r} does not read it; it applies to partitioner = 'dirichlet'"),
+    _ReadWhen("audit-seed", lambda c: c["audit-canaries"] > 0,
+              lambda c: "audit-canaries = 0 inserts no canary; set audit-canaries > 0"),
     _ReadWhen("fault-mode", lambda c: c["fault-fraction"] > 0,
               lambda c: "fault-fraction = 0 injects no fault; set fault-fraction > 0"),
     _ReadWhen("fault-delay", lambda c: c["fault-fraction"] > 0 and c["fault-mode"] == "timeout",

@@ -55,6 +55,8 @@ class GeneralConfig(Section):
     evaluate_every: int = setting(1, "Evaluate the global model (the server's test set and federated evaluation) every this many rounds and after the last.", check=_positive, expect="> 0")
     eval_batch_size: int = setting(512, "Batch size for evaluation.", check=_positive, expect="> 0")
     server_lr: float = setting(1.0, "Server step on the aggregated update: θ ← θ + server-lr · Σ w_i Δ_i.", check=_positive, expect="> 0")
+    audit_canaries: int = setting(0, "Empirical privacy audit (simulation, client-level families dp-fedavg, fed-smp-*, dp-ftrl): the last k of the federation's clients are canaries that send a fixed random direction of norm clip-norm through the run's mechanism (sampling, clipping, noise share, SecAgg+) instead of training; after the run summary.json's `audit` block gives the one-shot ε estimate (Andrew et al. 2024) beside the accountant's (`strategies/privacy/audit.py`). Canaries never count in utility metrics or the summary's ε per client. 0 = off.", check=_nonneg, expect=">= 0")
+    audit_seed: int = setting(0, "Seed of the audit canaries' directions (the auditor's; never the DP noise).", check=_nonneg, expect=">= 0")
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ Layout (one new subfolder of ``output-dir`` per run)::
     accuracy.png   global test accuracy and mean client accuracy vs round
     privacy.png    ε spent by each client vs round
     tensorboard/   TensorBoard event files of the round scalars (only with run-config tensorboard = true)
+    flower.log     Flower's whole log of the run: written by the launcher (:mod:`fedapp.run.console`), not here
 
 Nothing is created until :meth:`ResultsWriter.open` (called once the run has been fully
 validated); ``summary.json`` is rewritten atomically after every round.
@@ -132,7 +133,7 @@ class ResultsWriter:
         if self.run_dir is None:
             return
         try:
-            plot_run(self.run_dir, self.rounds)
+            plot_run(self.run_dir, self.rounds, (amend or {}).get("audit"))
         finally:  # the last file written: a summary of a run that ended says so (the launcher stops on it)
             write_json_atomic(self.run_dir / "summary.json",
                               {**summarize(self.rounds, time.time() - self.started, done=True), **(amend or {})})
@@ -144,6 +145,8 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
     statuses: dict[str, int] = {}
     for r in rounds:
         for c in r["clients"]:
+            if c.get("audit_canary"):  # an audit canary (fedapp.privacy.audit) is not a client of the federation's
+                continue
             statuses[c["status"]] = statuses.get(c["status"], 0) + 1
             cid, eps = c.get("client_id"), c.get("epsilon_spent")
             if cid is not None and eps is not None:
@@ -206,8 +209,8 @@ def _evaluation(rounds: list[dict[str, Any]]) -> str:
     return "none"
 
 
-def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
-    """accuracy.png and privacy.png from the round records."""
+def plot_run(run_dir: Path, rounds: list[dict[str, Any]], audit: Mapping[str, Any] | None = None) -> None:
+    """accuracy.png and privacy.png from the round records (and the audit's estimates, when the run had canaries)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,7 +235,7 @@ def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
     refusals: dict[int, list[tuple[int, float]]] = {}
     for r in rounds:
         for c in r["clients"]:
-            if c.get("client_id") is not None and c.get("epsilon_spent") is not None:
+            if c.get("client_id") is not None and c.get("epsilon_spent") is not None and not c.get("audit_canary"):
                 cid = int(c["client_id"])
                 per_client.setdefault(cid, []).append((r["round"], c["epsilon_spent"]))
                 if c.get("epsilon_budget") is not None:
@@ -247,7 +250,20 @@ def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
         if cid in refusals:
             ax.plot([p[0] for p in refusals[cid]], [p[1] for p in refusals[cid]], "x", color=line.get_color(),
                     markersize=8)
-    keys = []  # legend entries explaining the markers, shown even when there are too many clients to list
+    keys: list[Any] = []  # legend entries explaining the markers, shown even when there are too many clients to list
+    if audit and rounds:  # the audit's estimates at the last round, with their intervals (fedapp.privacy.audit)
+        last = rounds[-1]["round"]
+        for offset, (name, marker) in enumerate((("final_model", "D"), ("all_iterates", "s"))):
+            est = audit.get(name) or {}
+            if est.get("epsilon_estimate") is not None:
+                low, high = est["epsilon_interval"]  # a percentile interval need not contain the point estimate
+                point = est["epsilon_estimate"]
+                keys.append(ax.errorbar([last + 0.15 * (offset + 1)], [point],
+                                        yerr=[[max(point - low, 0.0)], [max(high - point, 0.0)]],
+                                        fmt=marker, color="k", capsize=3, label=f"audit estimate ({name})"))
+        if audit.get("epsilon_accountant") is not None:
+            keys.append(ax.axhline(audit["epsilon_accountant"], color="k", linestyle=":", linewidth=1,
+                                   label="accountant ε (release)"))
     if refusals:
         keys += ax.plot([], [], "kx", label="refused / withheld")
     if budgets:
@@ -256,7 +272,7 @@ def plot_run(run_dir: Path, rounds: list[dict[str, Any]]) -> None:
     ax.set_ylabel("ε spent (cumulative)")
     if not per_client:
         ax.text(0.5, 0.5, "no privacy accounting (non-private run)", ha="center", va="center", transform=ax.transAxes)
-    elif len(per_client) <= 20:
+    elif len(per_client) <= 20 and not audit:
         ax.legend(fontsize=6, ncol=2)
     elif keys:
         ax.legend(handles=keys, fontsize=7, loc="upper left")  # "best" scans every line: slow for 1,000s

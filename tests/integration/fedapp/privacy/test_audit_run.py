@@ -1,0 +1,80 @@
+"""The privacy audit in real runs: canary clients of DP-FedAvg, Fed-SMP and DP-FTRL go through the run's mechanism, the
+summary's audit block sets the one-shot estimate beside the accountant's ε, and a mechanism broken on purpose (its
+noise cut tenfold, a test-only switch) is caught: its estimate's interval lies above the accountant's ε."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedapp.config import ConfigError, resolve_config
+from fedapp.experiments.notebook_utils import run_federation
+
+CANARIES = 60
+BASE = {"model": "logreg", "num-server-rounds": 4, "audit-canaries": CANARIES, "target-epsilon": 2.0,
+        "fraction-evaluate": 0.0, "clip-norm": 1.0, "local-steps": 2, "batch-size": 8, "privacy-dist": "fixed",
+        "seeded-noise": True}
+
+
+def _audit(tmp: Path, monkeypatch, strategy: str = "dp-fedavg", noise_scale: float | None = None, **extra) -> tuple:
+    if noise_scale is not None:
+        monkeypatch.setenv("DPFL_TEST_NOISE_SCALE", str(noise_scale))
+    run = run_federation({**BASE, "strategy": strategy, "output-dir": str(tmp), **extra}, num_clients=CANARIES + 6)
+    summary = json.loads((run / "summary.json").read_text())
+    rounds = [json.loads(line) for line in (run / "rounds.jsonl").read_text().splitlines()]
+    return summary, rounds
+
+
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "fed-smp-randk", "dp-ftrl"])
+def test_an_honest_mechanisms_estimate_is_not_above_its_accountant(tmp_path, monkeypatch, strategy) -> None:
+    extra = {"client-dp-adversary": "release"} if strategy == "dp-ftrl" else {}  # in-process: no SecAgg+
+    summary, rounds = _audit(tmp_path, monkeypatch, strategy, **extra)
+    audit = summary["audit"]
+    accountant = audit["epsilon_accountant"]
+    assert audit["canaries"] == CANARIES and accountant and accountant > 0
+    for statistic in ("final_model", "all_iterates"):
+        assert audit[statistic]["canaries_inserted"] == CANARIES
+        assert audit[statistic]["epsilon_interval"][0] <= accountant, (statistic, audit[statistic], accountant)
+    # canaries took part in every round as clients, and count in no client's ε of the summary
+    for rec in rounds:
+        canaries = [c for c in rec["clients"] if c.get("audit_canary")]
+        assert len(canaries) == CANARIES and all(c["status"] == "ok" for c in canaries)
+    assert sorted(int(k) for k in summary["max_epsilon_per_client"]) == list(range(6))
+
+
+def test_a_mechanism_with_a_tenth_of_its_noise_is_caught(tmp_path, monkeypatch) -> None:
+    honest, _ = _audit(tmp_path / "honest", monkeypatch)
+    broken, _ = _audit(tmp_path / "broken", monkeypatch, noise_scale=0.1)
+    accountant = broken["audit"]["epsilon_accountant"]
+    assert accountant == pytest.approx(honest["audit"]["epsilon_accountant"])  # the ledger cannot see the fault
+    assert broken["audit"]["final_model"]["epsilon_interval"][0] > accountant
+    assert honest["audit"]["final_model"]["epsilon_interval"][0] <= accountant
+
+
+def test_the_audit_settings_are_checked_before_anything_starts() -> None:
+    with pytest.raises(ConfigError, match=r"'audit-canaries' = 3 with strategy 'robust-hdp'"):
+        resolve_config({"strategy": "robust-hdp", "audit-canaries": 3})
+    with pytest.raises(ConfigError, match=r"'audit-canaries' = 9 leaves 1 of the 10 clients to train"):
+        resolve_config({"strategy": "dp-fedavg", "audit-canaries": 9, "num-clients": 10})
+    with pytest.raises(ConfigError, match=r"'audit-seed' = 5 would have no effect"):
+        resolve_config({"strategy": "dp-fedavg", "audit-seed": 5})
+
+
+@pytest.mark.slow
+def test_dp_fedavg_under_secagg_with_the_discrete_gaussian_reports_its_audit(tmp_path) -> None:
+    """Canaries are SuperNodes of a Flower simulation: their C·u goes through SecAgg+ with the distributed discrete
+    Gaussian like every update."""
+    from test_secure_aggregation import rounds_of, simulate
+
+    overrides = {"strategy": "dp-fedavg", "model": "logreg", "num-server-rounds": 3, "audit-canaries": 8,
+                 "num-clients": 11, "noise-multiplier": 0.0, "target-epsilon": 2.0, "clip-norm": 1.0, "local-steps": 2, "batch-size": 8,
+                 "fraction-evaluate": 0.0, "privacy-dist": "fixed", "max-samples": 600}
+    run = simulate(tmp_path, overrides, num_supernodes=11)
+    summary = json.loads((run / "summary.json").read_text())
+    audit = summary["audit"]
+    assert summary["finished"] and audit["canaries"] == 8
+    assert all(r["metrics"]["secure_sum"] == "distributed discrete Gaussian" for r in rounds_of(run))
+    assert audit["final_model"]["epsilon_interval"][0] <= audit["epsilon_accountant"]
+    assert sorted(int(k) for k in summary["max_epsilon_per_client"]) == [0, 1, 2]
