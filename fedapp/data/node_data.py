@@ -119,7 +119,8 @@ def _saved_hf(path: Path, label_column: str) -> tuple[np.ndarray, np.ndarray]:
     return x, np.asarray(ds[label])
 
 
-def _image_folder(path: Path, channels: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _image_folder(path: Path, channels: int | None) -> tuple[np.ndarray, np.ndarray, int | None]:
+    """(x, y, the number of named classes: None when the subfolders are numbers, which are the labels)."""
     from PIL import Image
 
     classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
@@ -142,7 +143,7 @@ def _image_folder(path: Path, channels: int | None) -> tuple[np.ndarray, np.ndar
         raise ValueError(f"its images differ in size ({sorted(sizes)[:4]}); resize them to one size first")
     x = np.stack(images).astype(np.float32) / 255.0
     x = x[:, None] if x.ndim == 3 else np.transpose(x, (0, 3, 1, 2))
-    return x, np.asarray(labels, dtype=np.int64)
+    return x, np.asarray(labels, dtype=np.int64), None if numbered else len(classes)
 
 
 def _read(path: Path, label_column: str, channels: int | None) -> tuple[np.ndarray, np.ndarray, int | None]:
@@ -150,9 +151,7 @@ def _read(path: Path, label_column: str, channels: int | None) -> tuple[np.ndarr
     if path.is_dir():
         if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
             return (*_saved_hf(path, label_column), None)
-        names = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-        x, y = _image_folder(path, channels)
-        return x, y, None if all(n.isdigit() for n in names) else len(names)
+        return _image_folder(path, channels)
     suffix = path.suffix.lower()
     if suffix == ".npz":
         return (*_npz(path), None)
@@ -188,10 +187,8 @@ def node_arrays(node_config: Mapping[str, Any], schema: DataSchema) -> tuple[np.
     channels = schema.input_shape[0] if len(schema.input_shape) == 3 else 1 if len(schema.input_shape) == 2 else None
     try:
         x, y, named = _load(str(path.resolve()), label_column, channels, _stamp(path))
-    except (ValueError, OSError, ConfigError, KeyError, TypeError) as exc:
-        key = "node-config 'label-column'" if "label column" in str(exc) else where
-        detail = f"{where}, label column {label_column!r}" if key != where else where
-        raise NodeDataError(f"{detail}: cannot be read: {exc}") from None
+    except (ValueError, OSError, ConfigError, KeyError, TypeError) as exc:  # the message names label-column if it is it
+        raise NodeDataError(f"{where}: cannot be read: {exc}") from None
     return _checked(x, y, int(named[0]), schema, where)
 
 
