@@ -29,7 +29,6 @@ from flwr.common import Array, ArrayRecord, Context
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
-    make_model,
     noise_rng,
     nonfinite_model_refusal,
     read_record,
@@ -175,7 +174,7 @@ class SoteriaFLClient(NumPyClient):
         if reason is not None:
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         x = np.concatenate([np.asarray(w, dtype=np.float64).ravel() for w in parameters])
-        model = make_model(self.s.model_spec, self.s.train)
+        model = self.s.new_model()
         set_weights(model, parameters)
         oracle = GradientOracle(model, self.s.train.x, self.s.train.y, self.s.device)
         state = load_state(self.context)

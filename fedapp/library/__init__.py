@@ -1,26 +1,47 @@
 """This project's strategies and DP clients as a library for a user's own Flower app (docs/library.md).
 
-Server side (a ``ServerApp``): :func:`robust_hdp`, :func:`dpsgd_fedavg`, :func:`fedavg`, :func:`dp_fedavg` with
-:func:`client_level_mechanism`, from :class:`Rounds` and :class:`DPSGDSettings`; :func:`central_evaluation` and
-:class:`JsonRecorder` for evaluation and round records. Client side (a ``ClientApp``): :func:`dpsgd_client`
-(record-level DP-SGD through Opacus, per-client (ε, δ)) and :func:`client_level_client` (client-level clip and noise),
-around the user's ``nn.Module``, data and loss.
+Server side (a ``ServerApp``), from :class:`Rounds` and the family's settings or mechanism: record-level DP-SGD
+(:class:`DPSGDSettings`) :func:`robust_hdp`, :func:`dpsgd_fedavg`, :func:`weiavg`, :func:`pfa`, :func:`min_eps`,
+:func:`fedavg`; client-level (:func:`client_level_mechanism`) :func:`dp_fedavg`, :func:`fed_smp` (with
+:func:`public_update` for top-k), :func:`sparse_fedavg`; :func:`dp_ftrl` (:func:`ftrl_mechanism`);
+:func:`soteriafl` (:class:`SoteriaFLSettings`); :func:`dp2_fedsam` (:class:`DP2FedSAMSettings`);
+:func:`central_evaluation` and :class:`JsonRecorder`. Client side (a ``ClientApp``), around the user's
+``nn.Module``, data and loss: :func:`dpsgd_client`, :func:`client_level_client`, :func:`ftrl_client`,
+:func:`soteriafl_client`, :func:`dp2_fedsam_client`. No SecAgg+.
 """
 
-from fedapp.library.clients import client_level_client, dpsgd_client
+from fedapp.library.clients import (
+    client_level_client,
+    dp2_fedsam_client,
+    dpsgd_client,
+    ftrl_client,
+    soteriafl_client,
+)
 from fedapp.library.data import DataProblem
 from fedapp.library.evaluation import ModelProblem
 from fedapp.library.server import (
     JsonRecorder,
     central_evaluation,
     client_level_mechanism,
+    dp2_fedsam,
     dp_fedavg,
+    dp_ftrl,
     dpsgd_fedavg,
+    fed_smp,
     fedavg,
+    ftrl_mechanism,
+    min_eps,
+    pfa,
+    public_update,
     robust_hdp,
+    soteriafl,
+    sparse_fedavg,
+    weiavg,
 )
-from fedapp.library.settings import DPSGDSettings, Rounds
+from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, Rounds, SoteriaFLSettings
 
-__all__ = ["DPSGDSettings", "DataProblem", "JsonRecorder", "ModelProblem", "Rounds", "central_evaluation",
-           "client_level_client", "client_level_mechanism", "dp_fedavg", "dpsgd_client", "dpsgd_fedavg", "fedavg",
-           "robust_hdp"]
+__all__ = ["DP2FedSAMSettings", "DPSGDSettings", "DataProblem", "JsonRecorder", "ModelProblem", "Rounds",
+           "SoteriaFLSettings", "central_evaluation", "client_level_client", "client_level_mechanism", "dp2_fedsam",
+           "dp2_fedsam_client", "dp_fedavg", "dp_ftrl", "dpsgd_client", "dpsgd_fedavg", "fed_smp", "fedavg",
+           "ftrl_client", "ftrl_mechanism", "min_eps", "pfa", "public_update", "robust_hdp", "soteriafl",
+           "soteriafl_client", "sparse_fedavg", "weiavg"]

@@ -2,12 +2,17 @@
 
 Each builder returns the library's own Flower ``Strategy`` (run it with ``flwr.server.compat.start_grid`` from a
 ``ServerApp``'s ``@app.main()``); its threat model is the strategy's ``privacy`` attribute. The clients must be the
-matching ones of :mod:`fedapp.library.clients`: record-level DP-SGD clients for :func:`robust_hdp` and
-:func:`dpsgd_fedavg`, client-level clients for :func:`dp_fedavg`.
+matching ones of :mod:`fedapp.library.clients`: record-level DP-SGD clients (:func:`~fedapp.library.clients.dpsgd_client`)
+for :func:`robust_hdp`, :func:`dpsgd_fedavg`, :func:`weiavg`, :func:`pfa` and :func:`min_eps`; client-level clients
+(:func:`~fedapp.library.clients.client_level_client`) for :func:`dp_fedavg`, :func:`fed_smp` and
+:func:`sparse_fedavg`; :func:`~fedapp.library.clients.ftrl_client` for :func:`dp_ftrl`,
+:func:`~fedapp.library.clients.soteriafl_client` for :func:`soteriafl` and
+:func:`~fedapp.library.clients.dp2_fedsam_client` for :func:`dp2_fedsam`. None runs SecAgg+.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Sequence
@@ -17,16 +22,23 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from fedapp.clients.training import get_weights, resolve_device, set_weights
+from fedapp.clients.soteriafl import soteriafl_params
+from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
+from fedapp.config import SoteriaFLConfig
 from fedapp.library.data import UserData, as_array_dataset
-from fedapp.library.evaluation import Loss, evaluate_user_model
-from fedapp.library.settings import DPSGDSettings, Rounds
+from fedapp.library.evaluation import Loss, ModelProblem, evaluate_user_model
+from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, Rounds, SoteriaFLSettings
+from strategies.aggregate import flatten
+from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant, shared_mask
+from strategies.dp_ftrl import DPFTRLStrategy
 from strategies.engine import EvaluateFn
-from strategies.fed_smp import ClientLevelStrategy
+from strategies.fed_smp import ClientLevelStrategy, PublicUpdateFn, mask_seed
 from strategies.fedavg import DPSGDFedAvg, FedAvg
+from strategies.privacy.ftrl_accounting import FTRLMechanism
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
-from strategies.robust_hdp import RobustHDP
+from strategies.robust_hdp import PFA, MinEpsilon, RobustHDP, WeiAvg
 from strategies.server.records import RoundRecorder
+from strategies.soteriafl import SoteriaFLStrategy, get_method
 
 Weights = Sequence[np.ndarray] | nn.Module
 
@@ -70,6 +82,32 @@ def robust_hdp(initial: Weights, rounds: Rounds, dpsgd: DPSGDSettings, *, evalua
                      **_engine(initial, rounds, evaluate_fn, recorder, dpsgd.accountant))
 
 
+def weiavg(initial: Weights, rounds: Rounds, dpsgd: DPSGDSettings, *, evaluate_fn: EvaluateFn | None = None,
+           recorder: RoundRecorder | None = None) -> WeiAvg:
+    """WeiAvg (Liu et al. 2021; Robust-HDP Alg. 2): w_i ∝ the ε_i each client reports (a reply without a finite
+    ε > 0 is rejected). Clients: :func:`~fedapp.library.clients.dpsgd_client`, which reports the ε it trains with.
+    Same privacy as :func:`dpsgd_fedavg`; the weights trust the reports (a client that overstates ε gains weight)."""
+    return WeiAvg(clip_norm=dpsgd.clip_norm, **_engine(initial, rounds, evaluate_fn, recorder, dpsgd.accountant))
+
+
+def pfa(initial: Weights, rounds: Rounds, dpsgd: DPSGDSettings, *, components: int = 1,
+        evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> PFA:
+    """PFA (Liu et al. 2021): clients split by reported ε into public (larger ε) and private; private updates are
+    projected on the top-``components`` principal subspace of the public ones; w_i ∝ reported ε_i. Clients:
+    :func:`~fedapp.library.clients.dpsgd_client`. Same privacy as :func:`dpsgd_fedavg`."""
+    return PFA(components=components, clip_norm=dpsgd.clip_norm,
+               **_engine(initial, rounds, evaluate_fn, recorder, dpsgd.accountant))
+
+
+def min_eps(initial: Weights, rounds: Rounds, dpsgd: DPSGDSettings, *, evaluate_fn: EvaluateFn | None = None,
+            recorder: RoundRecorder | None = None) -> MinEpsilon:
+    """The minimum-ε baseline: every client trains at the federation's smallest budget min_j ε_j, w_i ∝ N_i.
+    The minimum is the clients' side: each ClientApp passes ``dpsgd_client(..., epsilon=min_j ε_j)`` (the project's
+    app computes it from the run-config's ε_i; a user's app knows its clients' budgets and must do the same); the
+    server charges each client from its declared DP-SGD as for :func:`dpsgd_fedavg`."""
+    return MinEpsilon(clip_norm=dpsgd.clip_norm, **_engine(initial, rounds, evaluate_fn, recorder, dpsgd.accountant))
+
+
 def client_level_mechanism(*, num_clients: int, rounds: int, clip: float, target_epsilon: float | None = None,
                            noise_multiplier: float | None = None, delta: float | None = None,
                            clients_per_round: int = 0, accountant: str = "rdp",
@@ -98,13 +136,9 @@ def client_level_mechanism(*, num_clients: int, rounds: int, clip: float, target
                                     adversary="server")
 
 
-def dp_fedavg(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, evaluate_fn: EvaluateFn | None = None,
-              recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
-    """DP-FedAvg with client-level DP (McMahan et al. 2018; Fed-SMP's dense case): clients clip their update to C and
-    add their noise share; the server samples clients by secret Poisson sampling at q = r/n, averages and keeps its own
-    ledger of each client's ε. Without SecAgg+ (not available through this library): ``mechanism`` must have
-    ``secure_aggregation = False`` (:func:`client_level_mechanism`). ``rounds.clients_per_round`` must equal the
-    mechanism's r (0 when r = n)."""
+def _client_level_factory(rounds: Rounds, mechanism: ClientLevelDP) -> Any:
+    """The strategy's ``mechanism_factory``: ``mechanism`` for exactly its n clients; refuses a mechanism with
+    ``secure_aggregation = True`` (SecAgg+ is not available here) or planned for another r than ``rounds``."""
     if mechanism.secure_aggregation:
         raise ValueError("mechanism.secure_aggregation = True needs the project's SecAgg+ workflow (fedapp.apps); the "
                          "library runs without it: build the mechanism with client_level_mechanism(...)")
@@ -118,8 +152,174 @@ def dp_fedavg(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, eva
             raise ValueError(f"{n} clients connected; the client-level mechanism is planned for n = {num_clients}")
         return mechanism
 
+    return factory
+
+
+def dp_fedavg(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, evaluate_fn: EvaluateFn | None = None,
+              recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+    """DP-FedAvg with client-level DP (McMahan et al. 2018; Fed-SMP's dense case): clients clip their update to C and
+    add their noise share; the server samples clients by secret Poisson sampling at q = r/n, averages and keeps its own
+    ledger of each client's ε. Without SecAgg+ (not available through this library): ``mechanism`` must have
+    ``secure_aggregation = False`` (:func:`client_level_mechanism`). ``rounds.clients_per_round`` must equal the
+    mechanism's r (0 when r = n)."""
+    factory = _client_level_factory(rounds, mechanism)
     return ClientLevelStrategy(mechanism_factory=factory, clip=mechanism.clip, secure_aggregation=False,
                                name="dp-fedavg", **_engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant))
+
+
+def _sparsifier(sparsifier: str, public_update: PublicUpdateFn | None) -> None:
+    if sparsifier not in ("randk", "topk"):
+        raise ValueError(f"sparsifier = {sparsifier!r} must be 'randk' or 'topk' (dense: dp_fedavg / fedavg)")
+    if sparsifier == "topk" and public_update is None:
+        raise ValueError("sparsifier = 'topk' needs public_update: the server's update on its public data D_p, whose "
+                         "k largest coordinates are the round's mask (fedapp.library.public_update(...) builds one)")
+    if sparsifier == "randk" and public_update is not None:
+        raise ValueError("public_update is used by sparsifier = 'topk' only")
+
+
+def fed_smp(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, sparsifier: str = "randk",
+            compression_ratio: float = 0.01, public_update: PublicUpdateFn | None = None,
+            evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+    """Fed-SMP (Hu, Guo & Gong; Alg. 2): client-level DP on a sparsified update. Each round the server picks a mask
+    of k = ⌈``compression_ratio``·d⌉ coordinates and sends it in the fit config; the clients
+    (:func:`~fedapp.library.clients.client_level_client`, unchanged: the mask comes with the round) sparsify (rand-k:
+    scaled by d/k), clip to C and noise the k values only. ``sparsifier = "randk"``: the mask drawn from a seed;
+    ``"topk"``: the k largest coordinates of ``public_update(weights, round)``, the server's own update on public
+    data held out of every client's (the mask then depends on no client's data). Same mechanism, sampling and ledger
+    as :func:`dp_fedavg`, without SecAgg+."""
+    _sparsifier(sparsifier, public_update)
+    factory = _client_level_factory(rounds, mechanism)
+    return ClientLevelStrategy(mechanism_factory=factory, clip=mechanism.clip, secure_aggregation=False,
+                               sparsifier=sparsifier, compression_ratio=compression_ratio,
+                               public_update_fn=public_update, name=f"fed-smp-{sparsifier}",
+                               **_engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant))
+
+
+def sparse_fedavg(initial: Weights, rounds: Rounds, *, clip: float, sparsifier: str = "randk",
+                  compression_ratio: float = 0.01, public_update: PublicUpdateFn | None = None,
+                  evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+    """FedAvg-randk / FedAvg-topk: Fed-SMP's sparsify-and-clip without noise (no privacy; the baselines of Fed-SMP
+    Sec. 6.3.2). Clients: ``client_level_client(..., mechanism=None, clip=clip)``; an update above ``clip`` is
+    rejected."""
+    _sparsifier(sparsifier, public_update)
+    if not (math.isfinite(clip) and clip > 0):
+        raise ValueError(f"clip = {clip} must be a finite number > 0")
+    return ClientLevelStrategy(clip=clip, sparsifier=sparsifier, compression_ratio=compression_ratio,
+                               public_update_fn=public_update, name=f"fedavg-{sparsifier}",
+                               **_engine(initial, rounds, evaluate_fn, recorder, "rdp"))
+
+
+def public_update(model: nn.Module, public: UserData, *, lr: float, steps: int, batch_size: int,
+                  momentum: float = 0.0, lr_decay: float = 1.0, loss: Loss | None = None, seed: int = 0,
+                  device: str = "cpu") -> PublicUpdateFn:
+    """Fed-SMP top-k's server-side update (Sec. 6.2): from the round's global weights θ_t, ``steps`` momentum-SGD
+    steps of size ``lr``·``lr_decay``^(t−1) on ``public`` (the server's public set D_p, held out of every client's
+    data), batches of ``batch_size``; returns Δ_p = θ' − θ_t (flat). ``model`` is copied, never trained."""
+    data = as_array_dataset(public, "public")
+    if not 1 <= batch_size <= len(data) or steps < 1:
+        raise ValueError(f"batch_size = {batch_size} must be in 1..{len(data)} (the public records) and steps = "
+                         f"{steps} >= 1")
+    template = copy.deepcopy(model)
+    torch_device = resolve_device(device)
+
+    def update(weights: list[np.ndarray], server_round: int) -> np.ndarray:
+        set_weights(template, weights)
+        local_train(template, data, LocalTraining(batch_size=batch_size, steps=steps,
+                                                  lr=lr * lr_decay ** (server_round - 1), momentum=momentum,
+                                                  seed=mask_seed(seed, server_round, 502), loss=loss), torch_device)
+        return flatten(get_weights(template)) - flatten(weights)
+
+    return update
+
+
+def ftrl_mechanism(*, num_clients: int, rounds: int, clip: float, target_epsilon: float | None = None,
+                   noise_multiplier: float | None = None, delta: float | None = None, kind: str = "banded",
+                   bands: int = 1, restart_every: int = 0, min_separation: int = 1,
+                   allow_large_delta: bool = False) -> FTRLMechanism:
+    """DP-FTRL's matrix mechanism (Kairouz et al. 2021 ``kind="tree"``; Choquette-Choo et al. 2023
+    ``kind="banded"``, ``bands``) for n = ``num_clients`` clients, each contributing in the rounds of its turn
+    (``min_separation`` b: client i trains in rounds t with (t − 1 − i) mod b = 0), without SecAgg+: the server adds
+    the correlated noise to the sum of the clipped updates. Exactly one of ``target_epsilon`` (z calibrated so the T
+    rounds spend it) and ``noise_multiplier``. δ defaults to 1/(10 n) (larger refused unless ``allow_large_delta``).
+    Every client takes part in every round (no sampling)."""
+    if (target_epsilon is None) == (noise_multiplier is None):
+        raise ValueError("give exactly one of target_epsilon and noise_multiplier")
+    delta = default_client_delta(num_clients) if delta is None else delta
+    if delta > max_delta(num_clients) and not allow_large_delta:
+        raise ValueError(f"delta = {delta:g} is above 1/(10 n) = {max_delta(num_clients):.3g} for n = {num_clients} "
+                         "clients; pass allow_large_delta=True to use it anyway")
+    kwargs: dict[str, Any] = {"kind": kind, "rounds": rounds, "clip": clip, "num_clients": num_clients,
+                              "delta": delta, "bands": bands, "restart_every": restart_every,
+                              "min_separation": min_separation, "clients_per_round": 0, "secure_aggregation": False}
+    if noise_multiplier is not None:
+        return FTRLMechanism(noise_multiplier=noise_multiplier, **kwargs)
+    assert target_epsilon is not None
+    if not (math.isfinite(target_epsilon) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon = {target_epsilon} must be a finite number > 0")
+    return FTRLMechanism.calibrated(target_epsilon, **kwargs)
+
+
+def dp_ftrl(initial: Weights, rounds: Rounds, mechanism: FTRLMechanism, *, evaluate_fn: EvaluateFn | None = None,
+            recorder: RoundRecorder | None = None) -> DPFTRLStrategy:
+    """DP-FTRL (client-level, no amplification by sampling): clients (:func:`~fedapp.library.clients.ftrl_client`)
+    clip their update to C; the server adds the round's row of the correlated noise C⁻¹Z to the sum and keeps the
+    ledger of the one Gaussian the release is. Without SecAgg+ the server sees every clipped update: the guarantee
+    holds against whoever sees the released models, not against the server. Every client every round
+    (``rounds.clients_per_round`` must be 0); the noise stream draws from OS entropy."""
+    if mechanism.secure_aggregation:
+        raise ValueError("mechanism.secure_aggregation = True needs the project's SecAgg+ workflow; build it with "
+                         "fedapp.library.ftrl_mechanism(...)")
+    if rounds.clients_per_round not in (0, mechanism.num_clients):
+        raise ValueError(f"rounds.clients_per_round = {rounds.clients_per_round}: DP-FTRL here runs every client "
+                         "every round (0)")
+    num_clients = mechanism.num_clients
+
+    def factory(n: int) -> FTRLMechanism:
+        if n != num_clients:
+            raise ValueError(f"{n} clients connected; the DP-FTRL mechanism is planned for n = {num_clients}")
+        return mechanism
+
+    return DPFTRLStrategy(ftrl_factory=factory, noise_seed=None, clip=mechanism.clip, secure_aggregation=False,
+                          **_engine(initial, rounds, evaluate_fn, recorder, "rdp"))
+
+
+def soteriafl(initial: Weights, rounds: Rounds, settings: SoteriaFLSettings, *,
+              evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> SoteriaFLStrategy:
+    """SoteriaFL (Li et al., NeurIPS 2022) and its baselines (``settings.method``): each client
+    (:func:`~fedapp.library.clients.soteriafl_client`) sends its noisy, clipped gradient estimator, shift-compressed
+    by random-k; the server decodes, steps x ← x − η v and keeps the shift. Record-level local DP (each client's
+    (ε_i, δ_i) against the server); the server charges each client from its declared σ_p, b and m.
+    ``rounds.server_lr`` must be 1 (the step is ``settings.eta``)."""
+    weights = get_weights(initial) if isinstance(initial, nn.Module) else [np.asarray(w) for w in initial]
+    d = int(sum(np.asarray(w).size for w in weights))
+    k, _, gamma = soteriafl_params(SoteriaFLConfig(soteriafl_k=settings.k, soteriafl_gamma=settings.gamma), d)
+    return SoteriaFLStrategy(method=get_method(settings.method), eta=settings.eta, k=k, gamma=gamma,
+                             clip=settings.clip_norm, **_engine(weights, rounds, evaluate_fn, recorder,
+                                                                 settings.accountant))
+
+
+def dp2_fedsam(initial: nn.Module, rounds: Rounds, mechanism: ClientLevelDP, settings: DP2FedSAMSettings, *,
+               evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> DP2FedSAMStrategy:
+    """The DP2-FedSAM family (``settings.variant``): client-level DP on the shared part. Personalized variants
+    (``dp2-fedsam``, ``centaur``) hold only the body φ, your model's parameters outside ``settings.head``; each client
+    (:func:`~fedapp.library.clients.dp2_fedsam_client`) keeps its head h_i. The mechanism, sampling and ledger are
+    :func:`dp_fedavg`'s, without SecAgg+. A personalized variant has no global head to evaluate: ``evaluate_fn`` must
+    be None (its accuracy is the clients' federated evaluation with their own heads)."""
+    variant = get_variant(settings.variant)
+    if not isinstance(initial, nn.Module):
+        raise ModelProblem("dp2_fedsam needs your nn.Module as initial (its parameter names define the head)")
+    try:
+        mask = shared_mask(initial, settings.head, variant.personalized)
+    except ValueError as exc:
+        raise ModelProblem(f"head = {settings.head!r}: {exc}") from None
+    if variant.personalized and evaluate_fn is not None:
+        raise ValueError(f"variant {settings.variant!r} keeps a personal head on every client: the server has no "
+                         "full model to evaluate; pass evaluate_fn=None")
+    factory = _client_level_factory(rounds, mechanism)
+    engine = _engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant)
+    engine["initial_weights"] = [w for w, shared in zip(engine["initial_weights"], mask) if shared]
+    return DP2FedSAMStrategy(name=settings.variant, eval_every=settings.eval_every, mechanism_factory=factory,
+                             clip=mechanism.clip, secure_aggregation=False, **engine)
 
 
 def central_evaluation(model: nn.Module, test: UserData, *, loss: Loss | None = None, batch_size: int = 256,
@@ -172,5 +372,6 @@ class JsonRecorder:
                 "epsilon_spent_by_client": spent}
 
 
-__all__ = ["JsonRecorder", "central_evaluation", "client_level_mechanism", "dp_fedavg", "dpsgd_fedavg", "fedavg",
-           "robust_hdp"]
+__all__ = ["JsonRecorder", "central_evaluation", "client_level_mechanism", "dp2_fedsam", "dp_fedavg", "dp_ftrl",
+           "dpsgd_fedavg", "fed_smp", "fedavg", "ftrl_mechanism", "min_eps", "pfa", "public_update", "robust_hdp",
+           "soteriafl", "sparse_fedavg", "weiavg"]

@@ -90,3 +90,83 @@ class Rounds:
             problems.append(f"server_lr = {self.server_lr} must be > 0")
         if problems:
             raise ValueError("Rounds: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class SoteriaFLSettings:
+    """SoteriaFL (Li et al. 2022) shared by the server and every client: the method (``soteriafl-sgd``,
+    ``soteriafl-gd``, ``soteriafl-svrg``, ``soteriafl-saga``, ``cdp-sgd``, ``ldp-sgd``, ``ldp-svrg``), T = ``rounds``
+    the clients' (ε_i, δ_i) are planned for, the per-sample clip G = ``clip_norm``, the server step η = ``eta``, the
+    random-k ``k`` (0: ⌊d/20⌋) and shift step ``gamma`` (0: Theorem 3's value), the minibatch ``batch_size`` (0: the
+    paper's corollary rule) and SVRG's snapshot probability (0: b/m). Server and clients derive k and γ from the same
+    values and the model's d, so they must be built from the same object."""
+
+    rounds: int
+    method: str = "soteriafl-sgd"
+    clip_norm: float = 1.0
+    eta: float = 0.3
+    k: int = 0
+    gamma: float = 0.0
+    batch_size: int = 0
+    snapshot_prob: float = 0.0
+    accountant: str = "rdp"
+    record_neighbours: str = "replace-one"
+
+    def __post_init__(self) -> None:
+        from strategies.soteriafl import METHODS
+
+        problems = []
+        if self.method not in METHODS:
+            problems.append(f"method = {self.method!r} must be one of {sorted(METHODS)}")
+        if self.rounds < 1:
+            problems.append(f"rounds = {self.rounds} must be >= 1")
+        for name in ("clip_norm", "eta"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                problems.append(f"{name} = {value} must be a finite number > 0")
+        if self.k < 0 or self.batch_size < 0 or self.gamma < 0:
+            problems.append(f"k = {self.k}, batch_size = {self.batch_size} and gamma = {self.gamma} must be >= 0")
+        if not 0 <= self.snapshot_prob <= 1:
+            problems.append(f"snapshot_prob = {self.snapshot_prob} must be in [0, 1]")
+        if self.accountant not in ACCOUNTANTS:
+            problems.append(f"accountant = {self.accountant!r} must be one of {ACCOUNTANTS}")
+        if self.record_neighbours not in RECORD_NEIGHBOURS:
+            problems.append(f"record_neighbours = {self.record_neighbours!r} must be one of {RECORD_NEIGHBOURS}")
+        if problems:
+            raise ValueError("SoteriaFLSettings: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class DP2FedSAMSettings:
+    """The DP2-FedSAM family (Zhang et al.) shared by the server and every client: ``variant`` (``dp2-fedsam``,
+    ``centaur``: a personal head h_i kept on the client, only the shared body φ sent; ``dp-fedsam``,
+    ``dp-fedsam-ft``, ``dp-fedavg-ft``: the full model), ``head`` (comma-separated parameter-name prefixes of your
+    model's ``state_dict``, e.g. ``"fc"`` or ``"classifier.2"``; ``"auto"``: the last ``nn.Linear``), τ_h / τ_φ
+    local epochs of the head / body, the head's learning rate, SAM's ρ (ASAM with ``sam_adaptive``), the FT
+    variants' fine-tuning epochs and the federated evaluation period."""
+
+    variant: str = "dp2-fedsam"
+    head: str = "auto"
+    tau_h: int = 2
+    tau_phi: int = 2
+    lr_head: float = 0.1
+    sam_rho: float = 0.1
+    sam_adaptive: bool = False
+    sam_eta: float = 0.01
+    ft_epochs: int = 1
+    eval_every: int = 1
+
+    def __post_init__(self) -> None:
+        from strategies.dp2_fedsam import VARIANTS
+
+        problems = []
+        if self.variant not in VARIANTS:
+            problems.append(f"variant = {self.variant!r} must be one of {sorted(VARIANTS)}")
+        if self.tau_h < 1 or self.tau_phi < 1 or self.eval_every < 1 or self.ft_epochs < 0:
+            problems.append(f"tau_h = {self.tau_h}, tau_phi = {self.tau_phi}, eval_every = {self.eval_every} must be "
+                            f">= 1 and ft_epochs = {self.ft_epochs} >= 0")
+        if not (math.isfinite(self.lr_head) and self.lr_head > 0) or self.sam_rho < 0 or not self.sam_eta > 0:
+            problems.append(f"lr_head = {self.lr_head} and sam_eta = {self.sam_eta} must be > 0, sam_rho = "
+                            f"{self.sam_rho} >= 0")
+        if problems:
+            raise ValueError("DP2FedSAMSettings: " + "; ".join(problems))
