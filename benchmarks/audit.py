@@ -9,7 +9,7 @@ seed: the accountant's ε for an observer of the released models (``epsilon_vs_r
 models), the estimate for the final model and for all iterates with their 95 % bootstrap intervals, and the test
 accuracy of both runs.
 
-    .venv/bin/python -m benchmarks.audit --seeds 1 2 3
+    .venv/bin/python -m benchmarks.audit --data-dir ../shared/data --seeds 1
 """
 
 from __future__ import annotations
@@ -22,24 +22,26 @@ from pathlib import Path
 from typing import Any
 
 STRATEGIES = ("dp-fedavg", "fed-smp-randk", "dp-ftrl")
-BASE = {"model": "logreg", "num-server-rounds": 5, "clip-norm": 1.0, "local-steps": 2, "batch-size": 8,
+BASE = {"dataset": "mnist", "model": "logreg", "num-server-rounds": 5, "clip-norm": 1.0, "local-steps": 2, "batch-size": 16,
         "fraction-evaluate": 0.0, "lr": 0.1}
 
 
-def one(strategy: str, target: float, canaries: int, clients: int, seed: int, out: Path) -> dict[str, Any]:
+def one(strategy: str, target: float, canaries: int, clients: int, seed: int, out: Path,
+        data_dir: str) -> dict[str, Any]:
     from fedapp.experiments.notebook_utils import run_federation
 
     extra = {"client-dp-adversary": "release"} if strategy == "dp-ftrl" else {}  # see the module docstring
     run = run_federation({**BASE, **extra, "strategy": strategy, "target-epsilon": target, "seed": seed,
-                          "audit-canaries": canaries, "output-dir": str(out)}, num_clients=clients)
+                          "audit-canaries": canaries, "output-dir": str(out), "data-dir": data_dir}, num_clients=clients)
     return json.loads((run / "summary.json").read_text())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
-    parser.add_argument("--clients", type=int, default=240)
-    parser.add_argument("--canaries", type=int, default=200)
+    parser.add_argument("--data-dir", default="../shared/data", help="folder holding MNIST (torchvision's layout)")
+    parser.add_argument("--clients", type=int, default=500)
+    parser.add_argument("--canaries", type=int, default=100)
     parser.add_argument("--targets", type=float, nargs="+", default=[2.0, 8.0])
     args = parser.parse_args()
     print("| strategy | target ε | seed | accountant ε (release) | estimate, final model "
@@ -50,8 +52,8 @@ def main() -> None:
             for target in args.targets:
                 for seed in args.seeds:
                     start = time.perf_counter()
-                    audited = one(strategy, target, args.canaries, args.clients, seed, Path(tmp) / "a")
-                    plain = one(strategy, target, 0, args.clients, seed, Path(tmp) / "p")
+                    audited = one(strategy, target, args.canaries, args.clients, seed, Path(tmp) / "a", args.data_dir)
+                    plain = one(strategy, target, 0, args.clients, seed, Path(tmp) / "p", args.data_dir)
                     a = audited["audit"]
                     cells = [f"{a[k]['epsilon_estimate']:.3f} [{a[k]['epsilon_interval'][0]:.3f}, "
                              f"{a[k]['epsilon_interval'][1]:.3f}]" for k in ("final_model", "all_iterates")]

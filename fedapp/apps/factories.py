@@ -308,9 +308,10 @@ def make_ftrl_client(context: Context, overrides: dict[str, Any] | None = None) 
     return with_canary(client, cfg.general)
 
 
-def with_canary(client: ClientLevelDPClient, general: GeneralConfig) -> Client:
+def with_canary(client: ClientLevelDPClient | DP2FedSAMClient, general: GeneralConfig) -> Client:
     """``client`` as a Flower client; one of the last ``audit-canaries`` clients becomes an audit canary
-    (:mod:`fedapp.privacy.audit`). On a SuperNode a canary id refuses: canaries are simulated clients."""
+    (:mod:`fedapp.privacy.audit`) whose direction spans what the client sends (DP2-FedSAM: the shared part). On a
+    SuperNode a canary id refuses: canaries are simulated clients."""
     p = client.s.profile
     index = canary_index(p.client_id, p.num_clients, general.audit_canaries)
     if index is not None:
@@ -343,5 +344,6 @@ def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = N
 def make_dp2_fedsam_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Client of every DP2-FedSAM-family strategy; the variant comes from run-config ``strategy``."""
     cfg = resolve_config(context.run_config, overrides)
-    return DP2FedSAMClient(setup_client(context, overrides), cfg.client_dp, cfg.dp2_fedsam, context,
-                           get_variant(cfg.general.strategy)).to_client()
+    client = DP2FedSAMClient(setup_client(context, overrides), cfg.client_dp, cfg.dp2_fedsam, context,
+                             get_variant(cfg.general.strategy))
+    return with_canary(client, cfg.general)

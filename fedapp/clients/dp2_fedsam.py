@@ -52,7 +52,15 @@ from fedapp.clients.common import (
     round_lr,
     round_seed,
 )
-from fedapp.clients.training import SAM, LocalTraining, epochs_to_steps, get_weights, local_train, set_weights
+from fedapp.clients.training import (
+    SAM,
+    LocalTraining,
+    TrainResult,
+    epochs_to_steps,
+    get_weights,
+    local_train,
+    set_weights,
+)
 from fedapp.config import ClientDPConfig, ConfigError, DataConfig, DP2FedSAMConfig
 from fedapp.data.node_data import run_shape
 from fedapp.models.catalog import ModelSpec
@@ -87,6 +95,10 @@ def shared_weights(head: str, data: DataConfig, model_spec: ModelSpec, weights: 
 
 class DP2FedSAMClient(NumPyClient):
     """Local update + clip + noise of one client; for personalized variants also the keeper of h_i."""
+
+    #: an audit canary's unit direction u over the shared coordinates (:mod:`fedapp.privacy.audit`): the client then
+    #: sends C·u through the mechanism instead of training, keeps its head and evaluates nothing
+    canary: np.ndarray | None = None
 
     def __init__(self, setup: ClientSetup, client_dp: ClientDPConfig, dp2_fedsam: DP2FedSAMConfig, context: Context,
                  variant: Variant) -> None:
@@ -158,6 +170,44 @@ class DP2FedSAMClient(NumPyClient):
             return [], 0, {**metrics, "status": "refused", "epsilon_spent": eps_now, "reason": reason}
         assert noise_dp is not None  # adaptive_setup gives no mechanism only with a reason
         start = time.perf_counter()
+        lr = round_lr(training.lr, training.lr_decay, rnd)
+        head: list[np.ndarray] = []
+        if self.canary is not None:  # C·u on the shared coordinates; no data read, the head untouched
+            delta, diverged = float(training.clip_norm) * self.canary, False
+            res = TrainResult(steps=0, loss=float("nan"), seconds=0.0)
+        else:
+            delta, diverged, head, res = self.local_update(parameters, rnd)
+        rng = noise_rng(self.s.general, p.client_id, rnd, self.context.node_config)
+        r_t = round_clients(config, dp, floors)
+        ddg = secure_sum_mechanism(self.client_dp, dp, delta.size)  # never with adaptive clipping (adaptive_round)
+        try:
+            if ddg is None:  # Alg. 2 lines 18–19: clip, add N(0, C²σ²/r_t) (adaptive: C_t, z_Δ)
+                noisy, norm = noise_dp.privatize(delta, rng, r_t)
+                arrays = unflatten(noisy, self.shared_shapes)
+            else:  # clip, then the discrete Gaussian share of the secure sum
+                clipped, norm = clip_by_l2(delta, dp.clip)
+                arrays = discrete_share(ddg, clipped, config, r_t, rng)
+                metrics[SECAGG_BITS] = ddg.bits
+        except ValueError as exc:  # malformed round config from the server: send nothing
+            return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
+        if adaptive is not None:  # the bit of ‖Δφ‖, the shared-part update just clipped at C_t (never the head's)
+            arrays = release_count_share(arrays, metrics, norm, noise_dp, adaptive, config, floors, rng)
+        record_release(self.context)
+        if self.variant.personalized and not diverged and self.canary is None:  # a diverged round keeps the head
+            self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here
+        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rounds, "lr": lr,  # no train loss: not private
+                        "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
+        if self.dp2.dp2_report_norms:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
+            metrics["local_update_norm"] = norm
+        # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
+        return arrays, 1 if self.client_dp.secure_aggregation else n_train, metrics
+
+    def local_update(self, parameters: list[np.ndarray],
+                     rnd: int) -> tuple[np.ndarray, bool, list[np.ndarray], TrainResult]:
+        """(Δφ flat, diverged, the trained head, the shared part's result) of one round's local training (Alg. 2
+        lines 5-17)."""
+        p, training = self.s.profile, self.s.training
+        n_train = len(self.s.train)
         model = self.s.new_model()
         set_weights(model, self.full_weights(parameters))
         lr = round_lr(training.lr, training.lr_decay, rnd)
@@ -181,33 +231,12 @@ class DP2FedSAMClient(NumPyClient):
         delta, diverged = restart_if_diverged(delta, p.client_id, rnd)
         head = [w for w, m in zip(new, self.mask) if not m]
         diverged = diverged or not all(np.all(np.isfinite(h)) for h in head)
-        rng = noise_rng(self.s.general, p.client_id, rnd, self.context.node_config)
-        r_t = round_clients(config, dp, floors)
-        ddg = secure_sum_mechanism(self.client_dp, dp, delta.size)  # never with adaptive clipping (adaptive_round)
-        try:
-            if ddg is None:  # Alg. 2 lines 18–19: clip, add N(0, C²σ²/r_t) (adaptive: C_t, z_Δ)
-                noisy, norm = noise_dp.privatize(delta, rng, r_t)
-                arrays = unflatten(noisy, self.shared_shapes)
-            else:  # clip, then the discrete Gaussian share of the secure sum
-                clipped, norm = clip_by_l2(delta, dp.clip)
-                arrays = discrete_share(ddg, clipped, config, r_t, rng)
-                metrics[SECAGG_BITS] = ddg.bits
-        except ValueError as exc:  # malformed round config from the server: send nothing
-            return [], 0, {**metrics, "status": "refused", "reason": f"bad round config from server: {exc}"}
-        if adaptive is not None:  # the bit of ‖Δφ‖, the shared-part update just clipped at C_t (never the head's)
-            arrays = release_count_share(arrays, metrics, norm, noise_dp, adaptive, config, floors, rng)
-        record_release(self.context)
-        if self.variant.personalized and not diverged:  # a diverged round keeps the previous head
-            self.save_head(head)  # Alg. 2 line 10: h_i^{t+1} stays here
-        metrics.update({"status": "ok", "epsilon_spent": eps_next, "steps": rounds, "lr": lr,  # no train loss: not private
-                        "steps_round": res.steps, "train_seconds": time.perf_counter() - start})
-        if self.dp2.dp2_report_norms:  # NOT privatized: a diagnostic (Fig. 5) that leaks ‖Δ_i‖ to the server
-            metrics["local_update_norm"] = norm
-        # under secure aggregation every update has weight 1: the secure sum is Σ Δ_i (and N_i stays private)
-        return arrays, 1 if self.client_dp.secure_aggregation else n_train, metrics
+        return delta, diverged, head, res
 
     def evaluate(self, parameters: list[np.ndarray], config: dict[str, Any]):
         training, cid = self.s.training, self.s.profile.client_id
+        if self.canary is not None:  # a canary has no data: it never counts in utility metrics
+            return 0.0, 0, {"client_id": cid, "audit_canary": True}
         if len(self.s.test) == 0 and (self.s.validation is None or len(self.s.validation) == 0):
             return 0.0, 0, {"client_id": cid}
         model = self.s.new_model()

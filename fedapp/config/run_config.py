@@ -333,8 +333,9 @@ def check_node_local(cfg: Mapping[str, Any]) -> None:
 
 
 #: the strategies whose clients can be audit canaries (run-config audit-canaries): the client-level clip-and-noise
-#: clients of DP-FedAvg, Fed-SMP and DP-FTRL
-AUDIT_STRATEGIES = ("dp-fedavg", "fed-smp-randk", "fed-smp-topk", "dp-ftrl")
+#: clients of DP-FedAvg, Fed-SMP, DP-FTRL and the DP2-FedSAM family
+AUDIT_STRATEGIES = ("dp-fedavg", "fed-smp-randk", "fed-smp-topk", "dp-ftrl", "dp2-fedsam", "centaur", "dp-fedsam",
+                    "dp-fedsam-ft", "dp-fedavg-ft")
 
 
 def check_audit(cfg: Mapping[str, Any]) -> None:

@@ -17,13 +17,17 @@ clients of the same federation (n counts them: the audited run is the run with n
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from fedapp.state.results import write_json_atomic
 from strategies.aggregate import flatten
 from strategies.privacy.audit import canary_directions, cosines, one_shot_estimate
 
+#: the raw canary statistics of an audited run, next to its summary.json
+STATISTICS_FILE = "audit_statistics.json"
 #: never-inserted directions drawn for the null distribution of the statistics
 NULL_DIRECTIONS = 500
 _CHUNK = 100  # directions drawn at a time (memory: _CHUNK × d floats)
@@ -51,8 +55,9 @@ def _statistics(seed: int, first: int, count: int, final: np.ndarray, steps: lis
 
 
 def audit_block(seed: int, canaries: int, initial: np.ndarray, models: list[np.ndarray], delta: float,
-                accountant: dict[str, Any]) -> dict[str, Any]:
-    """The ``audit`` block of summary.json from the global model before round 1 and after each round."""
+                accountant: dict[str, Any], statistics: dict[str, list[float]] | None = None) -> dict[str, Any]:
+    """The ``audit`` block of summary.json from the global model before round 1 and after each round; the raw
+    statistics go into ``statistics`` when given (``audit_statistics.json``: recompute at another confidence)."""
     final = models[-1] - initial
     steps = [b - a for a, b in zip([initial, *models[:-1]], models)]
     ins_final, ins_iter = _statistics(seed, 0, canaries, final, steps)
@@ -66,6 +71,8 @@ def audit_block(seed: int, canaries: int, initial: np.ndarray, models: list[np.n
         **accountant,
     }
     for name, ins, null in (("final_model", ins_final, null_final), ("all_iterates", ins_iter, null_iter)):
+        if statistics is not None:
+            statistics[f"{name}_inserted"], statistics[f"{name}_null"] = ins.tolist(), null.tolist()
         estimate = one_shot_estimate(ins, null, delta)
         block[name] = {**estimate.as_dict(), "mean_cosine_inserted": float(np.mean(ins)),
                        "mean_cosine_null": float(np.mean(null))}
@@ -109,7 +116,11 @@ class AuditRecorder:
             accountant = {"epsilon_accountant": _number(metrics.get("epsilon_vs_release", metrics.get("epsilon"))),
                           "epsilon_accountant_vs_server": _number(metrics.get("max_epsilon_vs_server",
                                                                               metrics.get("epsilon")))}
-            block = audit_block(self.seed, self.canaries, self.initial, self.models, delta, accountant)
+            statistics: dict[str, Any] = {"delta": delta}
+            block = audit_block(self.seed, self.canaries, self.initial, self.models, delta, accountant, statistics)
+            run_dir = getattr(self.inner, "run_dir", None)
+            if run_dir is not None:
+                write_json_atomic(Path(run_dir) / STATISTICS_FILE, statistics)
         self.inner.finish(amend={**(amend or {}), "audit": block})
 
 

@@ -164,6 +164,14 @@ FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "rand
 HOST_SIDE = {
     ("fedapp/apps/server_app.py", "dry_run", "torch.from_numpy(test.x[:2].copy())"):
         "config dry run: a freshly built CPU model on two CPU samples, no device involved",
+    ("fedapp/apps/server_app.py", "dry_run", "torch.zeros((2, *run_schema(cfg.data).input_shape))"):
+        "config dry run of node-local data: a freshly built CPU model on two zero inputs of the schema's shape",
+    ("fedapp/library/clients.py", "_output_width", "torch.as_tensor(data.x[:2])"):
+        "library model check: a CPU copy of the user's module on two host records, before any training",
+    ("fedapp/library/evaluation.py", "check_model", "torch.as_tensor(data.x[:2])"):
+        "library model check: the user's module (checked before it is moved) on two host records",
+    ("fedapp/library/evaluation.py", "check_model", "torch.as_tensor(data.y[:2])"):
+        "library model check: the labels of the two host records the loss is tried on",
     ("fedapp/clients/training.py", "set_weights", "torch.as_tensor(np.asarray(w), dtype=old.dtype)"):
         "staging copy of a numpy array; load_state_dict copies it onto the model's own device",
     ("fedapp/clients/training.py", "_shuffled_batches", "torch.from_numpy(rng.permutation(len(y)))"):
