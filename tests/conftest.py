@@ -34,6 +34,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
+    config.addinivalue_line("markers", "secagg_guard: keep the client-level clients' refusal of a fit outside SecAgg+ "
+                                       "in this in-process test (see the fit_outside_secagg fixture)")
     if config.getoption("--device") == "cpu":  # before anything initializes CUDA; inherited by every child process
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
@@ -200,3 +202,15 @@ def install_user_module(tmp_path: Path, monkeypatch: Any, name: str, source: str
     monkeypatch.delitem(sys.modules, name, raising=False)
     return name
 
+
+@pytest.fixture(autouse=True)
+def fit_outside_secagg(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process tests call a client-level client's ``fit`` directly, without Flower's SecAgg+ protocol around it;
+    under ``secure-aggregation = true`` (the default) the client refuses such a fit
+    (:func:`fedapp.privacy.secure_aggregation.outside_secagg`). Here it is let through, so that those tests check what
+    they are about; tests marked ``secagg_guard`` keep the refusal, and every Flower simulation or deployment (other
+    processes, real SecAgg+) runs the real check."""
+    if request.node.get_closest_marker("secagg_guard"):
+        return
+    for module in ("fedapp.clients.client_dp", "fedapp.clients.dp2_fedsam"):
+        monkeypatch.setattr(f"{module}.outside_secagg", lambda context: False)

@@ -69,7 +69,7 @@ from fedapp.privacy.profiles import (
     secure_sum_mechanism,
     steps_per_epoch,
 )
-from fedapp.privacy.secure_aggregation import SECAGG_BITS
+from fedapp.privacy.secure_aggregation import OUTSIDE_SECAGG, SECAGG_BITS, outside_secagg
 from strategies.aggregate import flatten, unflatten
 from strategies.client_level import CFG_CLIP, CFG_ROTATION_SEED, CFG_SIGMA, METRIC_UNCLIPPED_SHARE
 from strategies.compression import encode_sparse
@@ -267,6 +267,8 @@ class ClientLevelDPClient(NumPyClient):
         metrics: dict[str, Any] = {"client_id": p.client_id, "batch_size": p.batch_size, "num_train": len(self.s.train)}
         dp = self.mechanism()
         noise_dp, adaptive = dp, None  # the mechanism the update carries (under adaptive clipping: C_t, z_Δ)
+        if dp is not None and self.client_dp.secure_aggregation and outside_secagg(self.context):
+            return [], 0, {**metrics, "status": "refused", "reason": OUTSIDE_SECAGG}
         if dp is not None:
             eps_next, reason = self.budget_check(dp, server_round)
             metrics.update({"noise_multiplier": dp.noise_multiplier, "sample_rate": dp.sample_rate, "delta": dp.delta,

@@ -65,7 +65,7 @@ from fedapp.config import ClientDPConfig, ConfigError, DataConfig, DP2FedSAMConf
 from fedapp.data.node_data import run_shape
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
-from fedapp.privacy.secure_aggregation import SECAGG_BITS
+from fedapp.privacy.secure_aggregation import OUTSIDE_SECAGG, SECAGG_BITS, outside_secagg
 from strategies.aggregate import flatten, unflatten
 from strategies.dp2_fedsam import Variant, shared_mask
 from strategies.privacy.adaptive_clipping import AdaptiveClipConfig
@@ -152,6 +152,8 @@ class DP2FedSAMClient(NumPyClient):
         if n_train == 0:
             return [], 0, {**metrics, "status": "refused", "reason": "empty local training set"}
         dp = client_level_mechanism(self.s.general, training, self.client_dp, p.num_clients)
+        if self.client_dp.secure_aggregation and outside_secagg(self.context):
+            return [], 0, {**metrics, "status": "refused", "reason": OUTSIDE_SECAGG}
         floors = ClientFloors.from_node_config(self.context.node_config)
         budget = self.budget(cached_epsilon(dp, dp.rounds))
         rounds = accounted_rounds(rnd, releases(self.context))  # never fewer than its own releases + 1

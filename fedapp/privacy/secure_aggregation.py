@@ -53,7 +53,7 @@ from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.quantization import quantize
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, RECORD_KEY_STATE, Stage
 from flwr.compat.common.recorddict_compat import fitres_to_recorddict, recorddict_to_fitres
 from flwr.server import ServerConfig
 from flwr.server.compat import LegacyContext
@@ -224,6 +224,24 @@ def modulus_for(cohort: int, quantization_range: int) -> int:
 
 BYTES_KEY = "dpfl-secagg-bytes"  # Context.state: SecAgg+ bytes this client sent so far in the round
 FIT_METRICS = "fitres.metrics"  # the legacy FitRes metrics record of a reply (flwr compat naming)
+
+
+#: why a client configured for SecAgg+ refuses a fit that does not come through it
+OUTSIDE_SECAGG = ("secure aggregation: this fit did not come through SecAgg+'s collect stage (the server sent a plain "
+                  "fit, or the ClientApp lacks secagg_mod); this client's share is noised for a sum of the round's "
+                  "clients and is never sent alone")
+
+
+def outside_secagg(context: Context | None) -> bool:
+    """Whether a fit reaches a client outside SecAgg+'s collect stage: Flower's ``secaggplus_mod`` keeps the protocol
+    state in ``Context.state`` and, while it calls the client for the masked vector, that state's stage is still the
+    key-sharing one (it stores the next stage after the fit). A client whose run-config turns SecAgg+ on answers any
+    other fit with a refusal: a server that skipped the protocol would otherwise see one share, noised only for the
+    sum (σ/√r of what one update alone needs)."""
+    if context is None:
+        return True
+    state = context.state.config_records.get(RECORD_KEY_STATE)
+    return state is None or state.get("current_stage") != Stage.SHARE_KEYS
 
 
 def secagg_mod(msg: Message, ctxt: Context, call_next: Callable[[Message, Context], Message]) -> Message:

@@ -134,3 +134,38 @@ def test_public_set_is_held_out_of_every_client():
 def test_bad_config_values_rejected(key, value):
     with pytest.raises(ConfigError, match=key):
         resolve_config({}, {**BASE, key: value})
+
+
+@pytest.mark.secagg_guard
+@pytest.mark.parametrize("strategy", ["dp-fedavg", "dp-ftrl", "dp2-fedsam"])
+def test_under_secagg_a_fit_outside_the_protocol_is_refused_and_sends_nothing(strategy):
+    """A server that skips SecAgg+ and sends a plain fit would see one client's share, noised only for the sum: a
+    client whose run-config turns SecAgg+ on answers it with a refusal and no arrays; inside the collect stage (the
+    state Flower's secaggplus_mod keeps in Context.state) the same fit trains."""
+    from flwr.common import ConfigRecord
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE, Stage
+
+    from fedapp.privacy.secure_aggregation import OUTSIDE_SECAGG
+    from fedapp.registry import get_spec
+
+    overrides = {**BASE, "strategy": strategy, "secagg-mechanism": "gaussian", "clients-per-round": 0,
+                 "model": "mlp-digits"}
+    if strategy == "dp-ftrl":
+        overrides.update({"ftrl-bands": 2})
+    ctx = client_context(0, 4, run_id=0, node_id=1)
+    client = get_spec(strategy).client_factory()(ctx, overrides).numpy_client  # type: ignore[attr-defined]
+    params = client.get_parameters({})
+    arrays, n, metrics = client.fit(params, {"server-round": 1, CFG_SIGMA: client_sigma(overrides)})
+    assert (arrays, n, metrics["status"], metrics["reason"]) == ([], 0, "refused", OUTSIDE_SECAGG)
+    ctx.state.config_records[RECORD_KEY_STATE] = ConfigRecord({"current_stage": Stage.SHARE_KEYS})
+    arrays, n, metrics = client.fit(params, {"server-round": 1, CFG_SIGMA: client_sigma(overrides)})
+    assert metrics["status"] == "ok" and arrays, metrics.get("reason")
+
+
+def client_sigma(overrides: dict) -> float:
+    cfg = resolve_config(None, overrides)
+    if cfg.general.strategy == "dp-ftrl":
+        from fedapp.privacy.profiles import ftrl_mechanism
+
+        return ftrl_mechanism(cfg.general, cfg.training, cfg.client_dp, 4).noise_multiplier
+    return mechanism_from_config(cfg.general, cfg.training, cfg.client_dp, 4).noise_multiplier
