@@ -46,7 +46,7 @@ from fedapp.config import ClientDPConfig, DataConfig, GeneralConfig, TrainingCon
 from fedapp.data.datasets import ArrayDataset
 from fedapp.library.data import UserData, as_array_dataset, loader_batch_size
 from fedapp.library.evaluation import Loss, ModelProblem, check_model, evaluate_user_model
-from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, SoteriaFLSettings
+from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, SecAggSettings, SoteriaFLSettings
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.profiles import ClientProfile
 from strategies.aggregate import flatten
@@ -158,7 +158,12 @@ def dpsgd_client(model: nn.Module, train: UserData, test: UserData | None = None
 
 class UserClientLevelClient(ClientLevelDPClient):
     """:class:`ClientLevelDPClient` with a mechanism given as an object (not read from a run-config; None: the
-    non-private sparsify-and-clip baselines), the user's loss in local training and evaluation."""
+    non-private sparsify-and-clip baselines), the user's loss in local training and evaluation.
+
+    Under SecAgg+ (``client_dp.secure_aggregation``) the project's client answers a fit only from inside SecAgg+'s
+    collect stage (:func:`fedapp.privacy.secure_aggregation.outside_secagg`): its share carries noise for a sum of r_t
+    clients, so it never reaches the server alone (a ClientApp without ``secagg_mod``, a server running
+    ``start_grid``)."""
 
     def __init__(self, setup: UserSetup, client_dp: ClientDPConfig, context: Context, dp: Any) -> None:
         super().__init__(setup, client_dp, context, private=dp is not None)
@@ -182,29 +187,42 @@ def client_level_client(model: nn.Module, train: UserData, test: UserData | None
                         mechanism: ClientLevelDP | None, lr: float, clip: float | None = None, momentum: float = 0.0,
                         lr_decay: float = 1.0, local_epochs: int = 1, local_steps: int = 0,
                         batch_size: int | None = None, loss: Loss | None = None, client_id: int | None = None,
-                        device: str = "cpu", seed: int = 0) -> Client:
+                        secagg: SecAggSettings | None = None, device: str = "cpu", seed: int = 0) -> Client:
     """A Flower ``Client`` for :func:`~fedapp.library.server.dp_fedavg` and :func:`~fedapp.library.server.fed_smp`:
     ``local_steps`` (0: ``local_epochs``·⌈N/b⌉) plain momentum-SGD steps from the global model, then the update —
     sparsified by the round's mask when the server sends one (Fed-SMP rand-k / top-k) — clipped to
-    ``mechanism.clip`` plus its share of the Gaussian noise N(0, C²σ²/r). ``mechanism`` must be the server's
+    ``mechanism.clip`` plus its share of the noise. ``mechanism`` must be the server's
     (:func:`client_level_mechanism` with the same arguments on both sides); a round whose σ differs from the server's,
     or past ``mechanism.rounds``, is refused.
+
+    ``secagg=None``: no SecAgg+, ``mechanism.secure_aggregation`` must be False; each update carries N(0, C²σ²/r).
+    ``secagg=SecAggSettings(...)`` (the server's): the mechanism must have ``secure_aggregation = True``; the share is
+    the distributed discrete Gaussian's residues modulo 2^``secagg.bits`` of the rotated update (``"ddg"``, the round's
+    rotation seed from the server) or the clipped update plus N(0, C²σ²/r_t) (``"gaussian"``), sent with weight 1
+    through SecAgg+ only: the ClientApp must have ``mods=[secagg_mod]``
+    (:func:`fedapp.privacy.secure_aggregation.secagg_mod`), and a fit outside SecAgg+ is refused.
 
     ``mechanism=None`` with ``clip``: the non-private baselines of :func:`~fedapp.library.server.sparse_fedavg`
     (sparsify and clip, no noise; the reply then carries the training loss, as FedAvg's does).
 
-    Guarantee (with a mechanism): the client's whole dataset (client-level DP), ε of ``mechanism`` against the server,
-    which sees every update (no SecAgg+ here). No per-sample gradients: any model and loss that train with SGD
-    will do."""
+    Guarantee (with a mechanism): the client's whole dataset (client-level DP), ε of ``mechanism`` against the server:
+    one update's without SecAgg+, the secure sum's with it. No per-sample gradients: any model and loss that train with
+    SGD will do."""
     if mechanism is None:
         if clip is None or not (math.isfinite(clip) and clip > 0):
             raise ValueError(f"mechanism=None (no privacy) needs clip, the norm bound of the update; got {clip!r}")
+        if secagg is not None:
+            raise ValueError("secagg needs a mechanism built with client_level_mechanism(..., secure_aggregation=True)")
     else:
         if clip is not None and clip != mechanism.clip:
             raise ValueError(f"clip = {clip} differs from the mechanism's C = {mechanism.clip}; leave clip out")
-        if mechanism.secure_aggregation:
-            raise ValueError("mechanism.secure_aggregation = True needs the project's SecAgg+ client mod; build the "
-                             "mechanism with fedapp.library.client_level_mechanism(...), which runs without it")
+        if mechanism.secure_aggregation and secagg is None:
+            raise ValueError("mechanism.secure_aggregation = True: pass secagg=SecAggSettings(...) (the server's) and "
+                             "add secagg_mod to the ClientApp's mods; without SecAgg+ build the mechanism with "
+                             "client_level_mechanism(..., secure_aggregation=False)")
+        if secagg is not None and not mechanism.secure_aggregation:
+            raise ValueError("secagg given but mechanism.secure_aggregation = False: build the mechanism with "
+                             "client_level_mechanism(..., secure_aggregation=True)")
     bound = mechanism.clip if mechanism is not None else float(clip)  # type: ignore[arg-type]
     rounds = mechanism.rounds if mechanism is not None else 1
     training = TrainingConfig(local_epochs=local_epochs, clip_norm=bound, dp_rounds=rounds, lr=lr,
@@ -214,7 +232,12 @@ def client_level_client(model: nn.Module, train: UserData, test: UserData | None
                    client_id=client_id, device=device, seed=seed, rounds=rounds, epsilon=1.0,
                    delta=mechanism.delta if mechanism is not None else 0.5, per_sample=False,
                    num_clients=mechanism.num_clients if mechanism is not None else None)
-    client_dp = ClientDPConfig(secure_aggregation=False, local_steps=local_steps)
+    if secagg is None:
+        client_dp = ClientDPConfig(secure_aggregation=False, local_steps=local_steps)
+    else:
+        client_dp = ClientDPConfig(secure_aggregation=True, secagg_mechanism=secagg.mechanism,
+                                   secagg_bits=secagg.bits, secagg_num_shares=secagg.num_shares,
+                                   secagg_threshold=secagg.reconstruction_threshold, local_steps=local_steps)
     return UserClientLevelClient(setup, client_dp, context, mechanism).to_client()
 
 

@@ -20,20 +20,29 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from flwr.common import Context
+from flwr.server import ServerConfig
+from flwr.serverapp import Grid
 from torch import nn
 
 from fedapp.clients.soteriafl import soteriafl_params
 from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
-from fedapp.config import SoteriaFLConfig
+from fedapp.compat.wakeups import wake_grid
+from fedapp.config import ClientDPConfig, DeploymentConfig, SoteriaFLConfig
 from fedapp.library.data import UserData, as_array_dataset
 from fedapp.library.evaluation import Loss, ModelProblem, evaluate_user_model
-from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, Rounds, SoteriaFLSettings
+from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, Rounds, SecAggSettings, SoteriaFLSettings
+from fedapp.privacy.profiles import secure_sum_mechanism
+from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from strategies.aggregate import flatten
+from strategies.client_level import MIN_SECURE_SURVIVORS
 from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant, shared_mask
 from strategies.dp_ftrl import DPFTRLStrategy
 from strategies.engine import EvaluateFn
+from strategies.errors import ConfigError
 from strategies.fed_smp import ClientLevelStrategy, PublicUpdateFn, mask_seed
 from strategies.fedavg import DPSGDFedAvg, FedAvg
+from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ftrl_accounting import FTRLMechanism
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
 from strategies.robust_hdp import PFA, MinEpsilon, RobustHDP, WeiAvg
@@ -110,15 +119,21 @@ def min_eps(initial: Weights, rounds: Rounds, dpsgd: DPSGDSettings, *, evaluate_
 
 def client_level_mechanism(*, num_clients: int, rounds: int, clip: float, target_epsilon: float | None = None,
                            noise_multiplier: float | None = None, delta: float | None = None,
-                           clients_per_round: int = 0, accountant: str = "rdp",
-                           allow_large_delta: bool = False) -> ClientLevelDP:
-    """The client-level Gaussian mechanism of :func:`dp_fedavg` without secure aggregation: the server sees every
-    update, so σ is calibrated for one update's ε (each client adds N(0, C²σ²/r)).
+                           clients_per_round: int = 0, accountant: str = "rdp", allow_large_delta: bool = False,
+                           secure_aggregation: bool = False) -> ClientLevelDP:
+    """The client-level Gaussian mechanism of :func:`dp_fedavg` / :func:`fed_smp`.
+
+    ``secure_aggregation=False`` (default): the server sees every update, so σ is calibrated for one update's ε (each
+    client adds N(0, C²σ²/r)). ``secure_aggregation=True``: the strategy runs under SecAgg+ (``secagg=`` of
+    :func:`dp_fedavg` / :func:`fed_smp`, :func:`run_secure_aggregation`), the server sees only the sum of each round's
+    updates, and σ is calibrated for the sum (each client adds N(0, C²σ²/r_t), r_t the round's sampled count): the
+    run-config's ``secure-aggregation = true``, with √r times less noise per client for the same ε.
 
     Exactly one of ``target_epsilon`` (σ calibrated so ``rounds`` rounds spend it) and ``noise_multiplier`` (σ given).
-    ``delta`` defaults to 1/(10 n); a larger one is refused unless ``allow_large_delta``. ε holds against the server, which draws the sample and sees who replies: every round
-    is charged unamplified (q = 1), the project's default adversary (no amplification by sampling is claimed). Server
-    and clients must build it from the same arguments: a client refuses a round whose σ differs from its own."""
+    ``delta`` defaults to 1/(10 n); a larger one is refused unless ``allow_large_delta``. ε holds against the server,
+    which draws the sample and sees who replies: every round is charged unamplified (q = 1), the project's default
+    adversary (no amplification by sampling is claimed). Server and clients must build it from the same arguments: a
+    client refuses a round whose σ differs from its own."""
     if (target_epsilon is None) == (noise_multiplier is None):
         raise ValueError("give exactly one of target_epsilon and noise_multiplier")
     r = clients_per_round or num_clients
@@ -126,22 +141,60 @@ def client_level_mechanism(*, num_clients: int, rounds: int, clip: float, target
     if delta > max_delta(num_clients) and not allow_large_delta:
         raise ValueError(f"delta = {delta:g} is above 1/(10 n) = {max_delta(num_clients):.3g} for n = {num_clients} "
                          "clients; pass allow_large_delta=True to use it anyway")
+    secure = bool(secure_aggregation)
     if noise_multiplier is not None:
-        return ClientLevelDP(noise_multiplier, clip, r, num_clients, rounds, delta, accountant, False, "server")
+        return ClientLevelDP(noise_multiplier, clip, r, num_clients, rounds, delta, accountant, secure, "server")
     assert target_epsilon is not None
     if not (math.isfinite(target_epsilon) and target_epsilon > 0):
         raise ValueError(f"target_epsilon = {target_epsilon} must be a finite number > 0")
     return ClientLevelDP.calibrated(target_epsilon, clip=clip, clients_per_round=r, num_clients=num_clients,
-                                    rounds=rounds, delta=delta, accountant=accountant, secure_aggregation=False,
+                                    rounds=rounds, delta=delta, accountant=accountant, secure_aggregation=secure,
                                     adversary="server")
 
 
-def _client_level_factory(rounds: Rounds, mechanism: ClientLevelDP) -> Any:
-    """The strategy's ``mechanism_factory``: ``mechanism`` for exactly its n clients; refuses a mechanism with
-    ``secure_aggregation = True`` (SecAgg+ is not available here) or planned for another r than ``rounds``."""
-    if mechanism.secure_aggregation:
-        raise ValueError("mechanism.secure_aggregation = True needs the project's SecAgg+ workflow (fedapp.apps); the "
-                         "library runs without it: build the mechanism with client_level_mechanism(...)")
+def secagg_client_dp(secagg: SecAggSettings) -> ClientDPConfig:
+    """The project's client-level DP section that says SecAgg+ with ``secagg``'s mechanism, bits, shares and threshold:
+    what :func:`fedapp.privacy.profiles.secure_sum_mechanism`, the project's client and its SecAgg+ workflow read."""
+    return ClientDPConfig(secure_aggregation=True, secagg_mechanism=secagg.mechanism, secagg_bits=secagg.bits,
+                          secagg_num_shares=secagg.num_shares, secagg_threshold=secagg.reconstruction_threshold)
+
+
+def secure_sum(mechanism: ClientLevelDP, secagg: SecAggSettings, dim: int) -> DistributedDiscreteGaussian | None:
+    """The distributed discrete Gaussian the secure sums of ``dim``-value payloads carry under ``secagg`` (None for
+    ``mechanism = "gaussian"``), as the strategy and every client derive it
+    (:func:`fedapp.privacy.profiles.secure_sum_mechanism`): its σ is the least whose full round has a Gaussian
+    equivalent of at least ``mechanism.noise_multiplier``, so the continuous plan's ε bounds it. ``dim``: the model's
+    number of parameters (:func:`dp_fedavg`), or k = round(p·d) (:func:`fed_smp`). Too few ``bits`` for ``dim`` raise
+    ``ValueError``."""
+    if not mechanism.secure_aggregation:
+        raise ValueError("the mechanism has secure_aggregation = False: no secure sum (client_level_mechanism(..., "
+                         "secure_aggregation=True))")
+    try:
+        return secure_sum_mechanism(secagg_client_dp(secagg), mechanism, int(dim))
+    except ConfigError as exc:
+        raise ValueError(f"SecAggSettings.bits = {secagg.bits}: {exc}") from None
+
+
+def _client_level_factory(rounds: Rounds, mechanism: ClientLevelDP, secagg: SecAggSettings | None = None) -> Any:
+    """The strategy's ``mechanism_factory``: ``mechanism`` for exactly its n clients; refuses a mechanism whose
+    ``secure_aggregation`` disagrees with ``secagg`` (SecAgg+ on exactly when given) or planned for another r than
+    ``rounds``."""
+    if mechanism.secure_aggregation and secagg is None:
+        raise ValueError("mechanism.secure_aggregation = True: pass secagg=SecAggSettings(...) and run the strategy "
+                         "with fedapp.library.run_secure_aggregation (SecAgg+); without SecAgg+ build the mechanism "
+                         "with client_level_mechanism(..., secure_aggregation=False)")
+    if secagg is not None and not mechanism.secure_aggregation:
+        raise ValueError("secagg given but mechanism.secure_aggregation = False: σ would be calibrated for one update "
+                         "while the server sees only sums; build it with client_level_mechanism(..., "
+                         "secure_aggregation=True)")
+    if secagg is not None:
+        if mechanism.clients_per_round < MIN_SECURE_SURVIVORS:
+            raise ValueError(f"SecAgg+ with r = {mechanism.clients_per_round} client(s) a round: a secure sum of fewer "
+                             f"than {MIN_SECURE_SURVIVORS} survivors is never unmasked")
+        if secagg.mechanism == "ddg" and (mechanism.accountant != "rdp" or mechanism.adversary != "server"):
+            raise ValueError(f"SecAggSettings.mechanism = 'ddg' needs accountant = 'rdp' and adversary 'server' (the "
+                             f"discrete Gaussian's bound is a Rényi DP bound without amplification); got accountant = "
+                             f"{mechanism.accountant!r}: use 'rdp' or mechanism = 'gaussian'")
     if (rounds.clients_per_round or mechanism.num_clients) != mechanism.clients_per_round:
         raise ValueError(f"rounds.clients_per_round = {rounds.clients_per_round} but the mechanism is planned for "
                          f"r = {mechanism.clients_per_round} of n = {mechanism.num_clients}")
@@ -155,16 +208,76 @@ def _client_level_factory(rounds: Rounds, mechanism: ClientLevelDP) -> Any:
     return factory
 
 
-def dp_fedavg(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, evaluate_fn: EvaluateFn | None = None,
-              recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+class SecureClientLevelStrategy(ClientLevelStrategy):
+    """:class:`~strategies.fed_smp.ClientLevelStrategy` built for SecAgg+ (``secure_aggregation = True``, the secure
+    sum of ``secagg``), unchanged except that it refuses to configure a round outside
+    :func:`run_secure_aggregation`: run by ``start_grid`` it would receive every update in the clear, each with noise
+    sized for a sum of r_t (the ε would not hold)."""
+
+    def __init__(self, *, secagg: SecAggSettings, **kwargs: Any) -> None:
+        super().__init__(secure_aggregation=True, **kwargs)
+        self.secagg = secagg
+        #: set by :func:`run_secure_aggregation` before the first round
+        self.under_secure_aggregation = False
+
+    def configure_fit(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
+        if not self.under_secure_aggregation:
+            raise RuntimeError(f"{self.name} was built with secagg= (SecAgg+): run it with "
+                               "fedapp.library.run_secure_aggregation(grid, context, strategy), not start_grid")
+        return super().configure_fit(server_round, parameters, client_manager)
+
+
+def _client_level_strategy(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, secagg: SecAggSettings | None,
+                           evaluate_fn: EvaluateFn | None, recorder: RoundRecorder | None,
+                           **kwargs: Any) -> ClientLevelStrategy:
+    factory = _client_level_factory(rounds, mechanism, secagg)
+    engine = _engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant)
+    if secagg is None:
+        return ClientLevelStrategy(mechanism_factory=factory, clip=mechanism.clip, secure_aggregation=False,
+                                   **kwargs, **engine)
+    client_dp = secagg_client_dp(secagg)
+    return SecureClientLevelStrategy(
+        secagg=secagg, mechanism_factory=factory, clip=mechanism.clip,
+        secure_sum_factory=lambda dp, dim: secure_sum_mechanism(client_dp, dp, dim), **kwargs, **engine)
+
+
+def dp_fedavg(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, secagg: SecAggSettings | None = None,
+              evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
     """DP-FedAvg with client-level DP (McMahan et al. 2018; Fed-SMP's dense case): clients clip their update to C and
     add their noise share; the server samples clients by secret Poisson sampling at q = r/n, averages and keeps its own
-    ledger of each client's ε. Without SecAgg+ (not available through this library): ``mechanism`` must have
-    ``secure_aggregation = False`` (:func:`client_level_mechanism`). ``rounds.clients_per_round`` must equal the
-    mechanism's r (0 when r = n)."""
-    factory = _client_level_factory(rounds, mechanism)
-    return ClientLevelStrategy(mechanism_factory=factory, clip=mechanism.clip, secure_aggregation=False,
-                               name="dp-fedavg", **_engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant))
+    ledger of each client's ε. ``rounds.clients_per_round`` must equal the mechanism's r (0 when r = n).
+
+    ``secagg=None``: without SecAgg+, ``mechanism`` must have ``secure_aggregation = False``; run the strategy with
+    ``start_grid``. ``secagg=SecAggSettings(...)``: under SecAgg+ (a :class:`SecureClientLevelStrategy`), ``mechanism``
+    built with ``secure_aggregation=True`` and r >= 3; run it with :func:`run_secure_aggregation`, clients
+    ``client_level_client(..., secagg=...)`` behind the ``secagg_mod``."""
+    return _client_level_strategy(initial, rounds, mechanism, secagg, evaluate_fn, recorder, name="dp-fedavg")
+
+
+def run_secure_aggregation(grid: Grid, context: Context, strategy: ClientLevelStrategy, *,
+                           num_rounds: int | None = None, secagg: SecAggSettings | None = None) -> None:
+    """Run a strategy built with ``secagg=`` (:func:`dp_fedavg`, :func:`fed_smp`) from a ``ServerApp``'s
+    ``@app.main()``: the project's SecAgg+ round loop (:func:`fedapp.privacy.secure_aggregation.
+    run_with_secure_aggregation`, Flower's ``DefaultWorkflow`` with the project's ``DPSecAggPlusWorkflow`` as the fit
+    step: quantizer range and field from the round's mechanism, the budget checked before a sum is unmasked, the
+    discrete Gaussian's residues decoded) with the strategy's :class:`SecAggSettings` (``num_shares``,
+    ``reconstruction_threshold``, ``round_timeout``). ``num_rounds`` defaults to the strategy's ``rounds.num_rounds``;
+    ``secagg``, when given, must equal the strategy's. Evaluation runs as in ``start_grid``."""
+    if not isinstance(strategy, SecureClientLevelStrategy):
+        raise ValueError(f"{type(strategy).__name__} was not built for SecAgg+: build it with dp_fedavg(..., "
+                         "secagg=SecAggSettings(...)) or fed_smp(..., secagg=...), or run it with start_grid")
+    if secagg is not None and secagg != strategy.secagg:
+        raise ValueError(f"secagg = {secagg} differs from the strategy's {strategy.secagg}")
+    settings = strategy.secagg
+    rounds = strategy.num_rounds if num_rounds is None else int(num_rounds)
+    config = ServerConfig(num_rounds=rounds, round_timeout=settings.round_timeout or None)
+    wake_grid(grid)  # in Flower's simulation runtime: replies wake the round loop instead of its 0.1 s poll
+    strategy.under_secure_aggregation = True
+    try:
+        run_with_secure_aggregation(grid, context, strategy, config, secagg_client_dp(settings),
+                                    DeploymentConfig(round_timeout=settings.round_timeout))
+    finally:
+        strategy.under_secure_aggregation = False
 
 
 def _sparsifier(sparsifier: str, public_update: PublicUpdateFn | None) -> None:
@@ -179,20 +292,19 @@ def _sparsifier(sparsifier: str, public_update: PublicUpdateFn | None) -> None:
 
 def fed_smp(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, sparsifier: str = "randk",
             compression_ratio: float = 0.01, public_update: PublicUpdateFn | None = None,
-            evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+            secagg: SecAggSettings | None = None, evaluate_fn: EvaluateFn | None = None,
+            recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
     """Fed-SMP (Hu, Guo & Gong; Alg. 2): client-level DP on a sparsified update. Each round the server picks a mask
-    of k = ⌈``compression_ratio``·d⌉ coordinates and sends it in the fit config; the clients
+    of k = round(``compression_ratio``·d) coordinates and sends it in the fit config; the clients
     (:func:`~fedapp.library.clients.client_level_client`, unchanged: the mask comes with the round) sparsify (rand-k:
     scaled by d/k), clip to C and noise the k values only. ``sparsifier = "randk"``: the mask drawn from a seed;
     ``"topk"``: the k largest coordinates of ``public_update(weights, round)``, the server's own update on public
-    data held out of every client's (the mask then depends on no client's data). Same mechanism, sampling and ledger
-    as :func:`dp_fedavg`, without SecAgg+."""
+    data held out of every client's (the mask then depends on no client's data). Same mechanism, sampling, ledger and
+    ``secagg`` (SecAgg+ of the k values) as :func:`dp_fedavg`."""
     _sparsifier(sparsifier, public_update)
-    factory = _client_level_factory(rounds, mechanism)
-    return ClientLevelStrategy(mechanism_factory=factory, clip=mechanism.clip, secure_aggregation=False,
-                               sparsifier=sparsifier, compression_ratio=compression_ratio,
-                               public_update_fn=public_update, name=f"fed-smp-{sparsifier}",
-                               **_engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant))
+    return _client_level_strategy(initial, rounds, mechanism, secagg, evaluate_fn, recorder, sparsifier=sparsifier,
+                                  compression_ratio=compression_ratio, public_update_fn=public_update,
+                                  name=f"fed-smp-{sparsifier}")
 
 
 def sparse_fedavg(initial: Weights, rounds: Rounds, *, clip: float, sparsifier: str = "randk",
@@ -315,6 +427,9 @@ def dp2_fedsam(initial: nn.Module, rounds: Rounds, mechanism: ClientLevelDP, set
     if variant.personalized and evaluate_fn is not None:
         raise ValueError(f"variant {settings.variant!r} keeps a personal head on every client: the server has no "
                          "full model to evaluate; pass evaluate_fn=None")
+    if mechanism.secure_aggregation:
+        raise ValueError("dp2_fedsam runs without SecAgg+ in this library: build the mechanism with "
+                         "client_level_mechanism(..., secure_aggregation=False)")
     factory = _client_level_factory(rounds, mechanism)
     engine = _engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant)
     engine["initial_weights"] = [w for w, shared in zip(engine["initial_weights"], mask) if shared]
@@ -372,6 +487,7 @@ class JsonRecorder:
                 "epsilon_spent_by_client": spent}
 
 
-__all__ = ["JsonRecorder", "central_evaluation", "client_level_mechanism", "dp2_fedsam", "dp_fedavg", "dp_ftrl",
-           "dpsgd_fedavg", "fed_smp", "fedavg", "ftrl_mechanism", "min_eps", "pfa", "public_update", "robust_hdp",
-           "soteriafl", "sparse_fedavg", "weiavg"]
+__all__ = ["JsonRecorder", "SecureClientLevelStrategy", "central_evaluation", "client_level_mechanism", "dp2_fedsam",
+           "dp_fedavg", "dp_ftrl", "dpsgd_fedavg", "fed_smp", "fedavg", "ftrl_mechanism", "min_eps", "pfa",
+           "public_update", "robust_hdp", "run_secure_aggregation", "secagg_client_dp", "secure_sum", "soteriafl",
+           "sparse_fedavg", "weiavg"]

@@ -170,3 +170,46 @@ class DP2FedSAMSettings:
                             f"{self.sam_rho} >= 0")
         if problems:
             raise ValueError("DP2FedSAMSettings: " + "; ".join(problems))
+
+
+SECAGG_MECHANISMS = ("ddg", "gaussian")
+
+
+@dataclass(frozen=True)
+class SecAggSettings:
+    """Client-level DP under Flower's SecAgg+ (the project's workflow, :mod:`fedapp.privacy.secure_aggregation`), shared
+    by the strategy (:func:`~fedapp.library.server.dp_fedavg` / :func:`~fedapp.library.server.fed_smp` with
+    ``secagg=``), the server's round loop (:func:`~fedapp.library.server.run_secure_aggregation`) and every client
+    (:func:`~fedapp.library.clients.client_level_client` with ``secagg=``).
+
+    ``mechanism``: the noise of each client's share of the secure sum. ``"ddg"`` (default): the distributed discrete
+    Gaussian (Kairouz, Liu & Steinke 2021), residues modulo 2^``bits``, its σ raised until the sum's Rényi DP is at
+    most the planned Gaussian's (run-config ``secagg-mechanism = 'ddg'``, ``secagg-bits``); ``"gaussian"``: continuous
+    Gaussian shares quantized by Flower (2^22 levels), whose rounded sum's privacy is not analysed (its
+    ``epsilon_vs_server_proven`` is false). ``num_shares``: SecAgg+ shares per client, a fraction of the round's
+    clients in (0, 1] (1: every client, i.e. SecAgg) or an odd count >= 3; ``reconstruction_threshold``: a fraction
+    of the shares in (0, 1]; ``round_timeout``: seconds the server waits for each stage's replies (0: no timeout,
+    else >= 1). The defaults are the run-config's."""
+
+    mechanism: str = "ddg"
+    bits: int = 20
+    num_shares: float = 1.0
+    reconstruction_threshold: float = 0.5
+    round_timeout: float = 0.0
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mechanism not in SECAGG_MECHANISMS:
+            problems.append(f"mechanism = {self.mechanism!r} must be one of {SECAGG_MECHANISMS}")
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 8 <= self.bits <= 31:
+            problems.append(f"bits = {self.bits!r} must be an integer in 8..31 (Flower's quantizer holds at most 31)")
+        shares = self.num_shares
+        if not (0 < shares <= 1 or (shares == int(shares) and int(shares) >= 3 and int(shares) % 2 == 1)):
+            problems.append(f"num_shares = {shares} must be in (0, 1] or an odd integer >= 3 (Flower's SecAgg+ ring "
+                            "of neighbours breaks on an even count)")
+        if not 0 < self.reconstruction_threshold <= 1:
+            problems.append(f"reconstruction_threshold = {self.reconstruction_threshold} must be in (0, 1]")
+        if not (self.round_timeout == 0 or (math.isfinite(self.round_timeout) and self.round_timeout >= 1)):
+            problems.append(f"round_timeout = {self.round_timeout} must be 0 (no timeout) or >= 1 s")
+        if problems:
+            raise ValueError("SecAggSettings: " + "; ".join(problems))
