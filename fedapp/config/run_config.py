@@ -349,6 +349,9 @@ def check_audit(cfg: Mapping[str, Any]) -> None:
     if cfg["dataset"] == NODE_LOCAL:
         raise ConfigError(f"run-config 'audit-canaries' = {k} with dataset = {NODE_LOCAL!r}: canaries are simulated "
                           "clients, and a deployment's nodes are real ones; audit in a simulation")
+    if cfg["resume-from"]:
+        raise ConfigError(f"run-config 'audit-canaries' = {k} with 'resume-from': the audit reads every round's model "
+                          "from the run's start, which a resumed process never saw; audit a run from its start")
     n = int(cfg["num-clients"])
     if n and k > n - 2:
         raise ConfigError(f"run-config 'audit-canaries' = {k} leaves {n - k} of the {n} clients to train; at most "

@@ -75,6 +75,8 @@ def test_the_audit_settings_are_checked_before_anything_starts() -> None:
         resolve_config({"strategy": "dp-fedavg", "audit-canaries": 9, "num-clients": 10})
     with pytest.raises(ConfigError, match=r"'audit-seed' = 5 would have no effect"):
         resolve_config({"strategy": "dp-fedavg", "audit-seed": 5})
+    with pytest.raises(ConfigError, match=r"'audit-canaries' = 3 with 'resume-from'"):
+        resolve_config({"strategy": "dp-fedavg", "audit-canaries": 3, "resume-from": "/tmp/x/checkpoint.npz"})
 
 
 @pytest.mark.slow

@@ -43,7 +43,7 @@ def test_the_final_summary_is_the_last_file_a_run_writes(tmp_path, monkeypatch) 
     from fedapp.state import results
 
     seen_by_plots: list[dict] = []
-    monkeypatch.setattr(results, "plot_run", lambda run_dir, rounds: seen_by_plots.append(
+    monkeypatch.setattr(results, "plot_run", lambda run_dir, rounds, audit=None: seen_by_plots.append(
         json.loads((run_dir / "summary.json").read_text())))
     writer = results.ResultsWriter(tmp_path, {"strategy": "fedavg", "dataset": "digits", "seed": 1})
     writer.write_round(_round(1, 2))
