@@ -214,3 +214,33 @@ def fit_outside_secagg(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
         return
     for module in ("fedapp.clients.client_dp", "fedapp.clients.dp2_fedsam"):
         monkeypatch.setattr(f"{module}.outside_secagg", lambda context: False)
+
+
+def one_round(strategy: Any, clients: list, tmp_path: Path) -> dict:
+    """Round 1 of ``strategy`` in process: its fit instructions to ``clients`` (one per stand-in node of
+    :func:`client_manager`), their replies back through ``aggregate_fit``; checks the model moved and returns the round
+    record its recorder wrote to ``tmp_path``."""
+    import json
+
+    import numpy as np
+    from flwr.common import parameters_to_ndarrays
+
+    cm = client_manager(len(clients))
+    params = strategy.initialize_parameters(cm)
+    before = parameters_to_ndarrays(params)
+    instructions = strategy.configure_fit(1, params, cm)
+    assert len(instructions) == len(clients)
+    replies = [(proxy, clients[int(proxy.node_id) - 1].fit(ins)) for proxy, ins in instructions]
+    after, _ = strategy.aggregate_fit(1, replies, [])
+    strategy.flush_round()
+    assert after is not None and any(np.abs(a - b).max() > 0 for a, b in zip(parameters_to_ndarrays(after), before))
+    return json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[0])
+
+
+def in_secagg_collect(context: Any) -> None:
+    """Put ``context`` where Flower's secaggplus_mod has it when it calls the client for the masked vector (the
+    protocol state in ``Context.state`` at the key-sharing stage): a client-level client under SecAgg+ trains then."""
+    from flwr.common import ConfigRecord
+    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE, Stage
+
+    context.state.config_records[RECORD_KEY_STATE] = ConfigRecord({"current_stage": Stage.SHARE_KEYS})

@@ -142,8 +142,7 @@ def test_under_secagg_a_fit_outside_the_protocol_is_refused_and_sends_nothing(st
     """A server that skips SecAgg+ and sends a plain fit would see one client's share, noised only for the sum: a
     client whose run-config turns SecAgg+ on answers it with a refusal and no arrays; inside the collect stage (the
     state Flower's secaggplus_mod keeps in Context.state) the same fit trains."""
-    from flwr.common import ConfigRecord
-    from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE, Stage
+    from conftest import in_secagg_collect
 
     from fedapp.privacy.secure_aggregation import OUTSIDE_SECAGG
     from fedapp.registry import get_spec
@@ -157,7 +156,7 @@ def test_under_secagg_a_fit_outside_the_protocol_is_refused_and_sends_nothing(st
     params = client.get_parameters({})
     arrays, n, metrics = client.fit(params, {"server-round": 1, CFG_SIGMA: client_sigma(overrides)})
     assert (arrays, n, metrics["status"], metrics["reason"]) == ([], 0, "refused", OUTSIDE_SECAGG)
-    ctx.state.config_records[RECORD_KEY_STATE] = ConfigRecord({"current_stage": Stage.SHARE_KEYS})
+    in_secagg_collect(ctx)
     arrays, n, metrics = client.fit(params, {"server-round": 1, CFG_SIGMA: client_sigma(overrides)})
     assert metrics["status"] == "ok" and arrays, metrics.get("reason")
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import client_context
+from conftest import client_context, one_round
 from flwr.common import Code, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -164,25 +164,6 @@ def test_strategy_builders_pass_the_shared_settings_and_refuse_what_they_cannot_
         client_level_mechanism(num_clients=4, rounds=2, clip=1.0)
 
 
-def _one_round(strategy, clients, tmp_path):
-    """Round 1 of ``strategy`` in process: its fit instructions to ``clients`` (one per stand-in node), their replies
-    back through ``aggregate_fit``; returns the written round record."""
-    from conftest import client_manager
-
-    cm = client_manager(len(clients))
-    params = strategy.initialize_parameters(cm)
-    before = parameters_to_ndarrays(params)
-    instructions = strategy.configure_fit(1, params, cm)
-    assert len(instructions) == len(clients)
-    replies = [(proxy, clients[int(proxy.node_id) - 1].fit(ins)) for proxy, ins in instructions]
-    after, _ = strategy.aggregate_fit(1, replies, [])
-    strategy.flush_round()
-    assert any(np.abs(a - b).max() > 0 for a, b in zip(parameters_to_ndarrays(after), before))
-    import json
-
-    return json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[0])
-
-
 def test_robust_hdp_aggregates_the_dpsgd_clients_and_charges_each_its_declared_epsilon(tmp_path, monkeypatch):
     """With 3 clients Robust PCA's noise estimates vary from draw to draw (one update in four was estimated above the
     2× band of its declared noise and rejected), so the clients' secret noise seeds are fixed here."""
@@ -199,7 +180,7 @@ def test_robust_hdp_aggregates_the_dpsgd_clients_and_charges_each_its_declared_e
                             settings=settings, epsilon=eps[i], delta=1e-4) for i in range(3)]
     strategy = robust_hdp(_mlp(), Rounds(num_rounds=2, min_available_clients=3), settings,
                           recorder=JsonRecorder(tmp_path))
-    record = _one_round(strategy, clients, tmp_path)
+    record = one_round(strategy, clients, tmp_path)
     by_id = {c["client_id"]: c for c in record["clients"]}
     assert {c["status"] for c in by_id.values()} == {"ok"}, record["clients"]
     for i in range(3):  # the server's ledger: one of two planned rounds, from the declared (z, q, steps)
@@ -214,7 +195,7 @@ def test_dp_fedavg_aggregates_the_client_level_clients_and_charges_the_mechanism
     clients = [client_level_client(_mlp(), DataLoader(_data(seed=i), batch_size=20), context=client_context(i, 2),
                                    mechanism=mech, lr=0.1) for i in range(2)]
     strategy = dp_fedavg(_mlp(), Rounds(num_rounds=2), mech, recorder=JsonRecorder(tmp_path))
-    record = _one_round(strategy, clients, tmp_path)
+    record = one_round(strategy, clients, tmp_path)
     assert [c["status"] for c in record["clients"]] == ["ok", "ok"], record["clients"]
     assert record["metrics"]["epsilon"] == pytest.approx(cached_epsilon(mech, 1), rel=1e-3)
     with pytest.raises(ValueError, match="above 1/\\(10 n\\)"):

@@ -3,12 +3,10 @@ DP-FTRL, SoteriaFL and DP2-FedSAM, each built from typed arguments around a user
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import torch
-from conftest import client_context, client_manager
+from conftest import client_context, one_round
 from flwr.common import Code, FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -68,21 +66,6 @@ def _fit(client, weights: list[np.ndarray], config: dict):
     return parameters_to_ndarrays(res.parameters), dict(res.metrics)
 
 
-def _one_round(strategy, clients, tmp_path) -> dict:
-    """Round 1 of ``strategy`` in process: fit instructions to ``clients`` (one per stand-in node), their replies back
-    through ``aggregate_fit``; returns the round record written to ``tmp_path``."""
-    cm = client_manager(len(clients))
-    params = strategy.initialize_parameters(cm)
-    before = parameters_to_ndarrays(params)
-    instructions = strategy.configure_fit(1, params, cm)
-    assert len(instructions) == len(clients)
-    replies = [(proxy, clients[int(proxy.node_id) - 1].fit(ins)) for proxy, ins in instructions]
-    after, _ = strategy.aggregate_fit(1, replies, [])
-    strategy.flush_round()
-    assert after is not None and any(np.abs(a - b).max() > 0 for a, b in zip(parameters_to_ndarrays(after), before))
-    return json.loads((tmp_path / "rounds.jsonl").read_text().splitlines()[0])
-
-
 # ----------------------------------------------------------------------------- Robust-HDP family baselines
 def _dpsgd_clients(settings: DPSGDSettings, eps: list[float]) -> list:
     return [dpsgd_client(_mlp(), DataLoader(_data(seed=i), batch_size=20), context=client_context(i, len(eps)),
@@ -94,7 +77,7 @@ def test_weiavg_weighs_each_dpsgd_client_by_its_reported_epsilon_and_charges_its
     eps = [1.0, 2.0, 4.0]
     strategy = weiavg(_mlp(), Rounds(num_rounds=2, min_available_clients=3), settings, recorder=JsonRecorder(tmp_path))
     assert isinstance(strategy, WeiAvg) and strategy.clip_norm == 1.0
-    record = _one_round(strategy, _dpsgd_clients(settings, eps), tmp_path)
+    record = one_round(strategy, _dpsgd_clients(settings, eps), tmp_path)
     by_id = {c["client_id"]: c for c in record["clients"]}
     assert {c["status"] for c in by_id.values()} == {"ok"}, record["clients"]
     shares = np.array([by_id[i]["aggregation_weight"] for i in range(3)])
@@ -112,7 +95,7 @@ def test_pfa_and_min_eps_build_from_the_settings_and_refuse_bad_arguments(tmp_pa
     strategy = pfa(_mlp(), Rounds(num_rounds=2, min_available_clients=3), settings, components=1,
                    recorder=JsonRecorder(tmp_path))
     assert isinstance(strategy, PFA) and strategy.components == 1 and strategy.clip_norm == 0.5
-    record = _one_round(strategy, _dpsgd_clients(settings, [1.0, 1.0, 4.0]), tmp_path)
+    record = one_round(strategy, _dpsgd_clients(settings, [1.0, 1.0, 4.0]), tmp_path)
     public = {c["client_id"]: c["pfa_public"] for c in record["clients"]}
     assert public[2] and not public[0]  # the split is by reported ε: the ε = 4 client is public
     with pytest.raises(ValueError, match="pfa-components must be >= 1"):
@@ -125,7 +108,7 @@ def test_min_eps_clients_train_at_the_federation_minimum_and_the_server_charges_
     budgets = [1.0, 3.0]
     eps_min = min(budgets)  # what a user's ClientApp passes to every client (docs/library.md, min-eps)
     strategy = min_eps(_mlp(), Rounds(num_rounds=1), settings, recorder=JsonRecorder(tmp_path))
-    record = _one_round(strategy, _dpsgd_clients(settings, [eps_min] * len(budgets)), tmp_path)
+    record = one_round(strategy, _dpsgd_clients(settings, [eps_min] * len(budgets)), tmp_path)
     for c in record["clients"]:  # T = 1 round spends exactly ε_min, never a client's own larger budget
         assert c["status"] == "ok" and c["epsilon_budget"] == eps_min
         assert c["epsilon_spent"] == pytest.approx(eps_min, rel=2e-3) and c["epsilon_spent"] <= eps_min * (1 + 1e-3)
@@ -145,7 +128,7 @@ def test_fed_smp_randk_clients_send_the_k_noised_values_of_the_servers_mask(tmp_
     assert m["epsilon_spent"] == pytest.approx(cached_epsilon(mech, 1))
     strategy = fed_smp(_mlp(), Rounds(num_rounds=2), mech, sparsifier="randk", compression_ratio=0.1,
                        recorder=JsonRecorder(tmp_path))
-    record = _one_round(strategy, clients, tmp_path)
+    record = one_round(strategy, clients, tmp_path)
     assert [c["status"] for c in record["clients"]] == ["ok", "ok"], record["clients"]
     assert record["metrics"]["epsilon"] == pytest.approx(cached_epsilon(mech, 1), rel=1e-3)
 
@@ -188,7 +171,7 @@ def test_dp_ftrl_clients_clip_and_the_server_charges_the_matrix_mechanism(tmp_pa
     clients[0] = ftrl_client(_mlp(), DataLoader(_data(seed=0), batch_size=20), context=client_context(0, 2),
                              mechanism=mech, lr=0.1)
     strategy = dp_ftrl(_mlp(), Rounds(num_rounds=2), mech, recorder=JsonRecorder(tmp_path))
-    record = _one_round(strategy, clients, tmp_path)
+    record = one_round(strategy, clients, tmp_path)
     assert [c["status"] for c in record["clients"]] == ["ok", "ok"], record["clients"]
     assert record["metrics"]["epsilon"] == pytest.approx(mech.epsilon(1), rel=1e-6)
     with pytest.raises(ValueError, match="every client every round"):
@@ -222,7 +205,7 @@ def test_soteriafl_strategy_aggregates_the_clients_and_charges_their_declared_no
                                 settings=settings, epsilon=2.0, delta=1e-4) for i in range(2)]
     strategy = soteriafl(_mlp(), Rounds(num_rounds=2), settings, recorder=JsonRecorder(tmp_path))
     assert strategy.k == max(1, strategy.num_params // 20)  # the same k as the clients' (settings.k = 0: d/20)
-    record = _one_round(strategy, clients, tmp_path)
+    record = one_round(strategy, clients, tmp_path)
     assert [c["status"] for c in record["clients"]] == ["ok", "ok"], record["clients"]
     for c in record["clients"]:
         assert 0 < c["epsilon_spent"] < 2.0 and c["epsilon_budget"] == 2.0
@@ -253,7 +236,7 @@ def test_dp2_fedsam_sends_only_the_noised_body_keeps_the_head_and_the_server_cha
     strategy = dp2_fedsam(_mlp(), Rounds(num_rounds=2), mech, settings, recorder=JsonRecorder(tmp_path))
     body = [w for name, w in zip(_mlp().state_dict(), _weights(_mlp())) if not name.startswith("2.")]
     assert [w.shape for w in strategy.current_weights] == [w.shape for w in body]  # the server holds φ only
-    record = _one_round(strategy, clients, tmp_path)
+    record = one_round(strategy, clients, tmp_path)
     assert [c["status"] for c in record["clients"]] == ["ok", "ok"], record["clients"]
     assert record["metrics"]["epsilon"] == pytest.approx(cached_epsilon(mech, 1), rel=1e-3)
     head = contexts[0].state.array_records[HEAD_KEY].to_numpy_ndarrays()

@@ -9,9 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import client_context, client_manager
-from flwr.common import Code, ConfigRecord, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_STATE, Stage
+from conftest import client_context, client_manager, in_secagg_collect
+from flwr.common import Code, parameters_to_ndarrays
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -154,11 +153,6 @@ def test_run_secure_aggregation_runs_the_projects_workflow_with_the_typed_settin
     assert secagg_mod is project_secagg_mod
 
 
-def _in_collect_stage(context) -> None:
-    """What Flower's secaggplus_mod has stored in Context.state when it calls the client for the masked vector."""
-    context.state.config_records[RECORD_KEY_STATE] = ConfigRecord({"current_stage": Stage.SHARE_KEYS})
-
-
 def _round_one(strategy) -> tuple[list[np.ndarray], dict]:
     cm = client_manager(N)
     params = strategy.initialize_parameters(cm)
@@ -184,7 +178,7 @@ def test_the_client_sends_its_secure_sum_share_only_inside_secagg(mechanism):
     outside = client.fit(ins)  # no SecAgg+ state: a plain fit (start_grid, or no secagg_mod) gets nothing
     assert outside.status.code == Code.OK and outside.metrics["status"] == "refused"
     assert not outside.parameters.tensors and outside.metrics["reason"] == OUTSIDE_SECAGG
-    _in_collect_stage(context)
+    in_secagg_collect(context)
     res = client.fit(ins)
     m = dict(res.metrics)
     assert m["status"] == "ok" and res.num_examples == int(MAX_WEIGHT)  # weight 1: the secure sum is Σ Δ_i
