@@ -44,10 +44,11 @@ from fedapp.config import (
     TrainingConfig,
     resolve_config,
 )
+from fedapp.config.run_config import record_canaries
 from fedapp.data.client_data import client_train_sizes, public_dataset, training_pool
 from fedapp.data.node_data import NodeDataError, is_node_local
 from fedapp.models.catalog import ModelSpec
-from fedapp.privacy.audit import canary_direction, canary_index
+from fedapp.privacy.audit import canary_index, canary_update
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, ftrl_mechanism, secure_sum_mechanism
 from fedapp.registry import get_spec
 from strategies.aggregate import flatten
@@ -113,7 +114,8 @@ def engine_settings(general: GeneralConfig, data: DataConfig, training: Training
         secure_randomness=general.secure_randomness and not general.seeded_noise,
         accountant=training.accountant, strike_limit=deployment.strike_limit,
         robust_norm_factor=deployment.robust_norm_factor,
-        dataset_sizes=None if is_node_local(data) else lambda n: client_train_sizes(data, general.seed, n))
+        dataset_sizes=None if is_node_local(data) else lambda n: client_train_sizes(data, general.seed, n,
+                                                                                  record_canaries(general)))
 
 
 # ----------------------------------------------------------------------------- foundation, Robust-HDP
@@ -243,7 +245,7 @@ def build_soteriafl(ctx: StrategyContext, engine: EngineSettings, *, general: Ge
         b = soteriafl.soteriafl_batch_size
         if is_node_local(data):
             return  # each node checks its own m (fedapp.clients.soteriafl)
-        for cid, m in enumerate(client_train_sizes(data, general.seed, num_clients)):
+        for cid, m in enumerate(client_train_sizes(data, general.seed, num_clients, record_canaries(general))):
             if b > m:
                 raise ConfigError(f"client {cid}: run-config 'soteriafl-batch-size' = {b} > its dataset size m = {m}")
             if method.estimator == "saga" and 4 * m * d > SAGA_TABLE_LIMIT_BYTES:
@@ -310,7 +312,8 @@ def make_ftrl_client(context: Context, overrides: dict[str, Any] | None = None) 
 
 def with_canary(client: ClientLevelDPClient | DP2FedSAMClient, general: GeneralConfig) -> Client:
     """``client`` as a Flower client; one of the last ``audit-canaries`` clients becomes an audit canary
-    (:mod:`fedapp.privacy.audit`) whose direction spans what the client sends (DP2-FedSAM: the shared part). On a
+    (:mod:`fedapp.privacy.audit`) whose direction (or zero, by its coin) spans what the client sends (DP2-FedSAM: the
+    shared part). On a
     SuperNode a canary id refuses: canaries are simulated clients."""
     p = client.s.profile
     index = canary_index(p.client_id, p.num_clients, general.audit_canaries)
@@ -320,7 +323,7 @@ def with_canary(client: ClientLevelDPClient | DP2FedSAMClient, general: GeneralC
                                                f"{p.client_id} an audit canary; canaries are simulated clients, and "
                                                "this is a SuperNode with its own data")
         dim = int(sum(np.asarray(w).size for w in client.get_parameters({})))
-        client.canary = canary_direction(general.audit_seed, index, dim)
+        client.canary = canary_update(general.audit_seed, general.audit_canaries, index, dim)
     return client.to_client()
 
 

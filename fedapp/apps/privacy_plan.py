@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from fedapp.config import ClientDPConfig, ConfigError, DataConfig, GeneralConfig, TrainingConfig, resolve_config
-from fedapp.config.run_config import FTRL_STRATEGIES
+from fedapp.config.run_config import FTRL_STRATEGIES, record_canaries
 from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 from fedapp.registry import get_spec
 from strategies.privacy.threat_models import ROUNDED_SUM_CAVEAT
@@ -44,7 +44,13 @@ def privacy_plan(run_config: Mapping[str, Any], num_clients: int, payload_dim: i
     if plan["seeded_noise"]:
         plan["note"] = "seeded-noise = true: the server knows the noise seed, so no ε holds against it"
     k = cfg.general.audit_canaries
-    if k:  # fedapp.privacy.audit
+    if k and record_canaries(cfg.general):  # fedapp.privacy.record_audit
+        plan["audit"] = {"canary_records": k, "slots": f"slot j in client j mod {num_clients}'s training data, one "
+                                                       "of two random records by a secret coin",
+                         "seed": cfg.general.audit_seed,
+                         "estimator": "one-run lower bound (Steinke et al. 2023) for the final model, beside the "
+                                      "largest epsilon of the clients holding canaries"}
+    elif k:  # fedapp.privacy.audit
         plan["audit"] = {"canaries": k, "canary_clients": f"{num_clients - k}..{num_clients - 1} (of {num_clients})",
                          "seed": cfg.general.audit_seed,
                          "estimator": "one-shot (Andrew et al. 2024): final model and all iterates, beside "
@@ -163,7 +169,8 @@ def _record_level(general: GeneralConfig, training: TrainingConfig, data: DataCo
 
     profiles = federation_profiles(general, training, data, n)
     # node-local data: N_i is each node's own (it arrives with its replies), so q_i and the step count are too
-    sizes: list[int | None] = [None] * n if is_node_local(data) else list(client_train_sizes(data, general.seed, n))
+    sizes: list[int | None] = [None] * n if is_node_local(data) else list(client_train_sizes(data, general.seed, n,
+                                                                                               record_canaries(general)))
     clients = []
     for p, n_i in zip(profiles, sizes):
         row: dict[str, Any] = {"client_id": p.client_id, "num_examples": n_i, "delta": p.delta,

@@ -33,13 +33,15 @@ from fedapp.config import (
     resolve_config,
     unused_keys,
 )
-from fedapp.config.run_config import FTRL_STRATEGIES
+from fedapp.config.run_config import FTRL_STRATEGIES, audits_records, record_canaries
+from fedapp.data.canaries import candidates
 from fedapp.data.client_data import client_train_sizes
 from fedapp.data.datasets import ArrayDataset, load_dataset
 from fedapp.data.node_data import is_node_local, run_schema
 from fedapp.models.catalog import ModelSpec
-from fedapp.privacy.audit import AuditRecorder
+from fedapp.privacy.audit import AuditRecorder, canary_index, client_audit
 from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles, ftrl_mechanism
+from fedapp.privacy.record_audit import record_audit_block
 from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
 from fedapp.state.cache import release_mapped_pages
@@ -89,6 +91,36 @@ def make_evaluate_fn(general: GeneralConfig, inputs: ServerInputs):
     return evaluate_fn
 
 
+def audit_recorder(recorder: Any, strategy: Any, general: GeneralConfig, inputs: ServerInputs) -> AuditRecorder:
+    """The run's recorder wrapped by its privacy audit (run-config ``audit-canaries``): record canaries for the
+    record-level families (:mod:`fedapp.privacy.record_audit`), canary clients for the client-level ones
+    (:mod:`fedapp.privacy.audit`, marked in the round records)."""
+    seed, k, n = general.audit_seed, general.audit_canaries, general.num_clients
+    if not audits_records(general.strategy):
+        return AuditRecorder(recorder, strategy, client_audit(seed, k), n,
+                             canary_client=lambda cid, num: canary_index(cid, num, k) is not None)
+    assert inputs.test is not None  # check_audit: a simulation's dataset, never node-local
+    records = candidates(seed, k, inputs.test.input_shape, inputs.test.num_classes)
+    shapes = [w.shape for w in inputs.initial_weights]
+    model, device = inputs.model, resolve_device(general.device)
+
+    def losses(flat: np.ndarray) -> np.ndarray:
+        sizes = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
+        set_weights(model, [flat[a:b].reshape(s).astype(np.float32) for a, b, s in zip(sizes, sizes[1:], shapes)])
+        model.to(device).eval()
+        with torch.no_grad():
+            out = model(torch.as_tensor(records.x, device=device))
+            return torch.nn.functional.cross_entropy(out, torch.as_tensor(records.y, device=device),
+                                                     reduction="none").cpu().numpy()
+
+    def audit(initial: np.ndarray, models: list[np.ndarray], rounds: list[dict[str, Any]],
+              statistics: dict[str, Any]) -> dict[str, Any]:
+        return record_audit_block(seed, k, losses, initial, models[-1], rounds, n or int(strategy.num_available),
+                                  statistics)
+
+    return AuditRecorder(recorder, strategy, audit, n)
+
+
 def make_prevalidate(general: GeneralConfig, data: DataConfig, training: TrainingConfig, client_dp: ClientDPConfig):
     """Checks every simulated client's profile against its data before round 1."""
 
@@ -103,7 +135,7 @@ def make_prevalidate(general: GeneralConfig, data: DataConfig, training: Trainin
             elif get_spec(general.strategy).privacy.startswith("client-level"):
                 client_level_mechanism(general, training, client_dp, n)
             return
-        sizes = client_train_sizes(data, general.seed, num_clients)
+        sizes = client_train_sizes(data, general.seed, num_clients, record_canaries(general))
         profiles = federation_profiles(general, training, data, num_clients)
         for profile, n_i in zip(profiles, sizes):
             if profile.batch_size > n_i:
@@ -222,9 +254,8 @@ def build_components(run_config: Mapping[str, Any], *, transport: bool = True,
         recorder.meta["privacy_plan"] = privacy_plan(cfg, cfg.general.num_clients, payload_dim)
     check_fault_config(cfg.deployment)
     audited: Any = recorder
-    if cfg.general.audit_canaries > 0:  # canaries marked in the records, the audit block added when the run ends
-        audited = AuditRecorder(recorder, strategy, cfg.general.audit_seed, cfg.general.audit_canaries,
-                                cfg.general.num_clients)
+    if cfg.general.audit_canaries > 0:  # the audit block added to summary.json when the run ends
+        audited = audit_recorder(recorder, strategy, cfg.general, inputs)
         strategy.record_with(audited)
     journal = Path(cfg.deployment.client_state_dir or default_state_dir(cfg.general))
     remaining = attach_checkpointing(  # resume-from, checkpoints, faults; an ended run's journals on this disk

@@ -14,7 +14,10 @@ import torch
 from flwr.common import ConfigRecord, Context, log
 
 from fedapp.clients.training import evaluate_model, resolve_device, set_weights
+from fedapp.compat.runtime import on_supernode
 from fedapp.config import DataConfig, GeneralConfig, TrainingConfig, resolve_config
+from fedapp.config.run_config import record_canaries
+from fedapp.data.canaries import with_canaries
 from fedapp.data.client_data import load_client_data
 from fedapp.data.datasets import ArrayDataset
 from fedapp.data.node_data import NodeDataError, is_node_local, node_splits
@@ -94,6 +97,12 @@ def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> C
             len(validation), len(test))
     else:
         train, validation, test = load_client_data(cfg.data, cfg.general.seed, profile.client_id, profile.num_clients)
+        canaries = record_canaries(cfg.general)
+        if canaries:  # a record-level audit (fedapp.privacy.record_audit): this client's canary records
+            if on_supernode():
+                raise NodeDataError(f"run-config 'audit-canaries' = {canaries} adds canary records to the clients' "
+                                    "data; canaries belong in a simulation, and this is a SuperNode")
+            train = with_canaries(train, cfg.general.audit_seed, canaries, profile.client_id, profile.num_clients)
     return ClientSetup(cfg.general, cfg.data, cfg.training, cfg.model_spec, profile, train, test,
                        resolve_device(cfg.general.device), validation)
 

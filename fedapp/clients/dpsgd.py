@@ -30,6 +30,7 @@ import torch
 from flwr.client import NumPyClient
 from flwr.common import Context, log
 
+from fedapp.clients.broken_mechanism import noise_scale_fault
 from fedapp.clients.common import (
     ClientSetup,
     evaluate_on_local_test,
@@ -159,7 +160,8 @@ class DPSGDClient(NumPyClient):
                 metrics.update({"status": "refused", "epsilon_spent": eps_now, "reason": reason})
                 return [], 0, metrics
             spec = LocalTraining(batch_size=p.batch_size, steps=steps, lr=lr, momentum=training.momentum,
-                                 seed=seed, dp=PerSampleDP(z, training.clip_norm, self.grad_sample_mode(), training.cuda_graphs),
+                                 seed=seed, dp=PerSampleDP(z * noise_scale_fault(), training.clip_norm,  # 1 unless a test
+                                                 self.grad_sample_mode(), training.cuda_graphs),
                                  loss=self.loss)
             result = local_train(model, self.s.train, spec, self.s.device)
             if not math.isclose(result.extra["sample_rate"], q) or result.steps != steps:

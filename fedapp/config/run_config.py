@@ -338,20 +338,45 @@ AUDIT_STRATEGIES = ("dp-fedavg", "fed-smp-randk", "fed-smp-topk", "dp-ftrl", "dp
                     "dp-fedsam-ft", "dp-fedavg-ft")
 
 
+def audits_records(strategy: str) -> bool:
+    """Whether ``audit-canaries`` of ``strategy`` are canary records in the clients' data (the record-level DP-SGD and
+    SoteriaFL families: :mod:`fedapp.privacy.record_audit`) rather than canary clients."""
+    from fedapp.registry import get_spec
+
+    return get_spec(strategy).privacy.startswith("record-level")
+
+
+def record_canaries(general: GeneralConfig) -> int:
+    """How many canary records the run adds to its clients' data (0 without a record-level audit)."""
+    return general.audit_canaries if general.audit_canaries and audits_records(general.strategy) else 0
+
+
 def check_audit(cfg: Mapping[str, Any]) -> None:
-    """``audit-canaries``: a family with canary clients, and at least 2 clients that are not canaries."""
+    """``audit-canaries``: a family that can be audited, in a simulation from its start; client-level: at least 2
+    clients that are not canaries; record-level: at least 2 slots, under the replace-one relation its slots use."""
     k = int(cfg["audit-canaries"])
     if k == 0:
         return
-    if cfg["strategy"] not in AUDIT_STRATEGIES:
-        raise ConfigError(f"run-config 'audit-canaries' = {k} with strategy {cfg['strategy']!r}: canary clients exist "
-                          f"for the client-level strategies {list(AUDIT_STRATEGIES)}; set audit-canaries = 0")
+    records = audits_records(cfg["strategy"])
+    if cfg["strategy"] not in AUDIT_STRATEGIES and not records:
+        raise ConfigError(f"run-config 'audit-canaries' = {k} with strategy {cfg['strategy']!r}: canaries exist "
+                          f"for the client-level strategies {list(AUDIT_STRATEGIES)} and the record-level DP-SGD and "
+                          "SoteriaFL strategies; a non-private strategy has no guarantee to audit; set audit-canaries = 0")
     if cfg["dataset"] == NODE_LOCAL:
         raise ConfigError(f"run-config 'audit-canaries' = {k} with dataset = {NODE_LOCAL!r}: canaries are simulated "
-                          "clients, and a deployment's nodes are real ones; audit in a simulation")
+                          "clients or records, and a deployment's nodes hold their own data; audit in a simulation")
     if cfg["resume-from"]:
         raise ConfigError(f"run-config 'audit-canaries' = {k} with 'resume-from': the audit reads every round's model "
                           "from the run's start, which a resumed process never saw; audit a run from its start")
+    if records:
+        if k < 2:
+            raise ConfigError(f"run-config 'audit-canaries' = {k}: a record-level audit guesses over at least 2 "
+                              "canary slots")
+        if cfg["record-neighbours"] != "replace-one":
+            raise ConfigError(f"run-config 'audit-canaries' = {k} with record-neighbours = "
+                              f"{cfg['record-neighbours']!r}: a canary slot swaps one record for another, the "
+                              "replace-one relation; audit with record-neighbours = 'replace-one'")
+        return
     n = int(cfg["num-clients"])
     if n and k > n - 2:
         raise ConfigError(f"run-config 'audit-canaries' = {k} leaves {n - k} of the {n} clients to train; at most "

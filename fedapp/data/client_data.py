@@ -8,6 +8,7 @@ import hashlib
 import numpy as np
 
 from fedapp.config import DataConfig
+from fedapp.data.canaries import slot_count
 from fedapp.data.datasets import ArrayDataset, load_dataset
 from fedapp.data.partition import partition, train_test_split_local, train_validation_split_local
 from fedapp.state.cache import cached_arrays, library_versions, release_mapped_pages
@@ -112,10 +113,12 @@ def load_client_data(data: DataConfig, seed: int, client_id: int,
     return local
 
 
-def client_train_sizes(data: DataConfig, seed: int, num_clients: int) -> list[int]:
-    """N_i of every client (for server-side validation before round 1). Memoized per process: every client's
-    profile asks for its own N_i, which made building n profiles O(n²) (53 s of dry run at n = 1,000)."""
-    return list(_train_sizes(_partition_key(data, seed, num_clients), _split_args(data, seed)))
+def client_train_sizes(data: DataConfig, seed: int, num_clients: int, canaries: int = 0) -> list[int]:
+    """N_i of every client (for server-side validation before round 1), with its share of ``canaries`` audit records
+    (:mod:`fedapp.data.canaries`). Memoized per process: every client's profile asks for its own N_i, which made
+    building n profiles O(n²) (53 s of dry run at n = 1,000)."""
+    sizes = _train_sizes(_partition_key(data, seed, num_clients), _split_args(data, seed))
+    return [size + slot_count(i, num_clients, canaries) for i, size in enumerate(sizes)]
 
 
 @functools.lru_cache(maxsize=8)

@@ -1,22 +1,32 @@
-"""The empirical privacy audit of a simulated run: run-config ``audit-canaries = k`` (``strategies/privacy/audit.py``
-has the estimators).
+"""The client-level privacy audit of a simulated run: run-config ``audit-canaries = k`` for the client-level families
+(``strategies/privacy/audit.py`` has the estimators; :mod:`fedapp.privacy.record_audit` audits the record-level ones).
 
-Clients ``n − k`` … ``n − 1`` of the federation are canaries: each holds a fixed random unit direction u_j (stream
-``audit-seed``) and, in every round it is sampled, sends C·u_j through the run's mechanism exactly as a client sends its
-update (the same clipping, noise share, sparsification and SecAgg+), instead of training; it evaluates nothing.
+Clients ``n − k`` … ``n − 1`` of the federation are canaries. Canary j holds a fixed random unit direction u_j and a
+fair coin (both from the stream ``audit-seed``, which only the auditor knows); in every round it is sampled it sends,
+instead of training, C·u_j when its coin is heads and the zero update when it is tails, through the run's mechanism
+exactly as a client sends its update (the same sampling, clipping, noise share, sparsification and SecAgg+); it
+evaluates nothing. A tails canary adds its noise share and nothing else, so each coin is the add/remove of one
+client's contribution, the neighbouring relation of the accountant's ε.
+
 :class:`AuditRecorder` wraps the run's recorder: it marks the canaries in the round records (so that the summary's
 ε per client and utility leave them out), keeps the global model after every round, and, when the run ends, adds the
-``audit`` block to summary.json: Andrew et al.'s one-shot ε estimate, with its bootstrap interval, for an observer of
-the final model and for one of every round's model, next to the accountant's ε for that observer (the release's).
+``audit`` block to summary.json, for an observer of the final model and for one of every round's model (statistic:
+the cosine of u_j with the model's change, or its largest over the rounds' changes), next to the accountant's ε for
+that observer (the release's):
 
-What it measures: the mechanism as the run executes it, on the model's change, against whoever sees the released
-models; the estimate holds under the paper's Gaussian fit of the statistics, it is not a bound. Canaries take part as
-clients of the same federation (n counts them: the audited run is the run with n clients, k of them canaries).
+* Andrew et al.'s one-shot ε estimate with its bootstrap interval: heads canaries against the tails ones and
+  ``NULL_DIRECTIONS`` never-drawn directions. It holds under the paper's Gaussian fit; it is not a bound.
+* Steinke et al.'s one-run lower bound at 95 % from guessing the coins of the most confident canaries: valid, and far
+  from tight with k of a few hundred (all of 20 guesses right bounds ε by about 1.4).
+
+Canaries take part as clients of the same federation (n counts them: the audited run is the run with n clients, k of
+them canaries).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +34,7 @@ import numpy as np
 
 from fedapp.state.results import write_json_atomic
 from strategies.aggregate import flatten
-from strategies.privacy.audit import canary_directions, cosines, one_shot_estimate
+from strategies.privacy.audit import audit_scores, canary_directions, cosines, one_shot_estimate
 
 #: the raw canary statistics of an audited run, next to its summary.json
 STATISTICS_FILE = "audit_statistics.json"
@@ -54,37 +64,83 @@ def _statistics(seed: int, first: int, count: int, final: np.ndarray, steps: lis
     return np.concatenate(out_final), np.concatenate(out_iter)
 
 
+def canary_coins(seed: int, canaries: int) -> np.ndarray:
+    """The canaries' fair coins (True: canary j sends C·u_j; False: the zero update), the auditor's secret."""
+    return np.random.default_rng([int(seed), 921]).random(int(canaries)) < 0.5
+
+
+def canary_update(seed: int, canaries: int, index: int, dim: int) -> np.ndarray:
+    """What canary ``index`` sends, over C: u_index on heads, the zero vector on tails."""
+    if canary_coins(seed, canaries)[index]:
+        return canary_direction(seed, index, dim)
+    return np.zeros(dim)
+
+
 def audit_block(seed: int, canaries: int, initial: np.ndarray, models: list[np.ndarray], delta: float,
                 accountant: dict[str, Any], statistics: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """The ``audit`` block of summary.json from the global model before round 1 and after each round; the raw
     statistics go into ``statistics`` when given (``audit_statistics.json``: recompute at another confidence)."""
     final = models[-1] - initial
     steps = [b - a for a, b in zip([initial, *models[:-1]], models)]
-    ins_final, ins_iter = _statistics(seed, 0, canaries, final, steps)
+    heads = canary_coins(seed, canaries)
+    can_final, can_iter = _statistics(seed, 0, canaries, final, steps)
     null_final, null_iter = _statistics(seed, canaries, NULL_DIRECTIONS, final, steps)
     block: dict[str, Any] = {
-        "method": "one-shot empirical estimate (Andrew et al., ICLR 2024): cosines of canary directions with the "
-                  "model's change, inserted vs never-inserted, fitted with Gaussians of one variance; ε at δ of "
-                  "telling them apart, 95 % bootstrap interval",
-        "canaries": canaries, "null_directions": NULL_DIRECTIONS, "delta": delta, "rounds": len(models),
+        "method": "canary clients sending C·u_j or nothing by a secret coin; statistic: cosine of u_j with the "
+                  "model's change. One-shot estimate (Andrew et al., ICLR 2024): heads vs tails and never-drawn "
+                  "directions, Gaussians of one variance, ε at δ of telling them apart, 95 % bootstrap interval. "
+                  "One-run lower bound (Steinke et al., NeurIPS 2023): coins guessed for the most confident canaries, "
+                  "95 % confidence",
+        "canaries": canaries, "canaries_heads": int(heads.sum()), "null_directions": NULL_DIRECTIONS, "delta": delta,
+        "rounds": len(models),
         "adversary": "whoever sees the released models (final: the last one; all_iterates: every round's)",
         **accountant,
     }
-    for name, ins, null in (("final_model", ins_final, null_final), ("all_iterates", ins_iter, null_iter)):
+    if statistics is not None:
+        statistics["coins"] = heads.tolist()
+    for name, can, fresh in (("final_model", can_final, null_final), ("all_iterates", can_iter, null_iter)):
+        ins, null = can[heads], np.concatenate([can[~heads], fresh])
         if statistics is not None:
+            statistics[f"{name}_canaries"] = can.tolist()
             statistics[f"{name}_inserted"], statistics[f"{name}_null"] = ins.tolist(), null.tolist()
         estimate = one_shot_estimate(ins, null, delta)
+        bound = audit_scores(can, heads, delta)
         block[name] = {**estimate.as_dict(), "mean_cosine_inserted": float(np.mean(ins)),
-                       "mean_cosine_null": float(np.mean(null))}
+                       "mean_cosine_null": float(np.mean(null)), "epsilon_lower_bound": float(bound["epsilon_lower_bound"]),
+                       "guesses": bound["guesses"], "correct": bound["correct"], "confidence": bound["confidence"]}
     return block
 
 
-class AuditRecorder:
-    """A round recorder around ``inner`` (see the module docstring); ``strategy`` is read for its global model."""
+#: what an audit computes when the run ends: (global model before round 1, after each round, the round records, a
+#: dict for the raw statistics) -> the ``audit`` block of summary.json
+AuditFn = Callable[[np.ndarray, list[np.ndarray], list[dict[str, Any]], dict[str, Any]], dict[str, Any]]
 
-    def __init__(self, inner: Any, strategy: Any, seed: int, canaries: int, num_clients: int) -> None:
-        self.inner, self.strategy = inner, strategy
-        self.seed, self.canaries, self.num_clients = int(seed), int(canaries), int(num_clients)
+
+def client_audit(seed: int, canaries: int) -> AuditFn:
+    """The client-level audit: :func:`audit_block` of canary clients, beside the release's accountant ε."""
+
+    def audit(initial: np.ndarray, models: list[np.ndarray], rounds: list[dict[str, Any]],
+              statistics: dict[str, Any]) -> dict[str, Any]:
+        metrics = rounds[-1].get("metrics", {})
+        delta = float(metrics.get("delta") or 0.0) or 1e-5
+        accountant = {"epsilon_accountant": _number(metrics.get("epsilon_vs_release", metrics.get("epsilon"))),
+                      "epsilon_accountant_vs_server": _number(metrics.get("max_epsilon_vs_server",
+                                                                          metrics.get("epsilon")))}
+        statistics["delta"] = delta
+        return {"level": "client", **audit_block(seed, canaries, initial, models, delta, accountant, statistics)}
+
+    return audit
+
+
+class AuditRecorder:
+    """A round recorder around ``inner`` that keeps the global model after every round (``strategy`` is read for it)
+    and adds ``audit``'s block to summary.json when the run ends; a client ``canary_client(client_id, n)`` names is
+    marked ``audit_canary`` in the round records (so that the summary's ε per client and utility leave it out)."""
+
+    def __init__(self, inner: Any, strategy: Any, audit: AuditFn, num_clients: int,
+                 canary_client: Callable[[int, int], bool] | None = None) -> None:
+        self.inner, self.strategy, self.audit = inner, strategy, audit
+        self.num_clients, self.canary_client = int(num_clients), canary_client
         self.initial = flatten(strategy.current_weights).astype(np.float64)
         self.models: list[np.ndarray] = []
         self.rounds: list[dict[str, Any]] = []
@@ -99,25 +155,21 @@ class AuditRecorder:
         self.inner.open()
 
     def write_round(self, record: dict[str, Any]) -> None:
-        n = self._n()
-        for client in record.get("clients", []):
-            cid = client.get("client_id")
-            if isinstance(cid, int) and canary_index(cid, n, self.canaries) is not None:
-                client["audit_canary"] = True
+        if self.canary_client is not None:
+            n = self._n()
+            for client in record.get("clients", []):
+                cid = client.get("client_id")
+                if isinstance(cid, int) and self.canary_client(cid, n):
+                    client["audit_canary"] = True
         self.models.append(flatten(self.strategy.current_weights).astype(np.float64))
         self.rounds.append(record)
         self.inner.write_round(record)
 
     def finish(self, amend: dict[str, Any] | None = None) -> None:
-        block: dict[str, Any] = {"canaries": self.canaries, "error": "no round was recorded"}
+        block: dict[str, Any] = {"error": "no round was recorded"}
         if self.models:
-            metrics = self.rounds[-1].get("metrics", {})
-            delta = float(metrics.get("delta") or 0.0) or 1e-5
-            accountant = {"epsilon_accountant": _number(metrics.get("epsilon_vs_release", metrics.get("epsilon"))),
-                          "epsilon_accountant_vs_server": _number(metrics.get("max_epsilon_vs_server",
-                                                                              metrics.get("epsilon")))}
-            statistics: dict[str, Any] = {"delta": delta}
-            block = audit_block(self.seed, self.canaries, self.initial, self.models, delta, accountant, statistics)
+            statistics: dict[str, Any] = {}
+            block = self.audit(self.initial, self.models, self.rounds, statistics)
             run_dir = getattr(self.inner, "run_dir", None)
             if run_dir is not None:
                 write_json_atomic(Path(run_dir) / STATISTICS_FILE, statistics)

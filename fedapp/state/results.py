@@ -261,9 +261,13 @@ def plot_run(run_dir: Path, rounds: list[dict[str, Any]], audit: Mapping[str, An
                 keys.append(ax.errorbar([last + 0.15 * (offset + 1)], [point],
                                         yerr=[[max(point - low, 0.0)], [max(high - point, 0.0)]],
                                         fmt=marker, color="k", capsize=3, label=f"audit estimate ({name})"))
+            if est.get("epsilon_lower_bound") is not None:  # a record-level audit's one-run bound (95 %)
+                keys += ax.plot([last + 0.15 * (offset + 1)], [est["epsilon_lower_bound"]], "^", color="tab:red",
+                                label=f"audit lower bound ({name})")
         if audit.get("epsilon_accountant") is not None:
+            who = "largest ε_i of the canaries' clients" if audit.get("level") == "record" else "release"
             keys.append(ax.axhline(audit["epsilon_accountant"], color="k", linestyle=":", linewidth=1,
-                                   label="accountant ε (release)"))
+                                   label=f"accountant ε ({who})"))
     if refusals:
         keys += ax.plot([], [], "kx", label="refused / withheld")
     if budgets:

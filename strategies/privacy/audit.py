@@ -146,7 +146,7 @@ def one_run_lower_bound(m: int, guesses: int, correct: int, delta: float, confid
 GUESS_FRACTIONS = (0.02, 0.05, 0.1, 0.2)
 
 
-def audit_scores(scores: Sequence[float], included: Sequence[bool], delta: float,
+def audit_scores(scores: Sequence[float] | np.ndarray, included: Sequence[bool] | np.ndarray, delta: float,
                  confidence: float = 0.95) -> dict[str, float | int]:
     """The one-run lower bound from canary ``scores`` (higher = more likely included) and the truth ``included``:
     for each r = f·m (f in :data:`GUESS_FRACTIONS`), guess "in" for the r/2 highest and "out" for the r/2 lowest
