@@ -105,4 +105,6 @@ def test_dp_fedavg_under_secagg_with_the_discrete_gaussian_reports_its_audit(tmp
     assert summary["finished"] and audit["canaries"] == 8
     assert all(r["metrics"]["secure_sum"] == "distributed discrete Gaussian" for r in rounds_of(run))
     assert audit["final_model"]["epsilon_interval"][0] <= audit["epsilon_accountant"]
+    for statistic in ("final_model", "all_iterates"):  # the bound, from the 8 coins
+        assert 0.0 <= audit[statistic]["epsilon_lower_bound"] <= audit["epsilon_accountant"]
     assert sorted(int(k) for k in summary["max_epsilon_per_client"]) == [0, 1, 2]
