@@ -50,9 +50,11 @@ def _node_id(context: Context) -> int:
 
 app = build_client_app()
 
-# Flower's simulation runtime (`flwr run` against a SuperLink) imports this module before it starts Ray: a lean head,
-# and the runtime's log in the file the launcher follows (both only where the launcher switched them on); and before
-# it starts its Simulation Engine: instructions wake the engine's feeder instead of its 0.1 s poll
+# Flower's simulation runtime (`flwr run` against a SuperLink) imports this module before it starts Ray and its
+# Simulation Engine: the compat patches that runtime needs are switched on here, and act only in `flwr-simulation`. A
+# lean Ray head whose actors skip flwr.simulation's __init__ (fedapp.compat.lean_ray, lean_actor) and the runtime's log
+# in the file the launcher follows (fedapp.compat.server_log), both only where the launcher's environment asks; and
+# instructions that wake the engine's feeder instead of its 0.1 s poll (fedapp.compat.wakeups; DPFL_WAKEUPS=off: not)
 lean_head_in_simulation_runtime()
 log_to_file_from_env()
 wake_feeder_in_simulation_runtime()

@@ -21,7 +21,8 @@ parent-death signal, which Linux ties to the *thread* that started them, and the
 returned.
 
 Acts only in ``flwr-simulation``, only when :data:`ENV` is set (the project's launcher sets it unless
-``DPFL_EARLY_RAY=off``; a plain ``flwr run`` starts Ray as Flower does) and only under Flower :data:`PATCHED_FLOWER`.
+``DPFL_EARLY_RAY=off``; a plain ``flwr run`` starts Ray as Flower does) and only under Flower :data:`PATCHED_FLOWER`
+whose ``RayBackend`` has the recorded signatures (:mod:`fedapp.compat.surface`, group ``early-ray``).
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from fedapp.compat import same_minor, switched_off
+from fedapp.compat import surface, switched_off
 
 #: environment variable: the ``init_args`` (JSON) of the federation the launcher submits; unset: Flower starts Ray
 ENV = "DPFL_EARLY_RAY_INIT_ARGS"
 #: the user's switch: ``DPFL_EARLY_RAY=off`` keeps the launcher from setting :data:`ENV`
 SWITCH = "DPFL_EARLY_RAY"
 #: the Flower minor version whose ``RayBackend.init_ray`` this module replicates
-PATCHED_FLOWER = "1.41"
+PATCHED_FLOWER = surface.TESTED["flwr"]
+#: the Flower method this module replaces (registered in :mod:`fedapp.compat.surface`)
+INIT_RAY = "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend.init_ray"
 SIMULATION_RUNTIME = "flwr-simulation"
 
 
@@ -89,16 +92,16 @@ def start_in_simulation_runtime(program: str | None = None) -> bool:
             return True
         try:
             init_args = json.loads(os.environ[ENV])
-            backend_cls = _patchable()
+            differences = surface.problems("early-ray")  # this Flower's RayBackend against the one replicated here
         except (ValueError, ImportError) as exc:
             _flower_log(WARNING, "Ray starts as Flower starts it (%s = %r: %s)", ENV, os.environ.get(ENV), exc)
             return False
-        if backend_cls is None or not isinstance(init_args, dict):
-            _flower_log(WARNING, "Ray starts as Flower starts it: the early start is written for Flower %s",
-                        PATCHED_FLOWER)
+        if differences or not isinstance(init_args, dict):
+            _flower_log(WARNING, "Ray starts as Flower starts it: the early start is written for Flower %s (%s)",
+                        PATCHED_FLOWER, "; ".join(differences) or f"{ENV} is not a JSON object")
             return False
         early = _early = _EarlyRay(init_args)
-        _patch_init_ray(backend_cls, early)
+        _patch_init_ray(early)
         threading.Thread(target=_start, args=(early,), name="dpfl-early-ray", daemon=True).start()
     return True
 
@@ -108,17 +111,6 @@ def _flower_log(level: int, msg: str, *args: Any) -> None:
     from flwr.common.logger import log
 
     log(level, msg, *args)
-
-
-def _patchable() -> Any:
-    """Flower's ``RayBackend`` if this Flower is :data:`PATCHED_FLOWER` and has the ``init_ray`` replicated here."""
-    import flwr
-
-    if not same_minor(flwr.__version__, PATCHED_FLOWER):
-        return None
-    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
-
-    return RayBackend if callable(getattr(RayBackend, "init_ray", None)) else None
 
 
 def _start(early: _EarlyRay) -> None:
@@ -139,8 +131,8 @@ def _start(early: _EarlyRay) -> None:
     threading.Event().wait()  # parked: Ray's daemons die with the thread that started them (module docstring)
 
 
-def _patch_init_ray(backend_cls: Any, early: _EarlyRay) -> None:
-    original = backend_cls.init_ray
+def _patch_init_ray(early: _EarlyRay) -> None:
+    original = surface.library_object(INIT_RAY)
 
     def init_ray(self: Any, backend_config: dict[str, Any]) -> None:
         early.done.wait()
@@ -160,4 +152,4 @@ def _patch_init_ray(backend_cls: Any, early: _EarlyRay) -> None:
             _flower_log(INFO, "Ray started while the apps loaded (fedapp.compat.early_ray)")
         original(self, backend_config)  # a no-op when Ray is up (Flower checks ray.is_initialized())
 
-    backend_cls.init_ray = init_ray
+    surface.replace(INIT_RAY, init_ray)

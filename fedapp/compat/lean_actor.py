@@ -11,21 +11,30 @@ other of its names) still gets it.
 
 It is a Ray ``worker_process_setup_hook`` (it runs in each worker before the worker loads an actor class);
 :func:`fedapp.compat.lean_ray.lean_local_ray_head` sets it only for a Ray cluster this process starts, whose
-workers find this project on their ``PYTHONPATH``. The hook never raises: a Flower without that package layout
-is left to load as it always did.
+workers find this project on their ``PYTHONPATH``, and only when :func:`applicable` (flwr :data:`PATCHED_FLOWER`, the
+Flower whose package layout the hook was written for; ``flwr.simulation`` and its actor class are registered in
+:mod:`fedapp.compat.surface`, group ``lean-actor``). The hook checks the same in the worker and never raises: any
+other Flower, or another package layout, is left to load as it always did.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import sys
 import types
 from typing import Any
 
+from fedapp.compat import surface
+
 log = logging.getLogger(__name__)
 
 PACKAGE = "flwr.simulation"
+#: the Flower minor version whose ``flwr.simulation`` layout the hook was written for
+PATCHED_FLOWER = surface.TESTED["flwr"]
+#: the actor's module, relative to the package's folder: it must load without the package's ``__init__``
+ACTOR_MODULE = os.path.join("ray_transport", "ray_actor.py")
 #: the dotted name Ray imports the hook by
 HOOK = f"{__name__}.defer_flower_simulation_package"
 
@@ -43,14 +52,24 @@ class _DeferredPackage(types.ModuleType):
         return getattr(self, name)
 
 
+def applicable() -> bool:
+    """Whether the installed Flower is :data:`PATCHED_FLOWER` (read from ``flwr``, not ``flwr.simulation``)."""
+    return surface.version_supported("flwr")
+
+
 def defer_flower_simulation_package() -> None:
     """Register :data:`PACKAGE` with its ``__init__`` deferred to the first use of a name it defines (nothing happens
-    when it is imported already or is not a plain package)."""
+    when it is imported already, is not a plain package with :data:`ACTOR_MODULE`, or Flower is not
+    :data:`PATCHED_FLOWER`)."""
     if PACKAGE in sys.modules:
         return
     try:
         spec = importlib.util.find_spec(PACKAGE)  # imports the parent package, ``flwr``
         if spec is None or spec.loader is None or not spec.submodule_search_locations:
+            return
+        if not applicable() or not any(os.path.isfile(os.path.join(folder, ACTOR_MODULE))
+                                       for folder in spec.submodule_search_locations):
+            log.debug("%s left to load as usual: written for flwr %s's layout", PACKAGE, PATCHED_FLOWER)
             return
         module = importlib.util.module_from_spec(spec)
     except Exception:  # noqa: BLE001 — a worker must start whatever Flower looks like

@@ -11,7 +11,8 @@ one ``Node`` that ``ray.init`` creates for a new local cluster, and nothing else
 cluster (``ray_address``) is untouched, and so are the raylet, its dashboard agent (metrics) and its runtime-env
 agent (Flower's ``runtime_env`` needs it).
 
-These are Ray internals (``ray._private.node.Node``): the patch checks that they have the shape it expects and
+These are Ray internals (``ray._private.node.Node``): the patch checks that they have the shape it was written
+against (:mod:`fedapp.compat.surface`, group ``lean-ray``: Ray :data:`PATCHED_RAY` and the recorded signatures) and
 otherwise leaves ``ray.init`` alone with a warning, so a Ray upgrade costs memory, not a run.
 
 The raylet also starts one idle Python worker per CPU as soon as the first driver connects
@@ -23,7 +24,8 @@ value the user set is kept.
 
 The same head gives its workers :mod:`fedapp.compat.lean_actor`'s setup hook (through the environment variable Ray
 reads it from, set like the settings above): an actor loads Flower's ``ClientAppActor`` without the rest of Flower's
-simulation package (43 MB and 0.9 s of round 1 per actor).
+simulation package (43 MB and 0.9 s of round 1 per actor); only under the Flower that hook was written for
+(:func:`fedapp.compat.lean_actor.applicable`).
 
 Two places start Ray for this project's apps: the run_simulation engine's process (:func:`lean_local_ray_head`
 around ``run_simulation``) and, for ``flwr run`` against a SuperLink, Flower's simulation runtime
@@ -41,7 +43,6 @@ other Ray it is not applied and a warning says so.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import logging
 import os
 import sys
@@ -49,7 +50,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from fedapp.compat import same_minor, switched_off
+from fedapp.compat import lean_actor, surface, switched_off
 from fedapp.compat.lean_actor import HOOK as ACTOR_HOOK
 
 log = logging.getLogger(__name__)
@@ -67,28 +68,27 @@ def lean_ray_env() -> dict[str, str]:
 
 
 #: the Ray minor version whose internals the ``Node`` patch was written and tested against
-PATCHED_RAY = "2.55"
+PATCHED_RAY = surface.TESTED["ray"]
 #: environment switch: ``on`` lets the ClientApp module start a lean head in ``flwr-simulation``; ``off`` disables all
 SWITCH = "DPFL_LEAN_RAY"
+#: the Ray method the lean head replaces while it starts (registered in :mod:`fedapp.compat.surface`)
+NODE_INIT = "ray._private.node.Node.__init__"
 
 
 def _patchable() -> Any:
-    """``ray._private.node.Node`` if Ray is :data:`PATCHED_RAY` and has the parameters and methods this module
-    sets, else None."""
+    """``ray._private.node.Node`` if Ray is :data:`PATCHED_RAY` and ``Node``, its ``start_api_server``, the
+    ``RayParams`` it reads and the hook's environment variable are as recorded in the surface; else None (a warning
+    names what differs)."""
     try:
-        import ray
-        from ray._private.node import Node
-        from ray._private.parameter import RayParams
-    except ImportError:
+        found = surface.problems("lean-ray")
+    except ImportError as exc:
+        found = [str(exc)]
+    if found:
+        log.warning("the lean Ray head is written for ray %s's internals: %s; starting Ray with all of its daemons",
+                    PATCHED_RAY, "; ".join(found))
         return None
-    if not same_minor(ray.__version__, PATCHED_RAY):
-        return None
-    params = inspect.signature(RayParams.__init__).parameters
-    node = inspect.signature(Node.__init__).parameters
-    if not {"no_monitor", "include_log_monitor"} <= params.keys() or not {"head", "ray_init_cluster"} <= node.keys():
-        return None
-    if not callable(getattr(Node, "start_api_server", None)):
-        return None
+    from ray._private.node import Node
+
     return Node
 
 
@@ -98,23 +98,22 @@ def lean_ray_wanted() -> bool:
 
 
 @contextlib.contextmanager
-def lean_local_ray_head() -> Iterator[bool]:
+def lean_local_ray_head(*, defer_actor_package: bool = True) -> Iterator[bool]:
     """While open, a ``ray.init`` that starts a new local cluster starts it without the autoscaler monitor, the
-    log monitor, the dashboard API server and prestarted idle workers. Yields whether the ``Node`` patch is in
-    place (the environment settings apply either way); nothing is changed under ``DPFL_LEAN_RAY=off``."""
+    log monitor, the dashboard API server and prestarted idle workers, and (``defer_actor_package``) its workers
+    load Flower's ``ClientAppActor`` without the rest of ``flwr.simulation`` (:mod:`fedapp.compat.lean_actor`).
+    Yields whether the ``Node`` patch is in place (the environment settings apply either way); nothing is changed
+    under ``DPFL_LEAN_RAY=off``."""
     if not lean_ray_wanted():
         yield False
         return
     added = lean_ray_env()
-    node_cls = _patchable()
-    if node_cls is not None and ACTOR_HOOK_ENV not in os.environ:
+    node_cls = _patchable()  # warns when this Ray is not the one the patch was written for
+    if defer_actor_package and node_cls is not None and ACTOR_HOOK_ENV not in os.environ and lean_actor.applicable():
         added[ACTOR_HOOK_ENV] = ACTOR_HOOK  # Ray's env for a worker setup hook: Ray 2.55's name, hence the check
     os.environ.update(added)  # read by the raylet when it starts; an attached cluster's raylet never sees it
-    if node_cls is None:
-        log.warning("the lean Ray head is written for ray %s's internals, which this Ray does not have; starting Ray "
-                    "with all of its daemons", PATCHED_RAY)
-    else:
-        original_init = node_cls.__init__
+    if node_cls is not None:
+        original_init = surface.library_object(NODE_INIT)
 
         def lean_init(self: Any, ray_params: Any, head: bool = False, *args: Any, **kwargs: Any) -> None:
             if head and kwargs.get("ray_init_cluster"):
@@ -123,12 +122,12 @@ def lean_local_ray_head() -> Iterator[bool]:
                 self.start_api_server = lambda **_: None  # instance attribute: this head only
             original_init(self, ray_params, head, *args, **kwargs)
 
-        node_cls.__init__ = lean_init
+        previous = surface.replace(NODE_INIT, lean_init)
     try:
         yield node_cls is not None
     finally:
         if node_cls is not None:
-            node_cls.__init__ = original_init
+            surface.restore(NODE_INIT, previous)
         for key in added:
             os.environ.pop(key, None)
 
@@ -152,7 +151,7 @@ def lean_head_in_simulation_runtime(program: str | None = None) -> bool:
         if ray is not None and ray.is_initialized():
             return False
         stack = contextlib.ExitStack()
-        _runtime_head = stack, stack.enter_context(lean_local_ray_head())
+        _runtime_head = stack, stack.enter_context(lean_local_ray_head(defer_actor_package=True))
     return _runtime_head[1]
 
 

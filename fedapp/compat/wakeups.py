@@ -17,13 +17,18 @@ from a thread each). Here a store into that ``LinkState`` wakes the side waiting
 
 Nothing about the messages changes — the same ``LinkState`` calls, in the same order, only sooner. A deployed
 ServerApp talks to its SuperLink through ``HttpGrid``, whose ``send_and_receive`` sleeps 3 s between pulls: there
-it pulls every :data:`HTTP_POLL_S` instead. Any Flower other than :data:`PATCHED_FLOWER` is left alone (a warning
-says so). ``DPFL_WAKEUPS=off`` keeps Flower's polls everywhere.
+it pulls every :data:`HTTP_POLL_S` instead. Each part checks its Flower symbols first (:mod:`fedapp.compat.surface`,
+groups ``wakeups.*``: flwr :data:`PATCHED_FLOWER` and the recorded signatures); any other Flower is left alone (a
+warning names what differs). ``DPFL_WAKEUPS=off`` keeps Flower's polls everywhere.
+
+Switched on by the code paths that run the exchange, each explicitly: the run_simulation engine
+(``fedapp.run.simulation_engine``: :func:`wake_feeder`), Flower's ``flwr-simulation`` when it loads the ClientApp module
+(``fedapp.apps.client_app``: :func:`wake_feeder_in_simulation_runtime`), and the ServerApp's round loop
+(:func:`wake_grid` on its grid). Importing this module changes nothing.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
 import threading
@@ -33,12 +38,16 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from fedapp.compat import same_minor, switched_off
+from fedapp.compat import surface, switched_off
 
 log = logging.getLogger(__name__)
 
 #: the Flower minor version whose ``vce_api`` and ``InMemoryGrid`` this module was written and tested against
-PATCHED_FLOWER = "1.41"
+PATCHED_FLOWER = surface.TESTED["flwr"]
+#: the Flower symbols the feeder's and the in-memory grid's wake-ups patch (:mod:`fedapp.compat.surface`)
+FEEDER = "flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue"
+IN_MEMORY_GROUPS = ("wakeups.feeder", "wakeups.linkstate", "wakeups.inmemory-grid")
+HTTP_GROUPS = ("wakeups.http-grid",)
 #: environment switch: ``off`` keeps Flower's 0.1 s polls
 SWITCH = "DPFL_WAKEUPS"
 #: the longest a waiting side sleeps without a wake-up (Flower's own poll interval)
@@ -52,22 +61,19 @@ def wanted() -> bool:
     return not switched_off(SWITCH)
 
 
-def _exchanges_like_flower(grid_class: type) -> bool:
-    """This Flower is :data:`PATCHED_FLOWER` and ``grid_class`` has the methods the exchange loop uses."""
-    import flwr
-
-    return same_minor(flwr.__version__, PATCHED_FLOWER) and all(
-        callable(getattr(grid_class, name, None)) for name in ("push_messages", "pull_messages", "send_and_receive"))
+def _differences(groups: tuple[str, ...]) -> list[str]:
+    """What differs between this Flower and the one the wake-ups of ``groups`` were written for."""
+    try:
+        return surface.problems(*groups)
+    except ImportError as exc:  # surface.check reports a missing symbol; this is a missing library
+        return [str(exc)]
 
 
 def _flower_matches() -> bool:
-    try:
-        from flwr.server.superlink.fleet.vce import vce_api
-        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-    except ImportError:
-        return False
-    feeder = list(inspect.signature(vce_api.add_messages_to_queue).parameters)
-    return feeder == ["state", "queue", "nodes_mapping", "f_stop"] and _exchanges_like_flower(InMemoryGrid)
+    found = _differences(IN_MEMORY_GROUPS)
+    if found:
+        log.warning("the in-memory wake-ups are written for flwr %s: %s", PATCHED_FLOWER, "; ".join(found))
+    return not found
 
 
 class _Stored:
@@ -127,13 +133,9 @@ def wake_feeder() -> bool:
     """Give Flower's Simulation Engine feeder the wake-ups (call before the engine starts); True when in place."""
     if not wanted():
         return False
-    if not _flower_matches():
-        log.warning("the Simulation Engine's wake-ups are written for flwr %s's internals, which this Flower does "
-                    "not have; keeping its 0.1 s poll", PATCHED_FLOWER)
+    if not _flower_matches():  # it warned: the engine keeps its 0.1 s poll
         return False
-    from flwr.server.superlink.fleet.vce import vce_api
-
-    original = vce_api.add_messages_to_queue
+    original = surface.resolve(FEEDER)
     if getattr(original, "dpfl_wakeups", False):
         return True
 
@@ -142,7 +144,7 @@ def wake_feeder() -> bool:
 
     add_messages_to_queue.dpfl_wakeups = True  # type: ignore[attr-defined]
     add_messages_to_queue.__wrapped__ = original  # type: ignore[attr-defined]
-    vce_api.add_messages_to_queue = add_messages_to_queue
+    surface.replace(FEEDER, add_messages_to_queue)
     return True
 
 
@@ -198,18 +200,14 @@ def wake_grid(grid: Any) -> bool:
         exchange = _exchange(grid, replied.wait, replied.clear)
     elif _is_a(grid, "HttpGrid") and _http_grid_matches():
         exchange = _exchange(grid, lambda s: time.sleep(min(s, HTTP_POLL_S)), lambda: None)
-    else:
-        if _is_a(grid, "InMemoryGrid") or _is_a(grid, "HttpGrid"):
-            log.warning("the grid's faster message exchange is written for flwr %s, which this Flower is not; "
-                        "keeping its polls", PATCHED_FLOWER)
+    else:  # not a Flower grid, or one whose symbols differ (the check warned): Flower's polls stay
         return False
     grid.send_and_receive = exchange  # type: ignore[method-assign]  # this instance only
     return True
 
 
 def _http_grid_matches() -> bool:
-    try:
-        from flwr.superlink.grid.http_grid import HttpGrid
-    except ImportError:
-        return False
-    return _exchanges_like_flower(HttpGrid)
+    found = _differences(HTTP_GROUPS)
+    if found:
+        log.warning("the deployed grid's faster polls are written for flwr %s: %s", PATCHED_FLOWER, "; ".join(found))
+    return not found

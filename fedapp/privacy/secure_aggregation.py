@@ -62,6 +62,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
+from fedapp.compat.secagg import use_shamir
 from fedapp.config import ClientDPConfig, DeploymentConfig
 from fedapp.privacy import shamir
 from strategies.client_level import CFG_ROUND_CLIENTS
@@ -83,25 +84,6 @@ def ddg_transport(bits: int) -> dict[str, Any]:
             "max_weight": MAX_WEIGHT}
 
 
-#: where Flower's SecAgg+ looks up its Shamir functions: (module, name) of the client mod and the server workflow
-_SHAMIR_CALLERS = (("flwr.client.mod.secure_aggregation.secaggplus_mod", "create_shares"),
-                   ("flwr.server.workflow.secure_aggregation.secaggplus_workflow", "combine_shares"))
-
-
-def use_fast_shamir() -> None:
-    """Point Flower's SecAgg+ client mod and server workflow at :mod:`fedapp.privacy.shamir` (same field, same share
-    format; 10-20x faster share creation, 25-230x faster reconstruction than pycryptodome's pure-Python arithmetic at
-    10-100 clients, benchmarks/shamir.py). Idempotent; called before any SecAgg+ message is handled on either side."""
-    import importlib
-
-    for module_name, name in _SHAMIR_CALLERS:
-        module = importlib.import_module(module_name)
-        if not callable(getattr(module, name, None)):
-            raise RuntimeError(f"{module_name} has no {name}(): this Flower version's SecAgg+ is not the one "
-                               "fedapp.privacy.shamir replaces (flwr 1.41-1.43)")
-        setattr(module, name, getattr(shamir, name))
-
-
 def residues_from_mean(mean: np.ndarray, bits: int, survivors: int) -> np.ndarray:
     """The residue modulo 2^b of the survivors' sum from Flower's dequantized mean under :func:`ddg_transport`."""
     levels, modulus = (1 << bits) - 1, 1 << bits
@@ -110,7 +92,11 @@ def residues_from_mean(mean: np.ndarray, bits: int, survivors: int) -> np.ndarra
 
 
 class DPSecAggPlusWorkflow(SecAggPlusWorkflow):
-    """Flower's SecAgg+ workflow with the quantizer's clipping range taken from the round's mechanism."""
+    """Flower's SecAgg+ workflow with the quantizer's clipping range taken from the round's mechanism.
+
+    The Flower symbols it overrides or relies on (the base class's ``__init__`` and the attributes it assigns, the two
+    stages, their state, Flower's quantizer) are registered in :mod:`fedapp.compat.surface` (groups ``secagg.workflow``
+    and ``secagg.transport``), whose test fails when a Flower upgrade changes them."""
 
     def __init__(self, strategy: Any, **kwargs: Any) -> None:
         self.strategy = strategy
@@ -254,7 +240,7 @@ def secagg_mod(msg: Message, ctxt: Context, call_next: Callable[[Message, Contex
     """
     if msg.metadata.message_type != MessageType.TRAIN or RECORD_KEY_CONFIGS not in msg.content.config_records:
         return call_next(msg, ctxt)
-    use_fast_shamir()
+    use_shamir(shamir.create_shares, shamir.combine_shares)  # the patch of Flower's SecAgg+ (fedapp.compat.secagg)
     out = secaggplus_mod(msg, ctxt, _contribution_or_dropout(call_next))
     if out.has_error() or RECORD_KEY_CONFIGS not in out.content.config_records:
         return out
@@ -354,7 +340,7 @@ def _residue_payload(arrays: list[np.ndarray], bits: int, ctxt: Context) -> Any:
 def run_with_secure_aggregation(grid: Grid, context: Context, strategy: Any, config: ServerConfig,
                                 client_dp: ClientDPConfig, deployment: DeploymentConfig) -> None:
     """Flower's default workflow with SecAgg+ as the fit step (evaluation unchanged)."""
-    use_fast_shamir()
+    use_shamir(shamir.create_shares, shamir.combine_shares)  # the patch of Flower's SecAgg+ (fedapp.compat.secagg)
     shares = client_dp.secagg_num_shares
     workflow = DefaultWorkflow(fit_workflow=DPSecAggPlusWorkflow(
         strategy, num_shares=int(shares) if shares > 1 else shares,

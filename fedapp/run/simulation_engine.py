@@ -53,8 +53,11 @@ def run_from_spec(spec: dict[str, Any]) -> None:
     from fedapp.compat.lean_ray import lean_local_ray_head
     from fedapp.compat.wakeups import wake_feeder
 
-    wake_feeder()  # instructions wake the engine's feeder (fedapp.compat.wakeups); the ServerApp wakes its grid
-    with lean_local_ray_head():
+    # the compat patches this engine needs, each switched on here (DPFL_WAKEUPS=off / DPFL_LEAN_RAY=off keep Flower's
+    # and Ray's own behaviour): instructions wake the engine's feeder (fedapp.compat.wakeups; the ServerApp wakes its
+    # grid); a lean Ray head whose actors skip flwr.simulation's __init__ (fedapp.compat.lean_ray, lean_actor)
+    wake_feeder()
+    with lean_local_ray_head(defer_actor_package=True):
         run_simulation(build_server_app(overrides), build_client_app(overrides),
                        num_supernodes=int(spec["num_supernodes"]), backend_config=backend)
 
