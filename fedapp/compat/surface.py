@@ -44,6 +44,8 @@ _PULL = f"(self, message_ids: collections.abc.Iterable[str]) -> collections.abc.
 _BACKEND_CONFIG = ("backend_config: dict[str, dict[str, int | float | str | bytes | bool | list[int] | list[float] | "
                    "list[str] | list[bytes] | list[bool]]]")
 _LEGACY = "flwr.compat.common.typing"
+_RECORDS = "flwr.compat.common.recorddict_compat"
+_RECORDDICT = "flwr.app.message.recorddict.RecordDict"
 
 _SECAGG_MOD = "flwr.client.mod.secure_aggregation.secaggplus_mod"
 _SECAGG_WORKFLOW = "flwr.server.workflow.secure_aggregation.secaggplus_workflow"
@@ -160,6 +162,18 @@ SURFACE: tuple[Symbol, ...] = (
            f"group_id: int | None) -> {_LEGACY}.GetPropertiesRes", "in-process-proxy", "overridden"),
     Symbol(f"{_PROXY}.reconnect", f"(self, ins: {_LEGACY}.ReconnectIns, timeout: float | None, group_id: int | None) "
            f"-> {_LEGACY}.DisconnectRes", "in-process-proxy", "overridden"),
+    # fedapp.library.message_api.MessageStrategy: the round engine under Flower's Message API, with legacy records
+    Symbol("flwr.server.compat.grid_client_proxy.GridClientProxy.__init__",
+           "(self, node_id: int, grid: flwr.serverapp.grid.grid.Grid, run_id: int)", "message-api",
+           "built per grid node: the ClientManager the engine samples from"),
+    Symbol(f"{_RECORDS}.fitins_to_recorddict", f"(fitins: {_LEGACY}.FitIns, keep_input: bool) -> {_RECORDDICT}",
+           "message-api", "a train message's content"),
+    Symbol(f"{_RECORDS}.recorddict_to_fitres", f"(recorddict: {_RECORDDICT}, keep_input: bool) -> {_LEGACY}.FitRes",
+           "message-api", "a train reply for aggregate_fit"),
+    Symbol(f"{_RECORDS}.evaluateins_to_recorddict", f"(evaluateins: {_LEGACY}.EvaluateIns, keep_input: bool) -> "
+           f"{_RECORDDICT}", "message-api", "an evaluate message's content"),
+    Symbol(f"{_RECORDS}.recorddict_to_evaluateres", f"(recorddict: {_RECORDDICT}) -> {_LEGACY}.EvaluateRes",
+           "message-api", "an evaluate reply for aggregate_evaluate"),
     # fedapp.compat.lean_ray
     Symbol("ray._private.node.Node.__init__",
            "(self, ray_params, head: bool = False, shutdown_at_exit: bool = True, spawn_reaper: bool = True, "

@@ -5,7 +5,8 @@ Server side (a ``ServerApp``), from :class:`Rounds` and the family's settings or
 :func:`fedavg`; client-level (:func:`client_level_mechanism`) :func:`dp_fedavg`, :func:`fed_smp` (with
 :func:`public_update` for top-k), :func:`sparse_fedavg`; :func:`dp_ftrl` (:func:`ftrl_mechanism`);
 :func:`soteriafl` (:class:`SoteriaFLSettings`); :func:`dp2_fedsam` (:class:`DP2FedSAMSettings`);
-:func:`central_evaluation` and :class:`JsonRecorder`. Client side (a ``ClientApp``), around the user's
+:func:`central_evaluation` and :class:`JsonRecorder`. A builder's strategy runs under ``start_grid`` (Flower's
+legacy API) or, wrapped in :class:`MessageStrategy`, with ``strategy.start(grid, ...)`` (the Message API). Client side (a ``ClientApp``), around the user's
 ``nn.Module``, data and loss: :func:`dpsgd_client`, :func:`client_level_client`, :func:`ftrl_client`,
 :func:`soteriafl_client`, :func:`dp2_fedsam_client`.
 
@@ -24,6 +25,7 @@ from fedapp.library.clients import (
 )
 from fedapp.library.data import DataProblem
 from fedapp.library.evaluation import ModelProblem
+from fedapp.library.message_api import MessageStrategy
 from fedapp.library.server import (
     JsonRecorder,
     SecureClientLevelStrategy,
@@ -49,7 +51,7 @@ from fedapp.library.server import (
 from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, Rounds, SecAggSettings, SoteriaFLSettings
 from fedapp.privacy.secure_aggregation import secagg_mod
 
-__all__ = ["DP2FedSAMSettings", "DPSGDSettings", "DataProblem", "JsonRecorder", "ModelProblem", "Rounds",
+__all__ = ["DP2FedSAMSettings", "DPSGDSettings", "DataProblem", "JsonRecorder", "MessageStrategy", "ModelProblem", "Rounds",
            "SecAggSettings", "SecureClientLevelStrategy", "SoteriaFLSettings", "central_evaluation",
            "client_level_client", "client_level_mechanism", "dp2_fedsam", "dp2_fedsam_client", "dp_fedavg", "dp_ftrl",
            "dpsgd_client", "dpsgd_fedavg", "fed_smp", "fedavg", "ftrl_client", "ftrl_mechanism", "min_eps", "pfa",

@@ -1,4 +1,4 @@
-"""ownmodel: a Flower ServerApp running dpfl-flower's Robust-HDP (or DP-FedAvg) strategy."""
+"""ownmodel: a Flower ServerApp (Message API) running dpfl-flower's Robust-HDP (or DPFedAvg) strategy."""
 
 from __future__ import annotations
 
@@ -7,11 +7,9 @@ from pathlib import Path
 
 import torch
 from flwr.common import Context, log
-from flwr.server import ServerConfig
-from flwr.server.compat import start_grid
 from flwr.serverapp import Grid, ServerApp
 
-from fedapp.library import JsonRecorder, Rounds, central_evaluation, dpsgd_fedavg, robust_hdp
+from fedapp.library import JsonRecorder, MessageStrategy, Rounds, central_evaluation, dpsgd_fedavg, robust_hdp
 from ownmodel.settings import dpsgd_settings
 from ownmodel.task import Net, load_centralized_test
 
@@ -29,4 +27,5 @@ def main(grid: Grid, context: Context) -> None:
     strategy = build(Net(), rounds, dpsgd_settings(cfg), evaluate_fn=central_evaluation(Net(), load_centralized_test()),
                      recorder=JsonRecorder(folder))
     log(INFO, "ownmodel: %s (%s); results in %s", strategy.name, strategy.privacy, folder)
-    start_grid(grid=grid, strategy=strategy, config=ServerConfig(num_rounds=num_rounds))
+    message_strategy = MessageStrategy(strategy)  # Flower's Message API: strategy.start(grid, ...)
+    message_strategy.start(grid=grid, initial_arrays=message_strategy.initial_arrays(), num_rounds=num_rounds)

@@ -1,5 +1,5 @@
 """examples/own-model-app: a user's own Flower app (own model, data and loss) trained with `flwr run` through
-fedapp.library's Robust-HDP strategy and Opacus DP-SGD clients, on a private SuperLink stopped by PID afterwards."""
+fedapp.library's Robust-HDP strategy, started by a Message-API ServerApp (MessageStrategy), and Opacus DP-SGD clients, on a private SuperLink stopped by PID afterwards."""
 
 from __future__ import annotations
 
@@ -55,6 +55,10 @@ def test_the_example_app_trains_with_robust_hdp_and_reports_each_clients_epsilon
                                      capture_output=True, text=True, timeout=60)
                 pytest.fail(f"no {summary_path} within 150 s; flwr log:\n{(log.stdout + log.stderr)[-4000:]}")
             time.sleep(0.5)
+        # the example's ServerApp is a Message-API one: fedapp.library.MessageStrategy.start drove the rounds
+        shown = subprocess.run([venv_bin("flwr"), "log", str(run_id), CONNECTION, "--show"], env=env,
+                               capture_output=True, text=True, timeout=60)
+        assert "Starting MessageStrategy strategy" in shown.stdout + shown.stderr, (shown.stdout + shown.stderr)[-3000:]
     finally:
         leftovers = procs.stop_all(5.0)
     assert not leftovers, f"processes left running: {leftovers}"
