@@ -12,17 +12,17 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_HOME := $(CURDIR)/.flwr
 export MPLBACKEND := Agg
 
-.PHONY: run test lint bench-quick clean
+.PHONY: run test test-flwr-next lint bench-quick clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # torch first and pinned: `pip install torch==2.13.0` takes the local CPU wheel; an unpinned
 # torch would pull GBs of CUDA packages.
-$(STAMP): pyproject.toml | $(PY)
+$(STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" -c constraints.txt
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -32,6 +32,25 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(PY) -m pytest -q -ra --durations=15
 
+# Flower's next release beside the pinned one: an overlay venv holding only flwr 1.42 (and the uv it requires) over
+# .venv's packages and the repository, running the compat surface (every patched symbol's signature), the SecAgg+ and
+# distributed discrete Gaussian transport, and one TLS deployment of three SuperNodes.
+NEXT_VENV := .venv-flwr142
+NEXT_FLWR := flwr==1.42.0
+$(NEXT_VENV)/.installed: $(STAMP)
+	$(PYTHON) -m venv --clear $(NEXT_VENV)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"]); print("$(CURDIR)")' \
+		> "$$($(NEXT_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/dpfl-main-venv.pth"
+	$(NEXT_VENV)/bin/python -m pip install -q --no-deps "$(NEXT_FLWR)" "uv>=0.13.5,<0.14"
+	touch $@
+
+test-flwr-next: $(NEXT_VENV)/.installed
+	$(NEXT_VENV)/bin/python -c 'import flwr; assert flwr.__version__.startswith("1.42."), flwr.__version__'
+	$(NEXT_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/unit/fedapp/compat \
+		tests/unit/fedapp/privacy/test_secure_sum_safety.py tests/unit/fedapp/library/test_message_api.py \
+		tests/integration/fedapp/privacy/test_ddg_secure_sum.py tests/integration/fedapp/privacy/test_secure_aggregation.py \
+		"tests/integration/fedapp/run/test_deploy.py::test_tls_authenticated_federation_of_three_supernodes"
+
 lint: $(STAMP)
 	$(PY) -m ruff check fedapp strategies tests benchmarks
 	$(PY) -m mypy
@@ -40,4 +59,4 @@ bench-quick: $(STAMP)
 	$(PY) -m benchmarks.foundation --quick
 
 clean:
-	rm -rf results .flwr .pytest_cache
+	rm -rf results .flwr .pytest_cache $(NEXT_VENV)

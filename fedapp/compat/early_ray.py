@@ -42,7 +42,7 @@ ENV = "DPFL_EARLY_RAY_INIT_ARGS"
 #: the user's switch: ``DPFL_EARLY_RAY=off`` keeps the launcher from setting :data:`ENV`
 SWITCH = "DPFL_EARLY_RAY"
 #: the Flower minor version whose ``RayBackend.init_ray`` this module replicates
-PATCHED_FLOWER = surface.TESTED["flwr"]
+PATCHED_FLOWER = surface.releases("flwr")
 #: the Flower method this module replaces (registered in :mod:`fedapp.compat.surface`)
 INIT_RAY = "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend.init_ray"
 SIMULATION_RUNTIME = "flwr-simulation"

@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 PACKAGE = "flwr.simulation"
 #: the Flower minor version whose ``flwr.simulation`` layout the hook was written for
-PATCHED_FLOWER = surface.TESTED["flwr"]
+PATCHED_FLOWER = surface.releases("flwr")
 #: the actor's module, relative to the package's folder: it must load without the package's ``__init__``
 ACTOR_MODULE = os.path.join("ray_transport", "ray_actor.py")
 #: the dotted name Ray imports the hook by

@@ -68,7 +68,7 @@ def lean_ray_env() -> dict[str, str]:
 
 
 #: the Ray minor version whose internals the ``Node`` patch was written and tested against
-PATCHED_RAY = surface.TESTED["ray"]
+PATCHED_RAY = surface.releases("ray")
 #: environment switch: ``on`` lets the ClientApp module start a lean head in ``flwr-simulation``; ``off`` disables all
 SWITCH = "DPFL_LEAN_RAY"
 #: the Ray method the lean head replaces while it starts (registered in :mod:`fedapp.compat.surface`)

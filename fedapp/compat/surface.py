@@ -27,8 +27,9 @@ from typing import Any
 
 from fedapp.compat import same_minor
 
-#: the major.minor release of each library the surface was recorded and tested against (flwr 1.41.0, ray 2.55.1)
-TESTED = {"flwr": "1.41", "ray": "2.55"}
+#: the major.minor releases of each library the surface was recorded and tested against (flwr 1.41.0 and 1.42.0: every
+#: symbol's signature is the same in both; ray 2.55.1)
+TESTED: dict[str, tuple[str, ...]] = {"flwr": ("1.41", "1.42"), "ray": ("2.55",)}
 
 _NDARRAY_F = "numpy.ndarray[tuple[typing.Any, ...], numpy.dtype[numpy.float64]]"
 _NDARRAY_I = "numpy.ndarray[tuple[typing.Any, ...], numpy.dtype[numpy.int64]]"
@@ -200,10 +201,15 @@ def installed_version(library: str) -> str:
         return "not installed"
 
 
+def releases(library: str) -> str:
+    """The releases of ``library`` in :data:`TESTED`, for a message: ``"1.41.x or 1.42.x"``."""
+    return " or ".join(f"{r}.x" for r in TESTED.get(library, ())) or "(none recorded)"
+
+
 def version_supported(library: str) -> bool:
-    """Whether the installed ``library`` has the major.minor release in :data:`TESTED`."""
-    tested = TESTED.get(library)
-    return tested is not None and same_minor(installed_version(library), tested)
+    """Whether the installed ``library`` has a major.minor release in :data:`TESTED`."""
+    version = installed_version(library)
+    return any(same_minor(version, tested) for tested in TESTED.get(library, ()))
 
 
 def version_problem(library: str) -> str | None:
@@ -211,7 +217,7 @@ def version_problem(library: str) -> str | None:
     if version_supported(library):
         return None
     return (f"{library} {installed_version(library)} is installed; fedapp.compat's patches are written and tested "
-            f"for {library} {TESTED.get(library, '(none recorded)')}.x")
+            f"for {library} {releases(library)}")
 
 
 @functools.cache

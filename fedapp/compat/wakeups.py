@@ -43,7 +43,7 @@ from fedapp.compat import surface, switched_off
 log = logging.getLogger(__name__)
 
 #: the Flower minor version whose ``vce_api`` and ``InMemoryGrid`` this module was written and tested against
-PATCHED_FLOWER = surface.TESTED["flwr"]
+PATCHED_FLOWER = surface.releases("flwr")
 #: the Flower symbols the feeder's and the in-memory grid's wake-ups patch (:mod:`fedapp.compat.surface`)
 FEEDER = "flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue"
 IN_MEMORY_GROUPS = ("wakeups.feeder", "wakeups.linkstate", "wakeups.inmemory-grid")

@@ -21,7 +21,8 @@ print(type(sys.modules["flwr.simulation"]).__name__ if "flwr.simulation" in sys.
 """
 
 
-@pytest.mark.parametrize(("version", "expected"), [("1.41.0", "_DeferredPackage"), ("1.42.0", "absent")])
+@pytest.mark.parametrize(("version", "expected"), [("1.41.0", "_DeferredPackage"), ("1.42.0", "_DeferredPackage"),
+                                                  ("1.43.0", "absent")])
 def test_the_worker_hook_defers_the_package_only_under_the_patched_flower(version: str, expected: str) -> None:
     out = subprocess.run([sys.executable, "-c", HOOK_RUN, version], capture_output=True, text=True, timeout=120,
                          cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -43,7 +44,7 @@ def test_the_lean_head_sets_the_hook_only_when_asked_and_under_the_patched_flowe
     assert ACTOR_HOOK_ENV not in os.environ
     with lean_local_ray_head(defer_actor_package=False) as patched:
         assert patched and ACTOR_HOOK_ENV not in os.environ
-    monkeypatch.setattr(flwr, "__version__", "1.42.0")
+    monkeypatch.setattr(flwr, "__version__", "1.43.0")
     assert not lean_actor.applicable()
     with lean_local_ray_head(defer_actor_package=True) as patched:
         assert patched and ACTOR_HOOK_ENV not in os.environ  # the Ray patch stays; Flower's package loads as usual

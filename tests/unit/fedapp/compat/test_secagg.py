@@ -32,8 +32,8 @@ def test_the_patch_points_flowers_secagg_at_the_replacements_once(flowers_own) -
 def test_another_flower_release_is_refused_naming_the_symbols_and_the_version(flowers_own, monkeypatch) -> None:
     import flwr
 
-    monkeypatch.setattr(flwr, "__version__", "1.42.0")
-    with pytest.raises(RuntimeError, match=r"secaggplus_mod\.create_shares.* flwr 1\.42\.0"):
+    monkeypatch.setattr(flwr, "__version__", "1.43.0")
+    with pytest.raises(RuntimeError, match=r"secaggplus_mod\.create_shares.* flwr 1\.43\.0"):
         secagg.use_shamir(shamir.create_shares, shamir.combine_shares)
     assert [surface.resolve(p) for p in secagg.SHAMIR_CALLERS] == list(flowers_own.values())  # left alone
 
@@ -45,7 +45,7 @@ def test_a_changed_flower_signature_is_refused(flowers_own, monkeypatch) -> None
     monkeypatch.setattr(surface, "_originals", {})  # as if never patched: the changed function is Flower's own
     monkeypatch.setattr(sys.modules[secagg.CREATE_SHARES.rpartition(".")[0]], "create_shares", create_shares)
     with pytest.raises(RuntimeError, match=r"secaggplus_mod\.create_shares\(secret, threshold, num, \*, seed=0\) "
-                                           r"differs .* \(flwr 1\.41\.\d+ installed\)"):
+                                           r"differs .* \(flwr 1\.4[12]\.\d+ installed\)"):
         secagg.use_shamir(shamir.create_shares, shamir.combine_shares)
     assert surface.resolve(secagg.CREATE_SHARES) is create_shares
 

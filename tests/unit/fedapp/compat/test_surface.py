@@ -41,8 +41,8 @@ def test_every_patched_name_is_registered() -> None:
     patched = [*secagg.SHAMIR_CALLERS, wakeups.FEEDER, early_ray.INIT_RAY, lean_ray.NODE_INIT]
     assert all(path in surface.SYMBOLS for path in patched)
     assert len(surface.SYMBOLS) == len(surface.SURFACE)  # one entry a path
-    assert wakeups.PATCHED_FLOWER == early_ray.PATCHED_FLOWER == surface.TESTED["flwr"]
-    assert lean_ray.PATCHED_RAY == surface.TESTED["ray"]
+    assert wakeups.PATCHED_FLOWER == early_ray.PATCHED_FLOWER == surface.releases("flwr") == "1.41.x or 1.42.x"
+    assert lean_ray.PATCHED_RAY == surface.releases("ray")
     hook_env = surface.SYMBOLS["ray._private.ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR"]
     assert hook_env.value == repr(lean_ray.ACTOR_HOOK_ENV)
 
@@ -62,7 +62,7 @@ def fake_library(monkeypatch) -> types.ModuleType:
 
     module.f, module.Thing = f, Thing  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "fakelib", module)
-    monkeypatch.setitem(surface.TESTED, "fakelib", "0.1")
+    monkeypatch.setitem(surface.TESTED, "fakelib", ("0.1",))
     return module
 
 
@@ -92,8 +92,10 @@ def test_the_checker_fails_on_another_release(fake_library, monkeypatch) -> None
         surface.require(symbols=[symbol])
     import flwr
 
-    monkeypatch.setattr(flwr, "__version__", "1.42.0")
-    assert any("flwr 1.42.0 is installed" in p for p in surface.problems("secagg.shamir"))
+    monkeypatch.setattr(flwr, "__version__", "1.43.0")
+    assert any("flwr 1.43.0 is installed" in p and "1.41.x or 1.42.x" in p for p in surface.problems("secagg.shamir"))
+    monkeypatch.setattr(flwr, "__version__", "1.42.0")  # recorded against 1.41 and checked on 1.42: supported
+    assert not surface.problems("secagg.shamir")
     with pytest.raises(ValueError, match="no surface group"):
         surface.problems("no-such-group")
 
