@@ -157,6 +157,18 @@ def _privacy_lines(run_dir: Path, summary: Mapping[str, Any], neighbours: str = 
     return lines
 
 
+def _audit_lines(audit: Any) -> list[str]:
+    """The privacy audit's final-model estimate and lower bound beside the accountant's ε (run-config audit-canaries)."""
+    if not isinstance(audit, dict) or not isinstance(audit.get("final_model"), dict):
+        return []
+    final, accountant = audit["final_model"], audit.get("epsilon_accountant")
+    low, high = final.get("epsilon_interval") or (float("nan"), float("nan"))
+    return [f"{PREFIX} audit ({audit.get('canaries')} {audit.get('level', '')}-level canaries, final model): estimate "
+            f"{final.get('epsilon_estimate', float('nan')):.2f} [{low:.2f}, {high:.2f}], lower bound "
+            f"{final.get('epsilon_lower_bound', float('nan')):.2f} (95 %); accountant ε "
+            + (f"{float(accountant):.2f}" if isinstance(accountant, (int, float)) else "n/a")]
+
+
 def summary_lines(run_dir: Path, display_dir: Path | None = None) -> list[str]:
     """The launcher's closing screen for the results folder ``run_dir`` (shown as ``display_dir``, e.g. relative to
     the working folder): accuracy, every client's ε against its budget, the threat model and where the files are."""
@@ -184,6 +196,7 @@ def summary_lines(run_dir: Path, display_dir: Path | None = None) -> list[str]:
     lines.append(trained)
     record_level = str(privacy.get("threat_model", "")).startswith("record-level")
     lines += _privacy_lines(run_dir, summary, str(config.get("record-neighbours") or "") if record_level else "")
+    lines += _audit_lines(summary.get("audit"))
     if privacy.get("threat_model"):
         lines.append(f"{PREFIX} threat model: {privacy['threat_model']}")
     if str(privacy.get("guarantee", "")).startswith("NONE"):

@@ -101,6 +101,21 @@ def test_more_than_20_clients_are_summarised_by_min_median_max(tmp_path):
     assert "spent / budget: min 0.50, median " in text and "c0 " not in text
 
 
+def test_an_audited_run_shows_the_audits_estimate_and_bound_beside_the_accountant(tmp_path):
+    import json
+
+    run_dir = _run_folder(tmp_path, num_clients=4)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary["audit"] = {"level": "record", "canaries": 400, "epsilon_accountant": 1.0,
+                        "final_model": {"epsilon_estimate": 0.12, "epsilon_interval": [0.01, 0.5],
+                                        "epsilon_lower_bound": 0.0}}
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    text = "\n".join(summary_lines(run_dir))
+    assert ("audit (400 record-level canaries, final model): estimate 0.12 [0.01, 0.50], lower bound 0.00 (95 %); "
+            "accountant ε 1.00") in text
+    assert "audit (" not in "\n".join(summary_lines(_run_folder(tmp_path / "plain", num_clients=4)))
+
+
 def test_a_non_private_run_says_so(tmp_path):
     text = "\n".join(summary_lines(_run_folder(tmp_path, num_clients=3, strategy="fedavg")))
     assert "no ε was accounted (a non-private run)" in text and "threat model: none" in text
