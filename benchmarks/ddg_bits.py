@@ -5,7 +5,8 @@ Per secure-sum mechanism and cohort: the final test accuracy over the seeds (mea
 difference to the continuous Gaussian of the same seed, the noise multiplier the clients add and the one each
 round is charged at, the ε against the server, and two uplink figures per client and round: what Flower 1.41's
 SecAgg+ sent (measured in the run: masked int64 coordinates plus the protocol's keys and shares) and what a
-transport packing each coordinate into the field's b bits would send.
+transport packing each coordinate into the field's b bits would send (computed for the current mechanism: one
+coordinate per payload value since the DCT rotation; sweeps run before it sent the padded power of two).
 
     python -m benchmarks.ddg_bits results/sweeps/ddg-bits-clients20/index.json \
         results/sweeps/ddg-bits-clients100/index.json
@@ -46,7 +47,7 @@ def _mechanism_facts(cfg: dict[str, Any], clients: int, dims: dict[str, int]) ->
         field_bits = int(math.log2(modulus_for(clients, QUANTIZATION_RANGE)))
         return {"sigma": dp.noise_multiplier, "charged": dp.noise_multiplier, "bits": field_bits, "coords": dim}
     return {"sigma": ddg.noise_multiplier, "charged": ddg.gaussian_equivalent(clients, clients), "bits": ddg.bits,
-            "coords": ddg.padded_dim}
+            "coords": ddg.rotated_dim}
 
 
 def table(index_paths: list[Path]) -> str:

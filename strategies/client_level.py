@@ -107,7 +107,7 @@ AdaptiveClipFactory = Callable[[ClientLevelDP], AdaptiveClipConfig | None]
 
 
 def rotation_seed(run_seed: int, server_round: int) -> int:
-    """The public seed of a round's randomized Hadamard rotation (any rotation keeps the guarantee: it preserves
+    """The public seed of a round's randomized rotation, its ±1 signs (any rotation keeps the guarantee: it preserves
     norms; it only spreads the update over the coordinates so that few bits suffice)."""
     return int(np.random.SeedSequence([int(run_seed), 503, int(server_round)]).generate_state(1)[0] & 0x7FFFFFFF)
 
@@ -325,8 +325,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     def declared_norm_bound(self, dim: int) -> float | None:
         """‖Δ̂‖ ≤ C plus, when private, the norm allowance of the round's noise N(0, C²σ²/r_t) on ``dim`` coordinates."""
-        if self.ddg is not None:  # discrete noise and rounding, spread over the padded rotated coordinates
-            return noisy_norm_bound(self.ddg.clip, self.ddg.noise_std(self.round_clients()), self.ddg.padded_dim)
+        if self.ddg is not None:  # discrete noise and rounding, spread over the rotated coordinates
+            return noisy_norm_bound(self.ddg.clip, self.ddg.noise_std(self.round_clients()), self.ddg.rotated_dim)
         if self.dp is not None:
             noise = self.noise_mechanism()
             return noisy_norm_bound(noise.clip, noise.noise_std(self.round_clients()), dim)
@@ -477,14 +477,14 @@ class ClientLevelDPStrategy(DPFLStrategy):
             res.parameters = mean
 
     def decode_secure_sum(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> None:
-        """Replace the reconstructed sum modulo 2^b (one array of the padded length, every reply carries it) by
+        """Replace the reconstructed sum modulo 2^b (one array of the rotated length, every reply carries it) by
         the survivors' mean update in the clients' wire format: wrap, scale by γ, undo the rotation, divide by r'."""
         assert self.ddg is not None
         arrays = parameters_to_ndarrays(results[0][1].parameters)
-        if len(arrays) != 1 or arrays[0].shape != (self.ddg.padded_dim,):
+        if len(arrays) != 1 or arrays[0].shape != (self.ddg.rotated_dim,):
             shapes = [tuple(a.shape) for a in arrays]
             raise RuntimeError(f"round {server_round}: the secure sum has shapes {shapes}, the distributed discrete "
-                               f"Gaussian ({self.ddg.padded_dim},)")
+                               f"Gaussian ({self.ddg.rotated_dim},)")
         total = self.ddg.decode(arrays[0], rotation_seed(self.seed, server_round))
         mean = ndarrays_to_parameters(self.payload_arrays(total / len(results)))
         for _, res in results:

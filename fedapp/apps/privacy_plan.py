@@ -114,10 +114,10 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
             name="distributed discrete Gaussian on the sum of clipped client updates (Kairouz, Liu, Steinke 2021): "
                  "each sampled client sends its rotated, scaled, conditionally rounded update plus discrete "
                  "Gaussian noise modulo 2^bits",
-            field_bits=ddg.bits, payload_dim=ddg.dim, padded_dim=ddg.padded_dim, granularity=ddg.granularity,
+            field_bits=ddg.bits, payload_dim=ddg.dim, rotated_dim=ddg.rotated_dim, granularity=ddg.granularity,
             noise_multiplier=ddg.noise_multiplier, planned_gaussian_multiplier=dp.noise_multiplier,
             gaussian_equivalent=ddg.gaussian_equivalent(n, n),
-            payload_bytes=ddg.padded_dim * ddg.bits / 8)
+            payload_bytes=ddg.rotated_dim * ddg.bits / 8)
     elif secagg:
         try:
             field = modulus_for(n, QUANTIZATION_RANGE)

@@ -8,9 +8,9 @@ Secure aggregation sums integers modulo 2^b, so continuous Gaussian noise follow
 mechanism whose privacy is proved. The distributed discrete Gaussian (DDG) is: each of the n clients
 
 1. clips its update to ‖x‖₂ ≤ c,
-2. pads it to d = 2^k coordinates and applies a randomized Hadamard rotation H·D/√d (D: random ±1 signs
-   from a public per-round seed, so the server can invert it); this flattens the vector so that few bits
-   per coordinate suffice,
+2. rotates it by a randomized orthonormal DCT, y = DCT-II(D·x) (D: random ±1 signs from a public per-round
+   seed, so the server can invert it; :func:`rotate`), which keeps its d = ``dim`` coordinates (no padding)
+   and flattens it so that few bits per coordinate suffice,
 3. scales it by 1/γ and rounds each coordinate randomly to a neighbouring integer, repeating until the
    rounded vector's norm is at most Δ₂ (conditional randomized rounding, Proposition 22; a retry happens
    with probability ≤ β),
@@ -23,6 +23,31 @@ The server sums modulo 2^b (secure aggregation), multiplies by γ and undoes the
 discrete Gaussians is not a discrete Gaussian; Theorem 1 bounds the difference with
 τ = 10·Σ_{k=1}^{n−1} exp(−2π²(σ/γ)²·k/(k+1)), and Proposition 14 gives the Rényi DP of the resulting
 mechanism (:func:`ddg_rdp`), composed over rounds and converted to (ε, δ) as for any RDP curve.
+
+The rotation. Kairouz et al. use the randomized Hadamard transform H·D/√d, which needs d = 2^k and so a zero-padded
+vector: up to twice the coordinates on the wire (Fed-SMP's k = 16,634 values of the 1.66 M CNN became 32,768). Any
+orthogonal map that the server can invert and that flattens the vector does; the orthonormal DCT-II C (scipy.fft.dct,
+``norm="ortho"``, float64; inverse D·DCT-III) is orthogonal for every length, so the shares have exactly ``dim``
+coordinates (:attr:`DistributedDiscreteGaussian.rotated_dim`) and every d below is that dimension.
+
+* Privacy does not rest on the rotation's flatness nor on its float arithmetic. Δ₂ = :func:`rounded_norm_bound`
+  (c/γ, d, β) is enforced on the rounded integer vector itself: :func:`conditional_round` redraws until its norm
+  is at most Δ₂, so a float error of the DCT (relative ~1e-16, one that lifts ‖y‖ above c/γ) can at most make a
+  redraw more likely, never let a share exceed the checked bound. The released vector has d = ``dim``
+  coordinates, each with its own discrete Gaussian, so Proposition 14 (τ·d, τ²·d, τ·√d and Δ₁ ≤ √d·Δ₂) holds
+  with d = ``dim``; a smaller d only tightens it.
+* Flattening (utility only: a coordinate of the sum that leaves [−2^(b−1), 2^(b−1)) wraps). Row j of C has entries
+  of absolute value at most √(2/d) (√(1/d) for j = 0) and unit norm, so a rotated coordinate y_j = Σ_i C_ji s_i x_i
+  with Rademacher s_i has variance Σ_i C_ji² x_i² ≤ 2‖x‖²/d and is sub-Gaussian with that variance proxy
+  (Hoeffding), against exactly ‖x‖²/d for every coordinate of the Hadamard rotation; averaged over j it is ‖x‖²/d
+  for both. The granularity (:attr:`DistributedDiscreteGaussian.granularity`) therefore counts the sum's signal
+  at :data:`ROTATION_SPREAD` = 2 times ‖x‖²/d, so its "k standard deviations of every coordinate" and the tail
+  bound 2·exp(−k²/2) it implies stay what they were for Hadamard. The cost, against counting it once, is a γ up
+  to √2 coarser where the signal dominates the noise (n·c ≫ Cσ·√d, aligned updates); where the noise dominates, as
+  in the calibrated plans measured, γ moves by under 1 % (tests/unit/strategies/privacy/test_discrete_gaussian.py
+  compares the wrapped fractions with the padded Hadamard mechanism's: never more).
+* The server inverts it: decode multiplies the wrapped sum by γ and applies D·DCT-III, the exact inverse (the
+  rotation is linear, so the rotated sum is the sum of the rotated updates).
 """
 
 from __future__ import annotations
@@ -31,6 +56,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.fft import dct, idct
 
 #: the least per-client std (integer units) of the discrete Gaussian shares: Kairouz et al. (2021) Theorem 1, which
 #: bounds how far a sum of discrete Gaussians is from one, assumes each has s >= 1/2
@@ -69,23 +95,9 @@ def discrete_gaussian(sigma: float, size: int, rng: np.random.Generator) -> np.n
 
 
 # ---------------------------------------------------------------------------- rotation
-def padded_dim(dim: int) -> int:
-    """The smallest power of two ≥ ``dim``."""
-    return 1 << max(int(dim) - 1, 0).bit_length()
-
-
-def hadamard(x: np.ndarray) -> np.ndarray:
-    """The orthonormal Walsh–Hadamard transform H/√d of a vector of d = 2^k entries (its own inverse)."""
-    d = len(x)
-    if d & (d - 1):
-        raise ValueError(f"the length {d} is not a power of two")
-    y = np.array(x, dtype=np.float64)
-    h = 1
-    while h < d:
-        y = y.reshape(-1, 2, h)
-        y = np.stack((y[:, 0] + y[:, 1], y[:, 0] - y[:, 1]), axis=1)
-        h *= 2
-    return y.reshape(d) / math.sqrt(d)
+#: max over a rotated coordinate j and an input coordinate i of d·C_ji² for the orthonormal DCT-II C (rows j ≥ 1:
+#: √(2/d)·cos(π(2i+1)j/(2d))): a rotated coordinate's variance proxy is at most this times ‖x‖²/d (1 for Hadamard)
+ROTATION_SPREAD = 2.0
 
 
 def random_signs(dim: int, seed: int) -> np.ndarray:
@@ -94,16 +106,16 @@ def random_signs(dim: int, seed: int) -> np.ndarray:
 
 
 def rotate(x: np.ndarray, seed: int) -> np.ndarray:
-    """H·D·x/√d after zero-padding x to a power of two."""
-    d = padded_dim(len(x))
-    padded = np.zeros(d)
-    padded[: len(x)] = x
-    return hadamard(random_signs(d, seed) * padded)
+    """The randomized orthonormal DCT y = DCT-II(D·x) of a vector of any length d (orthogonal: ‖y‖ = ‖x‖, len d)."""
+    v = np.asarray(x, dtype=np.float64)
+    y: np.ndarray = dct(random_signs(len(v), seed) * v, type=2, norm="ortho")
+    return y
 
 
-def unrotate(y: np.ndarray, dim: int, seed: int) -> np.ndarray:
-    """The inverse of :func:`rotate`, truncated to the original ``dim`` coordinates."""
-    x: np.ndarray = (random_signs(len(y), seed) * hadamard(y))[:dim]
+def unrotate(y: np.ndarray, seed: int) -> np.ndarray:
+    """The inverse of :func:`rotate`: D·DCT-III(y)."""
+    v = np.asarray(y, dtype=np.float64)
+    x: np.ndarray = random_signs(len(v), seed) * idct(v, type=2, norm="ortho")
     return x
 
 
@@ -153,9 +165,10 @@ class DistributedDiscreteGaussian:
 
     ``noise_multiplier`` σ is the continuous noise the *sum* carries, in units of ``clip``: in a round with r_t
     sampled clients each adds N_Z(0, (Cσ/(√r_t γ))²) in integer units, so the sum of r_t shares has variance
-    (Cσ/γ)². ``dim`` is the unpadded vector length, ``bits`` the field of the modular sum (2^b residues),
-    ``max_cohort`` the most clients a sum can have (the granularity γ leaves room for all of them), ``beta`` the
-    conditional rounding parameter and ``k_stds`` how many standard deviations of a sum coordinate fit in the field.
+    (Cσ/γ)². ``dim`` is the vector's length (a share has as many coordinates: :attr:`rotated_dim`), ``bits`` the
+    field of the modular sum (2^b residues), ``max_cohort`` the most clients a sum can have (the granularity γ
+    leaves room for all of them), ``beta`` the conditional rounding parameter and ``k_stds`` how many standard
+    deviations of a sum coordinate fit in the field.
     Every client and the server build the same object from the run's plan, so γ and the rotation agree.
     """
 
@@ -180,8 +193,9 @@ class DistributedDiscreteGaussian:
                              f"Gaussians assumes s >= 1/2; more bits than {self.bits} give a finer granularity")
 
     @property
-    def padded_dim(self) -> int:
-        return padded_dim(self.dim)
+    def rotated_dim(self) -> int:
+        """d: the coordinates of a rotated update, of a share and of the sum (the DCT keeps ``dim``, no padding)."""
+        return self.dim
 
     @property
     def modulus(self) -> int:
@@ -191,15 +205,18 @@ class DistributedDiscreteGaussian:
     def granularity(self) -> float:
         """γ such that ``k_stds`` standard deviations of each coordinate of the sum fit in [−2^(b−1), 2^(b−1)).
 
-        A rotated coordinate of the sum of n = ``max_cohort`` clipped updates is at most n·c/√d (aligned
-        updates), rounding adds variance ≤ n/4 in integer units and the noise (Cσ/γ)²:
-        k²·((n c)²/d + (Cσ)²)/γ² + k²n/4 ≤ 4^(b−1) gives γ (Kairouz et al., Sec. 5, with their k = 4).
+        A rotated coordinate of the sum of n = ``max_cohort`` clipped updates (norm ≤ n·c, aligned updates) has
+        variance proxy at most ρ(n c)²/d, ρ = :data:`ROTATION_SPREAD` (the DCT's rows have entries up to √(2/d):
+        module docstring), rounding adds variance ≤ n/4 in integer units and the noise (Cσ/γ)²:
+        k²·(ρ(n c)²/d + (Cσ)²)/γ² + k²n/4 ≤ 4^(b−1) gives γ (Kairouz et al., Sec. 5, with their k = 4 and ρ = 1
+        for their Hadamard rotation).
         """
-        n, d, k = self.max_cohort, self.padded_dim, self.k_stds
+        n, d, k = self.max_cohort, self.rotated_dim, self.k_stds
         room = 4.0 ** (self.bits - 1) - k**2 * n / 4
         if room <= 0:
             raise ValueError(f"{self.bits} bits cannot hold the rounding noise of {n} clients at {k:g} stds")
-        return math.sqrt(k**2 * ((n * self.clip) ** 2 / d + (self.clip * self.noise_multiplier) ** 2) / room)
+        signal = ROTATION_SPREAD * (n * self.clip) ** 2 / d
+        return math.sqrt(k**2 * (signal + (self.clip * self.noise_multiplier) ** 2) / room)
 
     def scaled_std(self, round_clients: int) -> float:
         """Each client's discrete Gaussian std in integer units in a round of r_t clients: Cσ/(√r_t γ)."""
@@ -215,7 +232,7 @@ class DistributedDiscreteGaussian:
     @property
     def l2_sensitivity(self) -> float:
         """Δ₂ in integer units: the norm bound of a clipped, scaled, conditionally rounded update (Prop. 22)."""
-        return rounded_norm_bound(self.clip / self.granularity, self.padded_dim, self.beta)
+        return rounded_norm_bound(self.clip / self.granularity, self.rotated_dim, self.beta)
 
     def encode(self, update: np.ndarray, seed: int, rng: np.random.Generator, round_clients: int) -> np.ndarray:
         """One client's share: rotate, scale by 1/γ, round conditionally, add N_Z noise, reduce to [0, 2^b).
@@ -233,9 +250,9 @@ class DistributedDiscreteGaussian:
 
     def decode(self, modular_sum: np.ndarray, seed: int) -> np.ndarray:
         """The real-valued sum of the clients' noisy updates from their sum modulo 2^b."""
-        if len(modular_sum) != self.padded_dim:
-            raise ValueError(f"the sum has {len(modular_sum)} coordinates, the mechanism {self.padded_dim}")
-        return unrotate(wrap(np.asarray(modular_sum, dtype=np.int64), self.bits) * self.granularity, self.dim, seed)
+        if len(modular_sum) != self.rotated_dim:
+            raise ValueError(f"the sum has {len(modular_sum)} coordinates, the mechanism {self.rotated_dim}")
+        return unrotate(wrap(np.asarray(modular_sum, dtype=np.int64), self.bits) * self.granularity, seed)
 
     def tau(self, survivors: int, round_clients: int) -> float:
         """τ of Theorem 1 for the sum of ``survivors`` discrete Gaussians, each of std Cσ/(√r_t γ)."""
@@ -244,7 +261,7 @@ class DistributedDiscreteGaussian:
 
     def rdp(self, survivors: int, round_clients: int) -> np.ndarray:
         """Rényi DP of one round at :data:`ORDERS` (:func:`ddg_rdp`)."""
-        return ddg_rdp(self.l2_sensitivity, self.scaled_std(round_clients), int(survivors), self.padded_dim,
+        return ddg_rdp(self.l2_sensitivity, self.scaled_std(round_clients), int(survivors), self.rotated_dim,
                        self.tau(survivors, round_clients))
 
     def gaussian_equivalent(self, survivors: int, round_clients: int) -> float:
@@ -253,7 +270,7 @@ class DistributedDiscreteGaussian:
         A round charged to an RDP ledger as a Gaussian of multiplier z (sampling rate 1) therefore never claims
         less ε than the mechanism's own RDP curve gives."""
         a = self.l2_sensitivity / (math.sqrt(survivors) * self.scaled_std(round_clients))
-        return 1.0 / (a + self.tau(survivors, round_clients) * math.sqrt(self.padded_dim))
+        return 1.0 / (a + self.tau(survivors, round_clients) * math.sqrt(self.rotated_dim))
 
     def report_slack(self, plan_multiplier: float) -> float:
         """How far (relative) a client's ε on the continuous plan ``plan_multiplier`` may exceed a ledger charged this

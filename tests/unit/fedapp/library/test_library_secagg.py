@@ -34,7 +34,6 @@ from fedapp.privacy.secure_aggregation import secagg_mod as project_secagg_mod
 from strategies.client_level import CFG_ROTATION_SEED, CFG_ROUND_CLIENTS, CFG_SIGMA
 from strategies.compression import num_kept
 from strategies.fed_smp import ClientLevelStrategy
-from strategies.privacy.discrete_gaussian import padded_dim
 from strategies.privacy.mechanisms import cached_epsilon
 
 N = 5
@@ -184,9 +183,9 @@ def test_the_client_sends_its_secure_sum_share_only_inside_secagg(mechanism):
     assert m["status"] == "ok" and res.num_examples == int(MAX_WEIGHT)  # weight 1: the secure sum is Σ Δ_i
     assert m["epsilon_spent"] == pytest.approx(cached_epsilon(mech, 1))
     share = parameters_to_ndarrays(res.parameters)
-    if mechanism == "ddg":  # one array of residues modulo 2^b over the padded, rotated payload
-        assert m["secagg_bits"] == 20 and [a.shape for a in share] == [(padded_dim(_dim(model)),)]
-        assert strategy.ddg is not None and share[0].shape == (strategy.ddg.padded_dim,)
+    if mechanism == "ddg":  # one array of residues modulo 2^b over the rotated payload
+        assert m["secagg_bits"] == 20 and [a.shape for a in share] == [(_dim(model),)]
+        assert strategy.ddg is not None and share[0].shape == (strategy.ddg.rotated_dim,)
         assert np.all((share[0] >= 0) & (share[0] < 2**20) & (share[0] == np.floor(share[0])))
     else:  # the clipped update plus N(0, C²σ²/r_t), in the model's shapes
         assert "secagg_bits" not in m and [a.shape for a in share] == [w.shape for w in weights]

@@ -75,8 +75,8 @@ def test_the_servers_client_sampling_draws_from_the_csprng_and_never_checkpoints
 
 
 def test_discrete_gaussian_shares_below_half_an_integer_std_are_refused():
-    """8 bits for 200 clients: γ is so coarse that each share's std is 0.35 < 1/2, outside Theorem 1's hypothesis."""
-    with pytest.raises(ValueError, match="s = 0.349.*below 0.5"):
+    """8 bits for 200 clients: γ is so coarse that each share's std is 0.25 < 1/2, outside Theorem 1's hypothesis."""
+    with pytest.raises(ValueError, match="s = 0.245.*below 0.5"):
         DistributedDiscreteGaussian(clip=1.0, noise_multiplier=1.0, max_cohort=200, dim=1000, bits=8)
     ok = DistributedDiscreteGaussian(clip=1.0, noise_multiplier=1.0, max_cohort=100, dim=1000, bits=8)
     assert ok.scaled_std(100) >= 0.5
