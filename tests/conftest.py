@@ -6,6 +6,7 @@ import atexit
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,16 @@ def install_user_module(tmp_path: Path, monkeypatch: Any, name: str, source: str
     monkeypatch.setenv("PYTHONPATH", str(folder) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     monkeypatch.delitem(sys.modules, name, raising=False)
     return name
+
+
+@pytest.fixture(autouse=True)
+def _a_simulation_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts as a simulation process: once a test imports Flower's SuperNode ClientApp runtime, it stays in
+    ``sys.modules`` and would make every later in-process client believe it runs on a SuperNode
+    (:func:`fedapp.compat.runtime.on_supernode`). A test that wants a SuperNode sets the module itself."""
+    from fedapp.compat.runtime import SUPERNODE_CLIENTAPP_MODULE
+
+    monkeypatch.delitem(sys.modules, SUPERNODE_CLIENTAPP_MODULE, raising=False)
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ noise cut tenfold, a test-only switch) is caught: its estimate's interval lies a
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -92,8 +93,11 @@ def test_the_audit_settings_are_checked_before_anything_starts() -> None:
 
 @pytest.mark.slow
 def test_dp_fedavg_under_secagg_with_the_discrete_gaussian_reports_its_audit(tmp_path) -> None:
-    """Canaries are SuperNodes of a Flower simulation: their C·u goes through SecAgg+ with the distributed discrete
-    Gaussian like every update."""
+    """Canaries are SuperNodes of a Flower simulation: their C·u (or nothing, by their coin) goes through SecAgg+ with
+    the distributed discrete Gaussian like every update. 8 canaries are too few for the estimate's interval to mean
+    anything (audit-seed 0 gives 5 heads; a bootstrap of 5 values put its lower end at 2.80 against an accountant of
+    2.00), so the test checks that both statistics are reported and that the valid lower bound stays below the
+    accountant's ε; the estimate is tested at 60 canaries above."""
     from test_secure_aggregation import rounds_of, simulate
 
     overrides = {"strategy": "dp-fedavg", "model": "logreg", "num-server-rounds": 3, "audit-canaries": 8,
@@ -104,7 +108,8 @@ def test_dp_fedavg_under_secagg_with_the_discrete_gaussian_reports_its_audit(tmp
     audit = summary["audit"]
     assert summary["finished"] and audit["canaries"] == 8
     assert all(r["metrics"]["secure_sum"] == "distributed discrete Gaussian" for r in rounds_of(run))
-    assert audit["final_model"]["epsilon_interval"][0] <= audit["epsilon_accountant"]
     for statistic in ("final_model", "all_iterates"):  # the bound, from the 8 coins
+        assert audit[statistic]["canaries_inserted"] == audit["canaries_heads"] == 5
+        assert math.isfinite(audit[statistic]["epsilon_estimate"])
         assert 0.0 <= audit[statistic]["epsilon_lower_bound"] <= audit["epsilon_accountant"]
     assert sorted(int(k) for k in summary["max_epsilon_per_client"]) == [0, 1, 2]
