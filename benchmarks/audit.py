@@ -1,13 +1,17 @@
-"""The privacy audit per client-level family: accountant ε against the one-shot empirical estimate (Andrew et al.
-2024), and what the canaries cost in accuracy.
+"""The privacy audit per family: accountant ε against the empirical estimate and the one-run lower bound, and what the
+canaries cost in accuracy.
 
-In-process (``fedapp.experiments.notebook_utils.run_federation``), so without SecAgg+: DP-FedAvg and Fed-SMP then
-calibrate σ so that one update, which the server sees, spends the target ε against it, and the released mean carries
-the noise of all the round's updates; DP-FTRL, whose server adds the noise without SecAgg+, plans for the release.
-Per strategy and target ε, one run with ``audit-canaries`` = k of the federation's n clients and one with none, same
-seed: the accountant's ε for an observer of the released models (``epsilon_vs_release``, what the canary statistic
-models), the estimate for the final model and for all iterates with their 95 % bootstrap intervals, and the test
-accuracy of both runs.
+In-process (``fedapp.experiments.notebook_utils.run_federation``), so without SecAgg+. Per strategy and target ε, one
+run with ``audit-canaries`` and one without, same seed; DP noise from OS entropy.
+
+* ``client`` (DP-FedAvg, Fed-SMP rand-k, DP-FTRL, DP2-FedSAM): MNIST, logistic regression (DP2-FedSAM: the MNIST
+  CNN, a body to share), 500 clients of which 100 are heads-or-tails canaries, every client every round, 5 rounds.
+  Without SecAgg+ DP-FedAvg, Fed-SMP and DP2-FedSAM calibrate σ so that one update meets the target ε against the
+  server, so the released mean, which the statistic models, is charged the smaller ``epsilon_vs_release``; DP-FTRL,
+  whose server adds the noise without SecAgg+, plans for the release. Estimates for the final model and all iterates.
+* ``record`` (DP-SGD: DPFedAvg, Robust-HDP; SoteriaFL-SGD): sklearn digits, the digits MLP, 4 clients with 400 canary
+  slots (100 each), every client at ε_i = the target, 10 rounds of the default local training (1 epoch, lr 0.05) at
+  batch 16; the accountant ε is the largest of the clients'.
 
     .venv/bin/python -m benchmarks.audit --data-dir ../shared/data --seeds 1
 """
@@ -21,45 +25,89 @@ import time
 from pathlib import Path
 from typing import Any
 
-STRATEGIES = ("dp-fedavg", "fed-smp-randk", "dp-ftrl")
-BASE = {"dataset": "mnist", "model": "logreg", "num-server-rounds": 5, "clip-norm": 1.0, "local-steps": 2, "batch-size": 16,
-        "fraction-evaluate": 0.0, "lr": 0.1}
+CLIENT_LEVEL = ("dp-fedavg", "fed-smp-randk", "dp-ftrl", "dp2-fedsam")
+RECORD_LEVEL = ("dpsgd-fedavg", "robust-hdp", "soteriafl-sgd")
+CLIENT_BASE = {"dataset": "mnist", "model": "logreg", "num-server-rounds": 5, "clip-norm": 1.0, "local-steps": 2,
+               "batch-size": 16, "fraction-evaluate": 0.0, "lr": 0.1}
+RECORD_BASE = {"dataset": "digits", "model": "mlp-digits", "num-server-rounds": 10, "clip-norm": 1.0,
+               "batch-size": 16, "fraction-evaluate": 0.0, "privacy-dist": "fixed"}
+RECORD_CLIENTS, RECORD_SLOTS = 4, 400
 
 
-def one(strategy: str, target: float, canaries: int, clients: int, seed: int, out: Path,
+def one(base: dict[str, Any], strategy: str, target: float, canaries: int, clients: int, seed: int, out: Path,
         data_dir: str) -> dict[str, Any]:
     from fedapp.experiments.notebook_utils import run_federation
 
-    extra = {"client-dp-adversary": "release"} if strategy == "dp-ftrl" else {}  # see the module docstring
-    run = run_federation({**BASE, **extra, "strategy": strategy, "target-epsilon": target, "seed": seed,
+    extra: dict[str, Any] = {"client-dp-adversary": "release"} if strategy == "dp-ftrl" else {}  # see the docstring
+    if strategy == "dp2-fedsam":  # a body to share; its accuracy is the clients' personalized one (no global model)
+        extra.update({"model": "cnn-mnist", "fraction-evaluate": 0.2})
+    budget = "epsilon" if base is RECORD_BASE else "target-epsilon"  # record-level: every client's ε_i
+    run = run_federation({**base, **extra, "strategy": strategy, budget: target, "seed": seed,
                           "audit-canaries": canaries, "output-dir": str(out), "data-dir": data_dir}, num_clients=clients)
     return json.loads((run / "summary.json").read_text())
+
+
+def _accuracy(summary: dict[str, Any]) -> str:
+    """The final centralized test accuracy, or (DP2-FedSAM) the mean of the clients' personalized ones, marked *."""
+    if summary.get("final_accuracy") is not None:
+        return f"{summary['final_accuracy']:.3f}"
+    client = summary.get("final_client_accuracy")
+    return "n/a" if client is None else f"{client:.3f}*"
+
+
+def _cell(stat: dict[str, Any]) -> str:
+    low, high = stat["epsilon_interval"]
+    return f"{stat['epsilon_estimate']:.3f} [{low:.3f}, {high:.3f}]"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--data-dir", default="../shared/data", help="folder holding MNIST (torchvision's layout)")
-    parser.add_argument("--clients", type=int, default=500)
-    parser.add_argument("--canaries", type=int, default=100)
+    parser.add_argument("--level", choices=("client", "record", "both"), default="both")
+    parser.add_argument("--clients", type=int, default=500, help="client-level federation (canaries included)")
+    parser.add_argument("--canaries", type=int, default=100, help="client-level canaries")
     parser.add_argument("--targets", type=float, nargs="+", default=[2.0, 8.0])
+    parser.add_argument("--strategies", nargs="+", default=None, help="a subset of the level's strategies")
     args = parser.parse_args()
-    print("| strategy | target ε | seed | accountant ε (release) | estimate, final model "
-          "[95 % CI] | estimate, all iterates [95 % CI] | accuracy with canaries | without | s |")
-    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
-        for strategy in STRATEGIES:
-            for target in args.targets:
-                for seed in args.seeds:
-                    start = time.perf_counter()
-                    audited = one(strategy, target, args.canaries, args.clients, seed, Path(tmp) / "a", args.data_dir)
-                    plain = one(strategy, target, 0, args.clients, seed, Path(tmp) / "p", args.data_dir)
-                    a = audited["audit"]
-                    cells = [f"{a[k]['epsilon_estimate']:.3f} [{a[k]['epsilon_interval'][0]:.3f}, "
-                             f"{a[k]['epsilon_interval'][1]:.3f}]" for k in ("final_model", "all_iterates")]
-                    print(f"| {strategy} | {target:g} | {seed} | {a['epsilon_accountant']:.3f} | {cells[0]} | "
-                          f"{cells[1]} | {audited['final_accuracy']:.3f} | {plain['final_accuracy']:.3f} | "
-                          f"{time.perf_counter() - start:.0f} |", flush=True)
+        if args.level in ("client", "both"):
+            print("| strategy | target ε | seed | accountant ε (release) | estimate, final model [95 % CI] | lower "
+                  "bound, final | estimate, all iterates [95 % CI] | lower bound, all | accuracy with canaries | "
+                  "without | s |")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
+            for strategy in args.strategies or CLIENT_LEVEL:
+                for target in args.targets:
+                    for seed in args.seeds:
+                        start = time.perf_counter()
+                        audited = one(CLIENT_BASE, strategy, target, args.canaries, args.clients, seed,
+                                      Path(tmp) / "a", args.data_dir)
+                        plain = one(CLIENT_BASE, strategy, target, 0, args.clients, seed, Path(tmp) / "p",
+                                    args.data_dir)
+                        a = audited["audit"]
+                        f, it = a["final_model"], a["all_iterates"]
+                        print(f"| {strategy} | {target:g} | {seed} | {a['epsilon_accountant']:.3f} | {_cell(f)} | "
+                              f"{f['epsilon_lower_bound']:.2f} | {_cell(it)} | {it['epsilon_lower_bound']:.2f} | "
+                              f"{_accuracy(audited)} | {_accuracy(plain)} | {time.perf_counter() - start:.0f} |",
+                              flush=True)
+        if args.level in ("record", "both"):
+            print("\n| strategy | target ε | seed | accountant ε (largest ε_i) | lower bound [guesses right] | "
+                  "estimate [95 % CI] | accuracy with canaries | without | s |")
+            print("|---|---|---|---|---|---|---|---|---|")
+            for strategy in args.strategies or RECORD_LEVEL:
+                for target in args.targets:
+                    for seed in args.seeds:
+                        start = time.perf_counter()
+                        audited = one(RECORD_BASE, strategy, target, RECORD_SLOTS, RECORD_CLIENTS, seed,
+                                      Path(tmp) / "a", args.data_dir)
+                        plain = one(RECORD_BASE, strategy, target, 0, RECORD_CLIENTS, seed, Path(tmp) / "p",
+                                    args.data_dir)
+                        a = audited["audit"]
+                        f = a["final_model"]
+                        print(f"| {strategy} | {target:g} | {seed} | {a['epsilon_accountant']:.3f} | "
+                              f"{f['epsilon_lower_bound']:.2f} [{f['correct']}/{f['guesses']}] | {_cell(f)} | "
+                              f"{_accuracy(audited)} | {_accuracy(plain)} | {time.perf_counter() - start:.0f} |",
+                              flush=True)
 
 
 if __name__ == "__main__":
