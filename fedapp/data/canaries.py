@@ -32,8 +32,9 @@ def client_slots(client_id: int, num_clients: int, slots: int) -> np.ndarray:
 
 
 def slot_count(client_id: int, num_clients: int, slots: int) -> int:
-    """How many canary records client ``client_id`` holds (its N_i grows by this many)."""
-    return len(client_slots(client_id, num_clients, slots))
+    """How many canary records client ``client_id`` holds (its N_i grows by this many): len(:func:`client_slots`)."""
+    n = max(int(num_clients), 1)
+    return int(slots) // n + (1 if int(client_id) < int(slots) % n else 0)
 
 
 def with_canaries(train: ArrayDataset, seed: int, slots: int, client_id: int, num_clients: int) -> ArrayDataset:
