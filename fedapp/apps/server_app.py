@@ -118,7 +118,7 @@ def audit_recorder(recorder: Any, strategy: Any, general: GeneralConfig, inputs:
         return record_audit_block(seed, k, losses, initial, models[-1], rounds, n or int(strategy.num_available),
                                   statistics)
 
-    return AuditRecorder(recorder, strategy, audit, n)
+    return AuditRecorder(recorder, strategy, audit, n, every_round=False)  # the record audit reads the final model
 
 
 def make_prevalidate(general: GeneralConfig, data: DataConfig, training: TrainingConfig, client_dp: ClientDPConfig):

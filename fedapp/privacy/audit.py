@@ -133,14 +133,16 @@ def client_audit(seed: int, canaries: int) -> AuditFn:
 
 
 class AuditRecorder:
-    """A round recorder around ``inner`` that keeps the global model after every round (``strategy`` is read for it)
-    and adds ``audit``'s block to summary.json when the run ends; a client ``canary_client(client_id, n)`` names is
-    marked ``audit_canary`` in the round records (so that the summary's ε per client and utility leave it out)."""
+    """A round recorder around ``inner`` that keeps the global model after every round (the latest only when
+    ``every_round`` is False; ``strategy`` is read for it) and adds ``audit``'s block to summary.json when the run
+    ends; a client ``canary_client(client_id, n)`` names is marked ``audit_canary`` in the round records (so that the
+    summary's ε per client and utility leave it out)."""
 
     def __init__(self, inner: Any, strategy: Any, audit: AuditFn, num_clients: int,
-                 canary_client: Callable[[int, int], bool] | None = None) -> None:
+                 canary_client: Callable[[int, int], bool] | None = None, every_round: bool = True) -> None:
         self.inner, self.strategy, self.audit = inner, strategy, audit
         self.num_clients, self.canary_client = int(num_clients), canary_client
+        self.every_round = every_round  # False: keep only the latest model (an audit of the final model alone)
         self.initial = flatten(strategy.current_weights).astype(np.float64)
         self.models: list[np.ndarray] = []
         self.rounds: list[dict[str, Any]] = []
@@ -161,7 +163,11 @@ class AuditRecorder:
                 cid = client.get("client_id")
                 if isinstance(cid, int) and self.canary_client(cid, n):
                     client["audit_canary"] = True
-        self.models.append(flatten(self.strategy.current_weights).astype(np.float64))
+        model = flatten(self.strategy.current_weights).astype(np.float64)
+        if self.every_round:
+            self.models.append(model)
+        else:
+            self.models = [model]
         self.rounds.append(record)
         self.inner.write_round(record)
 

@@ -60,7 +60,8 @@ def record_audit_block(seed: int, slots: int, losses: Callable[[np.ndarray], np.
                        initial: np.ndarray, final: np.ndarray, rounds: list[dict[str, Any]],
                        num_clients: int, statistics: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``audit`` block of summary.json; ``losses(weights)`` is each candidate's loss under a model given as one flat
-    vector (the rows of :func:`candidates`). The scores and coins go into ``statistics`` when given (``audit_statistics.json``)."""
+    vector (the rows of :func:`fedapp.data.canaries.candidates`). The scores and coins go into ``statistics`` when
+    given (``audit_statistics.json``)."""
     eps, delta = accountant_epsilon(rounds, num_clients, slots)
     delta = delta or 1e-5
     before, after = losses(initial), losses(final)
