@@ -22,6 +22,7 @@ import argparse
 import json
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,39 +77,36 @@ def main() -> None:
                   "bound, final | estimate, all iterates [95 % CI] | lower bound, all | accuracy with canaries | "
                   "without | s |")
             print("|---|---|---|---|---|---|---|---|---|---|---|")
-            for strategy in args.strategies or CLIENT_LEVEL:
-                for target in args.targets:
-                    for seed in args.seeds:
-                        start = time.perf_counter()
-                        audited = one(CLIENT_BASE, strategy, target, args.canaries, args.clients, seed,
-                                      Path(tmp) / "a", args.data_dir)
-                        plain = one(CLIENT_BASE, strategy, target, 0, args.clients, seed, Path(tmp) / "p",
-                                    args.data_dir)
-                        a = audited["audit"]
-                        f, it = a["final_model"], a["all_iterates"]
-                        print(f"| {strategy} | {target:g} | {seed} | {a['epsilon_accountant']:.3f} | {_cell(f)} | "
-                              f"{f['epsilon_lower_bound']:.2f} | {_cell(it)} | {it['epsilon_lower_bound']:.2f} | "
-                              f"{_accuracy(audited)} | {_accuracy(plain)} | {time.perf_counter() - start:.0f} |",
-                              flush=True)
+            for strategy, target, seed, a, cells in _rows(args, CLIENT_BASE, args.strategies or CLIENT_LEVEL,
+                                                          args.canaries, args.clients, Path(tmp)):
+                f, it = a["final_model"], a["all_iterates"]
+                print(f"| {strategy} | {target:g} | {seed} | {a['epsilon_accountant']:.3f} | {_cell(f)} | "
+                      f"{f['epsilon_lower_bound']:.2f} | {_cell(it)} | {it['epsilon_lower_bound']:.2f} | {cells}",
+                      flush=True)
         if args.level in ("record", "both"):
             print("\n| strategy | target ε | seed | accountant ε (largest ε_i) | lower bound [guesses right] | "
                   "estimate [95 % CI] | accuracy with canaries | without | s |")
             print("|---|---|---|---|---|---|---|---|---|")
-            for strategy in args.strategies or RECORD_LEVEL:
-                for target in args.targets:
-                    for seed in args.seeds:
-                        start = time.perf_counter()
-                        audited = one(RECORD_BASE, strategy, target, RECORD_SLOTS, RECORD_CLIENTS, seed,
-                                      Path(tmp) / "a", args.data_dir)
-                        plain = one(RECORD_BASE, strategy, target, 0, RECORD_CLIENTS, seed, Path(tmp) / "p",
-                                    args.data_dir)
-                        a = audited["audit"]
-                        f = a["final_model"]
-                        print(f"| {strategy} | {target:g} | {seed} | {a['epsilon_accountant']:.3f} | "
-                              f"{f['epsilon_lower_bound']:.2f} [{f['correct']}/{f['guesses']}] | {_cell(f)} | "
-                              f"{_accuracy(audited)} | {_accuracy(plain)} | {time.perf_counter() - start:.0f} |",
-                              flush=True)
+            for strategy, target, seed, a, cells in _rows(args, RECORD_BASE, args.strategies or RECORD_LEVEL,
+                                                          RECORD_SLOTS, RECORD_CLIENTS, Path(tmp)):
+                f = a["final_model"]
+                print(f"| {strategy} | {target:g} | {seed} | {a['epsilon_accountant']:.3f} | "
+                      f"{f['epsilon_lower_bound']:.2f} [{f['correct']}/{f['guesses']}] | {_cell(f)} | {cells}",
+                      flush=True)
 
+
+def _rows(args: argparse.Namespace, base: dict[str, Any], strategies: Sequence[str], canaries: int, clients: int,
+          tmp: Path) -> Iterator[tuple[str, float, int, dict[str, Any], str]]:
+    """Per strategy, target and seed: the audited run's audit block and the row's last cells (accuracy with and
+    without canaries, seconds of both runs)."""
+    for strategy in strategies:
+        for target in args.targets:
+            for seed in args.seeds:
+                start = time.perf_counter()
+                audited = one(base, strategy, target, canaries, clients, seed, tmp / "a", args.data_dir)
+                plain = one(base, strategy, target, 0, clients, seed, tmp / "p", args.data_dir)
+                yield (strategy, target, seed, audited["audit"],
+                       f"{_accuracy(audited)} | {_accuracy(plain)} | {time.perf_counter() - start:.0f} |")
 
 if __name__ == "__main__":
     main()
