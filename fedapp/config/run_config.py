@@ -352,8 +352,8 @@ def record_canaries(general: GeneralConfig) -> int:
 
 
 def check_audit(cfg: Mapping[str, Any]) -> None:
-    """``audit-canaries``: a family that can be audited, in a simulation from its start; client-level: at least 2
-    clients that are not canaries; record-level: at least 2 slots, under the replace-one relation its slots use."""
+    """``audit-canaries``: a family that can be audited, in a simulation from its start, at least 2 canaries;
+    client-level: at least 2 clients that are not canaries; record-level: the replace-one relation its slots use."""
     k = int(cfg["audit-canaries"])
     if k == 0:
         return
@@ -368,10 +368,9 @@ def check_audit(cfg: Mapping[str, Any]) -> None:
     if cfg["resume-from"]:
         raise ConfigError(f"run-config 'audit-canaries' = {k} with 'resume-from': the audit reads every round's model "
                           "from the run's start, which a resumed process never saw; audit a run from its start")
+    if k < 2:
+        raise ConfigError(f"run-config 'audit-canaries' = {k}: the audit guesses the coins of at least 2 canaries")
     if records:
-        if k < 2:
-            raise ConfigError(f"run-config 'audit-canaries' = {k}: a record-level audit guesses over at least 2 "
-                              "canary slots")
         if cfg["record-neighbours"] != "replace-one":
             raise ConfigError(f"run-config 'audit-canaries' = {k} with record-neighbours = "
                               f"{cfg['record-neighbours']!r}: a canary slot swaps one record for another, the "

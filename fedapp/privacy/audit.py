@@ -103,12 +103,21 @@ def audit_block(seed: int, canaries: int, initial: np.ndarray, models: list[np.n
         if statistics is not None:
             statistics[f"{name}_canaries"] = can.tolist()
             statistics[f"{name}_inserted"], statistics[f"{name}_null"] = ins.tolist(), null.tolist()
-        estimate = one_shot_estimate(ins, null, delta)
         bound = audit_scores(can, heads, delta)
-        block[name] = {**estimate.as_dict(), "mean_cosine_inserted": float(np.mean(ins)),
-                       "mean_cosine_null": float(np.mean(null)), "epsilon_lower_bound": float(bound["epsilon_lower_bound"]),
+        block[name] = {**_estimate(ins, null, delta), "epsilon_lower_bound": float(bound["epsilon_lower_bound"]),
                        "guesses": bound["guesses"], "correct": bound["correct"], "confidence": bound["confidence"]}
     return block
+
+
+def _estimate(inserted: np.ndarray, null: np.ndarray, delta: float) -> dict[str, Any]:
+    """The one-shot estimate's entries; without 2 heads canaries (the coins of a few canaries can all be tails) there
+    is no estimate, only the reason, and the run still ends with its bound."""
+    if len(inserted) < 2:
+        return {"epsilon_estimate": None, "epsilon_interval": None, "canaries_inserted": len(inserted),
+                "canaries_null": len(null), "estimate_error": f"{len(inserted)} heads canaries: the estimate needs "
+                                                              "at least 2 (more audit-canaries, or another audit-seed)"}
+    return {**one_shot_estimate(inserted, null, delta).as_dict(), "mean_cosine_inserted": float(np.mean(inserted)),
+            "mean_cosine_null": float(np.mean(null))}
 
 
 #: what an audit computes when the run ends: (global model before round 1, after each round, the round records, a

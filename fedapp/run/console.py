@@ -162,11 +162,14 @@ def _audit_lines(audit: Any) -> list[str]:
     if not isinstance(audit, dict) or not isinstance(audit.get("final_model"), dict):
         return []
     final, accountant = audit["final_model"], audit.get("epsilon_accountant")
-    low, high = final.get("epsilon_interval") or (float("nan"), float("nan"))
+    estimate = "n/a"
+    if isinstance(final.get("epsilon_estimate"), (int, float)) and final.get("epsilon_interval"):
+        low, high = final["epsilon_interval"]
+        estimate = f"{final['epsilon_estimate']:.2f} [{low:.2f}, {high:.2f}]"
+    bound = final.get("epsilon_lower_bound")
     return [f"{PREFIX} audit ({audit.get('canaries')} {audit.get('level', '')}-level canaries, final model): estimate "
-            f"{final.get('epsilon_estimate', float('nan')):.2f} [{low:.2f}, {high:.2f}], lower bound "
-            f"{final.get('epsilon_lower_bound', float('nan')):.2f} (95 %); accountant ε "
-            + (f"{float(accountant):.2f}" if isinstance(accountant, (int, float)) else "n/a")]
+            f"{estimate}, lower bound " + (f"{float(bound):.2f}" if isinstance(bound, (int, float)) else "n/a")
+            + " (95 %); accountant ε " + (f"{float(accountant):.2f}" if isinstance(accountant, (int, float)) else "n/a")]
 
 
 def summary_lines(run_dir: Path, display_dir: Path | None = None) -> list[str]:

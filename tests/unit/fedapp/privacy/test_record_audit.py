@@ -94,7 +94,7 @@ def test_a_supernode_refuses_canary_records(monkeypatch) -> None:
 def test_the_record_level_settings_are_checked_before_anything_starts() -> None:
     with pytest.raises(ConfigError, match=r"record-neighbours = 'add-remove'"):
         resolve_config({"strategy": "robust-hdp", "audit-canaries": 10, "record-neighbours": "add-remove"})
-    with pytest.raises(ConfigError, match=r"at least 2\s+canary slots"):
+    with pytest.raises(ConfigError, match=r"guesses the coins of at least 2 canaries"):
         resolve_config({"strategy": "soteriafl-gd", "audit-canaries": 1})
     with pytest.raises(ConfigError, match=r"'audit-canaries' = 3 with strategy 'fedavg'"):
         resolve_config({"strategy": "fedavg", "audit-canaries": 3})
