@@ -313,8 +313,7 @@ def make_ftrl_client(context: Context, overrides: dict[str, Any] | None = None) 
 def with_canary(client: ClientLevelDPClient | DP2FedSAMClient, general: GeneralConfig) -> Client:
     """``client`` as a Flower client; one of the last ``audit-canaries`` clients becomes an audit canary
     (:mod:`fedapp.privacy.audit`) whose direction (or zero, by its coin) spans what the client sends (DP2-FedSAM: the
-    shared part). On a
-    SuperNode a canary id refuses: canaries are simulated clients."""
+    shared part). On a SuperNode a canary id refuses: canaries are simulated clients."""
     p = client.s.profile
     index = canary_index(p.client_id, p.num_clients, general.audit_canaries)
     if index is not None:

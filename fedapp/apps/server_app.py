@@ -48,6 +48,7 @@ from fedapp.state.cache import release_mapped_pages
 from fedapp.state.checkpoint import attach as attach_checkpointing
 from fedapp.state.client_state import compact_lineage, default_state_dir
 from fedapp.state.results import ResultsWriter
+from strategies.aggregate import unflatten
 from strategies.base import DPFLStrategy, StrategyContext
 from strategies.client_level import ClientLevelDPStrategy
 
@@ -105,8 +106,7 @@ def audit_recorder(recorder: Any, strategy: Any, general: GeneralConfig, inputs:
     model, device = inputs.model, resolve_device(general.device)
 
     def losses(flat: np.ndarray) -> np.ndarray:
-        sizes = np.cumsum([0] + [int(np.prod(s)) for s in shapes])
-        set_weights(model, [flat[a:b].reshape(s).astype(np.float32) for a, b, s in zip(sizes, sizes[1:], shapes)])
+        set_weights(model, unflatten(flat, shapes))
         model.to(device).eval()
         with torch.no_grad():
             out = model(torch.as_tensor(records.x, device=device))
