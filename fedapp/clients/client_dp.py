@@ -179,8 +179,8 @@ class ClientLevelDPClient(NumPyClient):
 
     #: whether this client runs adaptive clipping when the run-config asks for it (its privatize clips at dp.clip)
     adaptive_clipping: bool = True
-    #: an audit canary's unit direction u, or zero (:mod:`fedapp.privacy.audit`): the client then sends C·u through the
-    #: mechanism (sampling, clipping, its noise share, SecAgg+) instead of training, and evaluates nothing
+    #: an audit canary's unit direction u, or zero (:mod:`fedapp.privacy.audit`): the client then sends C·u through
+    #: the mechanism (sampling, clipping, its noise share, SecAgg+) instead of training, and evaluates nothing
     canary: np.ndarray | None = None
 
     def __init__(self, setup: ClientSetup, client_dp: ClientDPConfig, context: Context | None = None,

@@ -96,8 +96,8 @@ def shared_weights(head: str, data: DataConfig, model_spec: ModelSpec, weights: 
 class DP2FedSAMClient(NumPyClient):
     """Local update + clip + noise of one client; for personalized variants also the keeper of h_i."""
 
-    #: an audit canary's unit direction u (or zero) over the shared coordinates (:mod:`fedapp.privacy.audit`): the client then
-    #: sends C·u through the mechanism instead of training, keeps its head and evaluates nothing
+    #: an audit canary's unit direction u (or zero) over the shared coordinates (:mod:`fedapp.privacy.audit`): the
+    #: client then sends C·u through the mechanism instead of training, keeps its head and evaluates nothing
     canary: np.ndarray | None = None
 
     def __init__(self, setup: ClientSetup, client_dp: ClientDPConfig, dp2_fedsam: DP2FedSAMConfig, context: Context,
