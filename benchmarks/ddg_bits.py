@@ -23,7 +23,7 @@ from typing import Any
 
 from fedapp.apps.privacy_plan import secure_payload_dim
 from fedapp.config import resolve_config
-from fedapp.experiments.report import interval, pair_by_seed, paired_verdict
+from fedapp.experiments.report import interval, pair_by_seed, paired_test
 from fedapp.privacy.profiles import client_level_mechanism, secure_sum_mechanism
 from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 
@@ -51,7 +51,7 @@ def _mechanism_facts(cfg: dict[str, Any], clients: int, dims: dict[str, int]) ->
 
 
 def table(index_paths: list[Path]) -> str:
-    rows = ["| clients a round | secure sum | final accuracy (95 % CI, n) | − continuous, paired (95 % CI, p) | "
+    rows = ["| clients a round | secure sum | final accuracy (95 % CI, n) | − continuous, paired (95 % CI) | "
             "σ added | σ charged | max ε vs server | uplink per client-round, Flower 1.41 | packed b-bit payload |",
             "|---|---|---|---|---|---|---|---|---|"]
     dims: dict[str, int] = {}
@@ -73,8 +73,8 @@ def table(index_paths: list[Path]) -> str:
             if name == "continuous Gaussian":
                 paired = "–"
             else:
-                p = paired_verdict([d for _, d in pair_by_seed(cells, base, "final_accuracy")])
-                paired = f"{100 * p.mean:+.1f} ± {100 * p.half:.1f} pts (p = {p.p:.2f}, n = {p.n})"
+                p = paired_test([d for _, d in pair_by_seed(cells, base, "final_accuracy")])
+                paired = f"{100 * p.mean:+.1f} ± {100 * p.half:.1f} pts (n = {p.n})"
             rows.append(f"| {clients} | {name} | {100 * mean:.1f} ± {100 * half:.1f} % (n = {n}) | {paired} | "
                         f"{facts['sigma']:.4f} | {facts['charged']:.4f} | {eps:.3f} | "
                         f"{sum(per_client) / len(per_client) / 1024:.1f} KiB | "

@@ -11,12 +11,13 @@
   ``final_client_val_accuracy``), never on the local or central test sets the tables report.
 * A claim compares two groups on one metric (``lower-is-better`` for losses) within every setting of the
   grid keys it does not name, each group at its tuned setting. The cells are *paired by seed* (a seed gives
-  both the same partition, privacy profiles and initial model): per seed d = better − worse, their mean
-  ± the 95 % t half-width, and a two-sided sign-flip permutation p-value (exact over the 2^n sign patterns
-  for n ≤ 16, seeded Monte Carlo above). The verdict is read from the interval: **holds** when it lies
-  entirely on the claimed side of 0 (> 0, or < 0 with ``lower-is-better``), **does not hold** when entirely
-  on the other side, **inconclusive** when it contains 0; fewer than 2 pairs give no verdict. "Seeds to
-  resolve" is the smallest n with t_{0.975, n−1} · s / √n < |mean d| at the observed mean and spread s.
+  both the same partition, privacy profiles and initial model): per seed d = better − worse. One test, stated
+  before any run and the same for every claim: the one-sided paired t-test of "mean d lies on the claimed side
+  of 0" (> 0, or < 0 with ``lower-is-better``), its p-values Holm-corrected across every claim × setting of the
+  report (one report is one paper's claims at one scale). The verdict is read from that test alone: **holds**
+  when the Holm-adjusted p is below 0.05, else **not shown**; a claim with fewer pairs than the sweep file
+  planned (its seeds, fixed before the runs) gets no verdict. The mean of d ± its 95 % t half-width is shown as
+  the effect's size, not as a second test.
 * The ``index.json`` written beside the report holds, per cell, its assignments, resolved run-config,
   ``summary.json`` and the per-round metrics the plots read (``ROUND_METRICS``; no per-client records), so
   ``python -m fedapp.experiments.report <that index.json>`` rewrites the same tables with no results folders present.
@@ -42,9 +43,7 @@ TUNING_METRICS = {"final_client_val_accuracy": "higher", "final_client_val_loss"
 DEFAULT_TUNING_METRIC = "final_client_val_accuracy"
 PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
 ROUND_METRICS = ("accuracy", "client_accuracy", "loss", "epsilon", "client_val_accuracy", "client_val_loss")
-EXACT_UP_TO = 16  # sign-flip test: exact enumeration of 2^n patterns up to this many pairs
-MONTE_CARLO_DRAWS = 100_000
-MONTE_CARLO_SEED = 0
+ALPHA = 0.05  # the claims' family-wise error rate (Holm)
 
 
 class ReportError(ValueError):
@@ -88,73 +87,60 @@ class Paired:
     n: int  # pairs
     mean: float  # mean of d (nan without pairs)
     half: float  # 95 % t half-width of that mean (nan for n < 2)
-    p: float  # two-sided sign-flip permutation p-value (nan without pairs)
-    verdict: str
-    needed: int | None  # seeds that resolve ``mean`` at the observed spread; None: never (mean 0) or no spread
+    p: float  # one-sided paired-t p-value of "mean d is on the claimed side of 0" (nan for n < 2)
+    claimed_side: bool  # whether the mean lies on the claimed side of 0
 
 
-def sign_flip_p(diffs: Sequence[float], *, draws: int = MONTE_CARLO_DRAWS, seed: int = MONTE_CARLO_SEED) -> float:
-    """Two-sided sign-flip permutation p-value of mean(d) = 0: the share of sign patterns s with
-    |mean(s · d)| ≥ |mean(d)|; every one of the 2^n patterns for n ≤ ``EXACT_UP_TO``, else ``draws`` seeded
-    random ones (the observed pattern counted once more: (1 + hits) / (1 + draws))."""
-    import numpy as np
-
-    d = np.asarray(_finite(diffs), dtype=float)
-    n = len(d)
-    if n == 0:
-        return math.nan
-    tol = 1e-12 * float(np.abs(d).sum())  # the observed pattern and its mirror must count despite rounding
-    if n <= EXACT_UP_TO:
-        bits = (np.arange(2**n)[:, None] >> np.arange(n)) & 1
-        means = (1 - 2 * bits) @ d / n  # row 0 (all +1) is the observed mean, summed the same way
-        return float(np.mean(np.abs(means) >= abs(means[0]) - tol))
-    observed = abs(float(np.ones(n) @ d / n))
-    rng = np.random.default_rng(seed)
-    hits = 0
-    for start in range(0, draws, 10_000):
-        signs = rng.choice([-1.0, 1.0], size=(min(10_000, draws - start), n))
-        hits += int(np.sum(np.abs(signs @ d / n) >= observed - tol))
-    return (1 + hits) / (1 + draws)
-
-
-def seeds_to_resolve(mean: float, sd: float) -> int | None:
-    """The smallest n ≥ 2 with t_{0.975, n−1} · sd / √n < |mean|: the seeds a paired interval needs to exclude
-    0 if the differences kept this mean and spread. None when no n does (mean 0) or the spread is unknown."""
+def one_sided_p(diffs: Sequence[float], lower_is_better: bool = False) -> float:
+    """The paired t-test's one-sided p-value of H1 "mean d > 0" (< 0 with ``lower_is_better``) against H0 "mean d
+    is 0 or on the other side": P(T_{n−1} ≥ t) with t = ±mean(d) / (s/√n). Without spread (s = 0) it is 0 for a
+    mean on the claimed side and 1 otherwise; nan for fewer than 2 pairs."""
     from scipy import stats
 
-    if not (math.isfinite(mean) and math.isfinite(sd)) or mean == 0:
-        return None
-
-    def resolves(n: int) -> bool:
-        return float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n) < abs(mean)
-
-    lo, hi = 1, 2  # resolves(lo) is False by convention (no interval from one seed)
-    while not resolves(hi):
-        lo, hi = hi, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if resolves(mid) else (mid, hi)
-    return hi
+    d = _finite(diffs)
+    n = len(d)
+    if n < 2:
+        return math.nan
+    sign = -1.0 if lower_is_better else 1.0
+    mean = sum(d) / n
+    sd = _sd(d, mean)
+    if sd == 0:
+        return 0.0 if sign * mean > 0 else 1.0
+    return float(stats.t.sf(sign * mean / (sd / math.sqrt(n)), n - 1))
 
 
-def paired_verdict(diffs: Sequence[float], lower_is_better: bool = False) -> Paired:
-    """The verdict of a claim from its per-seed differences better − worse (see the module docstring)."""
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values of a family (Holm 1979): the k-th smallest of m becomes
+    max over j ≤ k of min(1, (m − j + 1)·p_(j)). A nan (no test) stays nan and does not count in m."""
+    tested = sorted((i for i, p in enumerate(p_values) if not math.isnan(p)), key=lambda i: p_values[i])
+    m, running = len(tested), 0.0
+    out = [math.nan] * len(p_values)
+    for rank, i in enumerate(tested):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
+def paired_test(diffs: Sequence[float], lower_is_better: bool = False) -> Paired:
+    """The paired summary and one-sided test of a claim from its per-seed differences better − worse."""
     d = _finite(diffs)
     mean, half, n = interval(d)
-    p = sign_flip_p(d)
-    if n == 0:
-        return Paired(0, mean, half, p, "no paired seeds", None)
-    if n < 2:
-        return Paired(n, mean, half, p, "fewer than 2 pairs: no verdict", None)
-    sign = -1.0 if lower_is_better else 1.0  # the claimed side of 0
-    lo, hi = sorted((sign * (mean - half), sign * (mean + half)))
-    if lo > 0:
-        decided = "holds"
-    elif hi < 0:
-        decided = "does not hold"
-    else:
-        decided = "inconclusive (interval contains 0)"
-    return Paired(n, mean, half, p, decided, seeds_to_resolve(mean, _sd(d, mean)))
+    sign = -1.0 if lower_is_better else 1.0
+    return Paired(n, mean, half, one_sided_p(d, lower_is_better), n > 0 and sign * mean > 0)
+
+
+def verdict(paired: Paired, adjusted: float, planned: int) -> str:
+    """The claim's verdict from its Holm-adjusted p-value; none with fewer pairs than the ``planned`` ones (0: the
+    sweep planned none, a report of cells without a grid)."""
+    if paired.n == 0:
+        return "no paired seeds"
+    if paired.n < 2:
+        return "fewer than 2 pairs: no test"
+    if paired.n < planned:
+        return f"incomplete: {paired.n} of {planned} planned pairs, no verdict"
+    if adjusted < ALPHA:
+        return "holds"
+    return "not shown" if paired.claimed_side else "not shown (mean on the other side)"
 
 
 def pair_by_seed(better: Sequence[Mapping[str, Any]], worse: Sequence[Mapping[str, Any]],
@@ -265,28 +251,41 @@ def _fmt_paired(p: Paired, metric: str) -> str:
     return ("+" if p.mean > 0 else "") + text + f" (n={p.n})"
 
 
-def _fmt_needed(p: Paired) -> str:
-    if p.n < 2:
-        return "– (no spread)"
-    if p.needed is None:
-        return "never (mean difference 0)"
-    return f"{p.needed} (have {p.n})"
-
-
 def _matches(setting: tuple, where: Mapping[str, Any]) -> bool:
     d = dict(setting)
     return all(d.get(k) == v for k, v in where.items())
 
 
+def planned_pairs(doc: Mapping[str, Any], setting: Mapping[str, Any], better: Mapping[str, Any],
+                  worse: Mapping[str, Any]) -> int:
+    """The seeds the sweep file planned for both sides of a claim in ``setting``: the pairs its test was declared
+    with, before any run (0 for a document without a grid)."""
+    planned = scale_cells(doc)
+
+    def seeds(side: Mapping[str, Any]) -> set[str]:
+        where = {**setting, **side}
+        return {json.dumps(c.get("seed")) for c in planned if all(c.get(k) == v for k, v in where.items())}
+
+    return len(seeds(better) & seeds(worse))
+
+
 def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> list[str]:
-    rows: list[str] = []
+    """One table row per claim and setting (:func:`claim_table`)."""
+    return claim_table(doc, groups)[0]
+
+
+def claim_table(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> tuple[list[str], int]:
+    """(one table row per claim and setting, the number of tests Holm's correction counts); the verdicts from the
+    one-sided tests, Holm-corrected over the rows."""
+    tests: list[tuple[Paired, int] | None] = []
+    cols: list[list[str]] = []
     for claim in doc.get("claims", []):
         metric = claim.get("metric", "final_accuracy")
         better, worse = dict(claim["better"]), dict(claim["worse"])
         # compare within every setting of the keys the claim does not name (e.g. per privacy distribution)
         named = set(better) | set(worse)
         contexts = sorted({tuple((k, v) for k, v in s if k not in named) for s in groups}, key=str)
-        before = len(rows)
+        before = len(cols)
         for ctx in contexts:
             gb = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **better})]
             gw = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **worse})]
@@ -294,33 +293,40 @@ def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> li
                 continue
             ib = interval([c["summary"].get(metric) for c in gb[0]])
             iw = interval([c["summary"].get(metric) for c in gw[0]])
-            paired = paired_verdict([d for _, d in pair_by_seed(gb[0], gw[0], metric)],
-                                    bool(claim.get("lower-is-better")))
-            p_value = "–" if math.isnan(paired.p) else f"{paired.p:.3g}"
-            rows.append(f"| {claim.get('text', '')} | {_label(ctx)} | {metric} | {_fmt(*ib, metric)} (n={ib[2]}) | "
-                        f"{_fmt(*iw, metric)} (n={iw[2]}) | {_fmt_paired(paired, metric)} | {p_value} | "
-                        f"**{paired.verdict}** | {_fmt_needed(paired)} |")
-        if len(rows) == before:  # never drop a claim silently: a side was not run, or the sides differ elsewhere
+            paired = paired_test([d for _, d in pair_by_seed(gb[0], gw[0], metric)],
+                                 bool(claim.get("lower-is-better")))
+            tests.append((paired, planned_pairs(doc, dict(ctx), better, worse)))
+            cols.append([claim.get("text", ""), _label(ctx), metric, f"{_fmt(*ib, metric)} (n={ib[2]})",
+                         f"{_fmt(*iw, metric)} (n={iw[2]})", _fmt_paired(paired, metric)])
+        if len(cols) == before:  # never drop a claim silently: a side was not run, or the sides differ elsewhere
             missing = [name for name, side in (("better", better), ("worse", worse))
                        if not any(_matches(s, side) for s in groups)]
             why = (f"not run: no cell matches its {' and '.join(missing)} side" if missing else
                    "no setting has cells on both sides: the two groups differ in a key the claim does not name")
-            rows.append(f"| {claim.get('text', '')} | – | {metric} | – | – | – | – | **{why}** | – |")
-    return rows
+            tests.append(None)
+            cols.append([claim.get("text", ""), "–", metric, "–", "–", "–", "–", "–", "–", f"**{why}**"])
+    adjusted = holm([t[0].p if t is not None else math.nan for t in tests])
+    rows = []
+    for test, col, adj in zip(tests, cols, adjusted):
+        if test is not None:
+            paired, planned = test
+            col = [*col, f"{paired.n} of {planned}" if planned else str(paired.n),
+                   "–" if math.isnan(paired.p) else f"{paired.p:.3g}", "–" if math.isnan(adj) else f"{adj:.3g}",
+                   f"**{verdict(paired, adj, planned)}**"]
+        rows.append("| " + " | ".join(col) + " |")
+    return rows, sum(1 for a in adjusted if not math.isnan(a))
 
 
 CLAIMS_NOTE = (
     "Each claim is judged on its cells *paired by seed* (a seed gives both methods the same partition, privacy "
-    "profiles and initial model{crn}), each method at its tuned setting: per seed d = better − worse, "
-    "its mean ± the 95 % t half-width (n pairs, n − 1 degrees of freedom) and a two-sided sign-flip permutation "
-    "p-value (exact over the 2^n sign patterns for n ≤ {exact}, so never below 2/2^n; {draws:,} seeded random "
-    "patterns above). Verdict from the interval: **holds** when it lies entirely on the claimed side of 0 "
-    "(above 0; below 0 for a lower-is-better metric), **does not hold** when entirely on the other side, "
-    "**inconclusive** when it contains 0. Seeds to resolve: the smallest n with t_{{0.975, n−1}} · s / √n < |mean d| "
-    "if the differences kept their mean and standard deviation s. Accuracy differences are in percentage points.")
+    "profiles and initial model{crn}), each method at its tuned setting: per seed d = better − worse, shown as its "
+    "mean ± the 95 % t half-width (the effect's size). The test, the same for every claim and fixed before the "
+    "runs: a one-sided paired t-test of \"mean d lies on the claimed side of 0\" (above 0; below 0 for a "
+    "lower-is-better metric), with the pairs the sweep file planned; its p-values Holm-corrected across the "
+    "{tests} claim × setting rows of this report. **holds** when the Holm-adjusted p is below {alpha}, else **not "
+    "shown**; fewer pairs than planned: no verdict. Accuracy differences are in percentage points.")
 
 
-# ----------------------------------------------------------------------------- self-contained index
 def compact_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
     """Per round of ``rounds.jsonl``: its number and the ``ROUND_METRICS`` it has (no per-client records)."""
     path = Path(run_dir) / "rounds.jsonl"
@@ -513,12 +519,12 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
             chosen = {k: v for k, v in choice.items() if k not in ("candidates", "scores")}
             scores = "; ".join(f"{t}: {_fmt(v, math.nan, 1, metric)}" for t, v in choice["scores"].items())
             lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))} | {scores} |")
-    rows = claim_rows(doc, groups)
+    rows, tests = claim_table(doc, groups)
     if rows:
         crn = ", and with `seeded-noise` the same noise and sampling seeds" if seeded else ""
-        lines += ["", "## Claims", "", CLAIMS_NOTE.format(crn=crn, exact=EXACT_UP_TO, draws=MONTE_CARLO_DRAWS), "",
-                  "| claim | setting | metric | better | worse | better − worse (paired) | p (sign-flip) | verdict "
-                  "| seeds to resolve |", "|---|---|---|---|---|---|---|---|---|", *rows]
+        lines += ["", "## Claims", "", CLAIMS_NOTE.format(crn=crn, tests=tests, alpha=ALPHA), "",
+                  "| claim | setting | metric | better | worse | better − worse (paired) | pairs (of planned) "
+                  "| p (one-sided t) | p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|---|", *rows]
     plot_rounds(groups, out / "accuracy_rounds.png")
     lines += ["", "![accuracy over rounds](accuracy_rounds.png)"]
     varied = [k for k in PRIVACY_KEYS if len(doc.get("grid", {}).get(k, [])) > 1]

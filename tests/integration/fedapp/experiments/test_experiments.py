@@ -16,7 +16,7 @@ import pytest
 from conftest import REPO
 
 from fedapp.config import ConfigError
-from fedapp.experiments.report import ReportError, interval, main, paired_verdict, tuned_groups, write_report
+from fedapp.experiments.report import ReportError, interval, main, paired_test, tuned_groups, verdict, write_report
 from fedapp.experiments.sweep import cell_id, load_sweep, run_sweep
 from fedapp.experiments.sweep import main as main_sweep
 
@@ -58,10 +58,11 @@ sweep = { num-supernodes = 4 }
 def test_interval_and_verdicts():
     mean, half, n = interval([0.5, 0.6, 0.7])
     assert mean == pytest.approx(0.6) and n == 3 and half == pytest.approx(4.303 * 0.1 / math.sqrt(3), rel=1e-3)
-    assert paired_verdict([0.4, 0.41, 0.39]).verdict == "holds"  # per-seed differences better - worse
-    assert paired_verdict([-0.4, -0.41, -0.39]).verdict == "does not hold"
-    assert paired_verdict([0.1, -0.1, 0.05]).verdict.startswith("inconclusive")
-    assert paired_verdict([0.4]).verdict.startswith("fewer than 2 pairs")
+    for diffs, expected in (([0.4, 0.41, 0.39], "holds"),  # per-seed differences better - worse
+                            ([-0.4, -0.41, -0.39], "not shown (mean on the other side)"),
+                            ([0.1, -0.1, 0.05], "not shown"), ([0.4], "fewer than 2 pairs: no test")):
+        test = paired_test(diffs)
+        assert verdict(test, test.p, 0) == expected, diffs
 
 
 def test_sweep_file_is_validated_before_anything_runs(tmp_path: Path):
@@ -313,7 +314,7 @@ def test_a_sweep_runs_resumes_and_reports(tmp_path: Path):
     assert "final_client_accuracy" in report and "no privacy beats DP-SGD" in report
     assert all(c["summary"]["final_client_val_accuracy"] is not None for c in doc["cells"].values())
     assert "Tuned on the clients' validation split (final_client_val_accuracy" in report
-    assert any(v in report for v in ("**holds**", "**does not hold**", "**inconclusive"))
+    assert any(v in report for v in ("**holds**", "**not shown"))
     assert (tmp_path / "out" / "accuracy_rounds.png").stat().st_size > 0
 
 

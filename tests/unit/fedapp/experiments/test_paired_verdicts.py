@@ -1,4 +1,4 @@
-"""Paired claim verdicts of fedapp.experiments.report: t interval of per-seed differences, sign-flip p-value, power line."""
+"""Paired claim verdicts of fedapp.experiments.report: one one-sided paired t-test per claim, Holm-corrected."""
 
 from __future__ import annotations
 
@@ -6,67 +6,48 @@ import math
 from typing import Any
 
 import pytest
+from scipy import stats
 
-from fedapp.experiments import report
 from fedapp.experiments.report import (
     claim_rows,
+    holm,
     interval,
+    one_sided_p,
     pair_by_seed,
-    paired_verdict,
-    seeds_to_resolve,
-    sign_flip_p,
+    paired_test,
     tuned_groups,
+    verdict,
 )
 
 T_975_4 = 2.776445105  # t_{0.975} with 4 degrees of freedom (tables)
 
 
-def test_t_interval_of_the_differences_by_hand():
-    p = paired_verdict([1, 2, 3, 4, 5])
-    # mean 3, s = sqrt(10 / 4), half-width t_{0.975, 4} * s / sqrt(5)
-    assert p.n == 5 and p.mean == pytest.approx(3.0)
+def test_t_interval_and_one_sided_p_by_hand():
+    p = paired_test([1, 2, 3, 4, 5])
+    # mean 3, s = sqrt(10 / 4), half-width t_{0.975, 4} * s / sqrt(5); t = 3 / (s / sqrt(5)) = 4.243
+    assert p.n == 5 and p.mean == pytest.approx(3.0) and p.claimed_side
     assert p.half == pytest.approx(T_975_4 * math.sqrt(2.5) / math.sqrt(5), rel=1e-6)
-    assert p.verdict == "holds"
-    assert paired_verdict([-1, -2, -3, -4, -5]).verdict == "does not hold"
-    assert paired_verdict([-1, -2, -3, -4, -5], lower_is_better=True).verdict == "holds"  # a loss went down
+    t = 3 / (math.sqrt(2.5) / math.sqrt(5))
+    assert p.p == pytest.approx(float(stats.t.sf(t, 4))) and 0.006 < p.p < 0.007  # t-table: P(T_4 > 4.243) ≈ 0.0066
+    assert one_sided_p([-1, -2, -3, -4, -5]) == pytest.approx(1 - p.p)  # the other side
+    assert one_sided_p([-1, -2, -3, -4, -5], lower_is_better=True) == pytest.approx(p.p)  # a loss went down
+    assert one_sided_p([2, 2, 2]) == 0.0 and one_sided_p([-2, -2]) == 1.0 and one_sided_p([0, 0]) == 1.0
+    assert math.isnan(one_sided_p([1.0]))
 
 
-def test_sign_flip_p_exact_by_hand():
-    # only the observed pattern and its mirror reach |mean| >= 3 among the 2^5 sign patterns
-    assert sign_flip_p([1, 2, 3, 4, 5]) == pytest.approx(2 / 32)
-    assert sign_flip_p([1, 1, 1]) == pytest.approx(2 / 8)  # three pairs can never give p < 0.25
-    assert sign_flip_p([3, 1]) == pytest.approx(2 / 4)  # sums 4, 2, -2, -4: two reach |4|
-    assert sign_flip_p([1, -1]) == 1.0 and sign_flip_p([0, 0, 0]) == 1.0
-    assert math.isnan(sign_flip_p([]))
+def test_holm_by_hand():
+    # m = 3: 0.01·3 = 0.03; 0.02·2 = 0.04; 0.04·1 = 0.04 (monotone); nan is no test and does not count
+    assert holm([0.04, 0.01, math.nan, 0.02]) == pytest.approx([0.04, 0.03, math.nan, 0.04], nan_ok=True)
+    assert holm([0.3, 0.6]) == pytest.approx([0.6, 0.6])  # step-down keeps the order
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
-def test_sign_flip_p_monte_carlo_is_seeded_and_close_to_exact(monkeypatch: pytest.MonkeyPatch):
-    diffs = [0.5, -0.2, 0.9, 0.1, -0.4, 0.7, 0.3, 0.8, -0.1, 0.6, 0.2, -0.3, 0.4, 0.05, 0.35, -0.15, 0.25]  # n = 17
-    mc = sign_flip_p(diffs)
-    assert mc == sign_flip_p(diffs)  # fixed seed: the report is reproducible
-    monkeypatch.setattr(report, "EXACT_UP_TO", 17)
-    exact = sign_flip_p(diffs)
-    assert exact * 2**17 == pytest.approx(round(exact * 2**17))  # a count of patterns
-    assert mc == pytest.approx(exact, abs=0.005)
-    monkeypatch.undo()
-    assert sign_flip_p([1.0] * 20) <= 3 / (1 + report.MONTE_CARLO_DRAWS)  # exact would be 2 / 2^20
-
-
-def test_seeds_to_resolve():
-    from scipy import stats
-
-    def half(n: int, sd: float) -> float:
-        return float(stats.t.ppf(0.975, n - 1)) * sd / math.sqrt(n)
-
-    # mean 1, sd 2: 17 seeds give a half-width of 1.028, 18 seeds 0.995 < 1
-    assert half(17, 2.0) > 1 > half(18, 2.0) and seeds_to_resolve(1.0, 2.0) == 18
-    assert seeds_to_resolve(-1.0, 2.0) == 18  # either side
-    assert seeds_to_resolve(0.5, 0.0) == 2  # no spread: two seeds suffice
-    assert seeds_to_resolve(0.0, 1.0) is None  # a zero mean is never resolved
-    assert seeds_to_resolve(1.0, math.nan) is None  # one pair: no spread to plan with
-    assert seeds_to_resolve(3.0, math.sqrt(2.5)) <= 5  # the resolved [1..5] case needs no more than it has
-    n = seeds_to_resolve(0.001, 1.0)
-    assert half(n, 1.0) < 0.001 <= half(n - 1, 1.0)  # large n found by doubling and bisection
+def test_verdict_from_the_adjusted_p_and_the_planned_pairs():
+    p = paired_test([1, 2, 3, 4, 5])
+    assert verdict(p, 0.04, 5) == "holds" and verdict(p, 0.06, 5) == "not shown"
+    assert verdict(paired_test([-1, -2, -3]), 0.9, 0) == "not shown (mean on the other side)"
+    assert verdict(p, 0.001, 8) == "incomplete: 5 of 8 planned pairs, no verdict"
+    assert verdict(paired_test([1.0]), math.nan, 0) == "fewer than 2 pairs: no test"
 
 
 # ----------------------------------------------------------------------------- claims on a sweep's cells
@@ -95,52 +76,73 @@ def test_claim_holds_paired_where_the_unpaired_intervals_overlap():
     cells += [_cell("b", s, b) for s, b in enumerate(BASE, 1)]
     (mb, hb, _), (mw, hw, _) = (interval([c["summary"]["final_accuracy"] for c in cells if c["assignments"]["strategy"] == k])
                                 for k in ("a", "b"))
-    assert mb - hb <= mw + hw  # the independent intervals overlap: the old rule said "inconclusive"
-    claim, _, _, better, worse, paired, p, verdict, needed = _row(_doc(cells))
-    assert verdict == "**holds**"
+    assert mb - hb <= mw + hw  # the independent intervals overlap
+    claim, _, _, better, worse, paired, pairs, p, p_holm, verdict_ = _row(_doc(cells))
+    assert verdict_ == "**holds**" and pairs == "5"  # no grid in this document: nothing planned to compare with
     assert paired.startswith("+2.3 ± ") and paired.endswith("(n=5)")  # percentage points
     assert better.endswith("(n=5)") and worse.endswith("(n=5)")  # the per-method intervals are kept
-    assert float(p) == pytest.approx(2 / 32)
-    # mean 0.023, s = sqrt(88e-6 / 4) = 0.00469: two seeds give 12.706 * s / sqrt(2) = 0.042 > 0.023,
-    # three give 4.303 * s / sqrt(3) = 0.0117 < 0.023
-    assert needed == "3 (have 5)"
+    assert float(p) == pytest.approx(one_sided_p(gains), rel=5e-3) and float(p) < 1e-3
+    assert p_holm == p  # one test in the family
 
 
-def test_claim_does_not_hold_and_lower_is_better():
+def test_claim_on_the_other_side_and_lower_is_better():
     cells = [_cell("a", s, b - 0.03 + 0.002 * s) for s, b in enumerate(BASE, 1)]
     cells += [_cell("b", s, b) for s, b in enumerate(BASE, 1)]
-    assert _row(_doc(cells))[7] == "**does not hold**"
+    assert _row(_doc(cells))[9] == "**not shown (mean on the other side)**"
     # on the loss (1 - accuracy) a's higher loss is the worse side of a lower-is-better claim as well
-    assert _row(_doc(cells, metric="final_loss", **{"lower-is-better": True}))[7] == "**does not hold**"
+    assert _row(_doc(cells, metric="final_loss", **{"lower-is-better": True}))[9] == \
+        "**not shown (mean on the other side)**"
     flipped = _doc(cells, metric="final_loss", better={"strategy": "b"}, worse={"strategy": "a"},
                    **{"lower-is-better": True})
-    assert _row(flipped)[7] == "**holds**"
+    assert _row(flipped)[9] == "**holds**"
 
 
-def test_claim_inconclusive_with_its_power_line():
-    diffs = [0.02, -0.01, 0.01, -0.02, 0.03]  # mean 0.006, s = 0.020736
+def test_a_noisy_claim_is_not_shown():
+    diffs = [0.02, -0.01, 0.01, -0.02, 0.03]  # mean 0.006, s = 0.020736: t = 0.647, p = 0.28
     cells = [_cell("a", s, b + d) for s, (b, d) in enumerate(zip(BASE, diffs), 1)]
     cells += [_cell("b", s, b) for s, b in enumerate(BASE, 1)]
     row = _row(_doc(cells))
-    assert row[7] == "**inconclusive (interval contains 0)**"
-    mean = sum(diffs) / 5
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 4)
-    assert sd == pytest.approx(math.sqrt(17.2e-4 / 4))
-    assert row[8] == f"{seeds_to_resolve(mean, sd)} (have 5)"
-    needed = seeds_to_resolve(mean, sd)
-    assert 40 < needed < 60  # (1.96 * s / mean)^2 = 46, a little more for t
-    even = [_cell("a", s, b + d) for s, (b, d) in enumerate(zip(BASE, [0.01, -0.01, 0.02, -0.02, 0.0]), 1)]
-    even += [_cell("b", s, b) for s, b in enumerate(BASE, 1)]
-    assert _row(_doc(even))[8] == "never (mean difference 0)"
+    assert row[9] == "**not shown**" and float(row[7]) == pytest.approx(0.277, abs=0.002)
 
 
-def test_fewer_than_two_pairs_give_no_verdict():
+def test_fewer_than_two_pairs_give_no_test():
     cells = [_cell("a", 1, 0.5), _cell("a", 2, 0.6), _cell("b", 2, 0.4), _cell("b", 3, 0.3)]
     assert pair_by_seed(cells[:2], cells[2:], "final_accuracy") == [(2, pytest.approx(0.2))]
     row = _row(_doc(cells))
-    assert row[5] == "+20.0 (n=1)" and row[7] == "**fewer than 2 pairs: no verdict**" and row[8] == "– (no spread)"
+    assert row[5] == "+20.0 (n=1)" and row[7] == "–" and row[9] == "**fewer than 2 pairs: no test**"
     row = _row(_doc([_cell("a", 1, 0.5), _cell("b", 2, 0.4)]))
-    assert row[5] == "–" and row[7] == "**no paired seeds**"
+    assert row[5] == "–" and row[9] == "**no paired seeds**"
+
+
+def test_holm_corrects_across_the_claims_and_the_planned_pairs_gate_the_verdict():
+    """Two claims with one-sided p = 0.03 and 0.02: Holm gives 2·0.02 = 0.04 and max(0.04, 1·0.03) = 0.04, both
+    hold; a third claim at p = 0.4 makes the smallest 3·0.02 = 0.06, and none holds. A grid that planned 6 seeds
+    leaves 5 pairs without a verdict."""
+    def cells_with(diffs: list[float], strategy: str) -> list[dict[str, Any]]:
+        return [_cell(strategy, s, b + d) for s, (b, d) in enumerate(zip(BASE, diffs), 1)]
+
+    def shifted(target: float) -> list[float]:  # differences whose one-sided p is ``target``
+        base = [0.0, 0.01, -0.01, 0.02, -0.02]
+        mean_for = float(stats.t.isf(target, 4)) * math.sqrt(sum(d * d for d in base) / 4) / math.sqrt(5)
+        return [d + mean_for for d in base]
+
+    cells = cells_with(shifted(0.03), "a") + cells_with(shifted(0.02), "c") + cells_with(shifted(0.4), "e")
+    cells += [_cell("b", s, b) for s, b in enumerate(BASE, 1)]
+    claims = [{"text": f"{x} beats b", "metric": "final_accuracy", "better": {"strategy": x},
+               "worse": {"strategy": "b"}} for x in ("a", "c")]
+    doc = {"tune": [], "claims": claims, "cells": {str(i): c for i, c in enumerate(cells)}}
+    rows = [[col.strip() for col in r.strip("|").split("|")] for r in claim_rows(doc, tuned_groups(doc)[0])]
+    assert [float(r[7]) for r in rows] == pytest.approx([0.03, 0.02], rel=1e-6)
+    assert [float(r[8]) for r in rows] == pytest.approx([0.04, 0.04], rel=1e-6)
+    assert [r[9] for r in rows] == ["**holds**", "**holds**"]
+    doc["claims"].append({"text": "e beats b", "metric": "final_accuracy", "better": {"strategy": "e"},
+                          "worse": {"strategy": "b"}})
+    rows = [[col.strip() for col in r.strip("|").split("|")] for r in claim_rows(doc, tuned_groups(doc)[0])]
+    assert [float(r[8]) for r in rows] == pytest.approx([0.06, 0.06, 0.4], rel=1e-6)
+    assert [r[9] for r in rows] == ["**not shown**"] * 3
+    doc["grid"] = {"strategy": ["a", "b", "c", "e"], "lr": [0.1], "seed": [1, 2, 3, 4, 5, 6]}  # planned 6: one never ran
+    rows = [[col.strip() for col in r.strip("|").split("|")] for r in claim_rows(doc, tuned_groups(doc)[0])]
+    assert rows[0][6] == "5 of 6" and rows[0][9] == "**incomplete: 5 of 6 planned pairs, no verdict**"
 
 
 def test_each_method_is_compared_at_its_tuned_setting():
@@ -148,7 +150,7 @@ def test_each_method_is_compared_at_its_tuned_setting():
     cells = [_cell("a", s, b + 0.02, lr=0.1, val=0.9) for s, b in enumerate(BASE, 1)]
     cells += [_cell("a", s, b - 0.2, lr=1.0, val=0.1) for s, b in enumerate(BASE, 1)]
     cells += [_cell("b", s, b, lr=0.1, val=0.5) for s, b in enumerate(BASE, 1)]
-    assert _row(_doc(cells, tune=["lr"]))[7] == "**holds**"
+    assert _row(_doc(cells, tune=["lr"]))[9] == "**holds**"
 
 
 def test_a_claim_is_judged_per_setting_of_the_keys_it_does_not_name():
@@ -163,4 +165,4 @@ def test_a_claim_is_judged_per_setting_of_the_keys_it_does_not_name():
     rows = claim_rows(doc, tuned_groups(doc)[0])
     assert len(rows) == 2
     assert "target-epsilon=1.0" in rows[0] and "**holds**" in rows[0]
-    assert "target-epsilon=2.0" in rows[1] and "**does not hold**" in rows[1]
+    assert "target-epsilon=2.0" in rows[1] and "**not shown (mean on the other side)**" in rows[1]
