@@ -1,6 +1,6 @@
 """Foundation benchmarks: DP-SGD step cost, simulation overhead, peak memory, MNIST accuracy.
 
-    python -m benchmarks.foundation step       [--quick]   # DP-SGD ÷ non-private step time per Opacus mode
+    python -m benchmarks.foundation step       [--quick] [--models a,b]  # DP-SGD ÷ non-private step per mode
     python -m benchmarks.foundation overhead   [--quick]   # Flower simulation wall ÷ summed client training
     python -m benchmarks.foundation memory     [--quick]   # peak PSS of all processes of a 20-client simulation
     python -m benchmarks.foundation mnist      [--rounds 30]  # dpsgd-fedavg on MNIST via flwr run
@@ -14,116 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch import nn
 
 REPO = Path(__file__).resolve().parents[1]
 DATA_DIR = str((REPO.parent / "shared" / "data").resolve())
-
-
-# --------------------------------------------------------------------------- DP-SGD step cost
-def _mnist_batch(batch: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    from fedapp.data.datasets import load_dataset
-
-    train, _ = load_dataset("mnist", DATA_DIR)
-    idx = np.random.default_rng(seed).choice(len(train), size=batch * 64, replace=False)
-    return torch.from_numpy(train.x[idx]), torch.from_numpy(train.y[idx])
-
-
-def _time_steps(step, n_steps: int, warmup: int = 5) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(n_steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _make_private(mode: str, model: nn.Module, loader, noise: float, clip: float):
-    from opacus import PrivacyEngine
-
-    engine = PrivacyEngine(accountant="rdp")
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    crit = nn.CrossEntropyLoss()
-    out = engine.make_private(module=model, optimizer=opt, data_loader=loader, criterion=crit, noise_multiplier=noise,
-                              max_grad_norm=clip, poisson_sampling=False, grad_sample_mode=mode)
-    if mode == "ghost":
-        module, optimizer, criterion, _ = out
-    else:
-        module, optimizer, _ = out
-        criterion = crit
-    return module, optimizer, criterion
-
-
-def bench_step(quick: bool) -> list[str]:
-    """Median time per optimizer step, Table-5 CNN, batch 64, CPU; correctness vs. hooks at zero noise."""
-    import warnings
-
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from fedapp.models.zoo import MnistCNN
-
-    warnings.filterwarnings("ignore")
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    batch, n_steps = 64, (20 if quick else 100)
-    x, y = _mnist_batch(batch)
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch)
-    xb, yb = x[:batch], y[:batch]
-
-    torch.manual_seed(0)
-    model = MnistCNN()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    crit = nn.CrossEntropyLoss()
-
-    def plain_step():
-        opt.zero_grad(set_to_none=True)
-        crit(model(xb), yb).backward()
-        opt.step()
-
-    t_plain = _time_steps(plain_step, n_steps)
-    rows = [f"| non-private SGD | {t_plain * 1e3:.2f} ms | 1.00× | reference |"]
-
-    def clipped_grad(mode: str) -> torch.Tensor:  # one zero-noise step's averaged clipped gradient
-        torch.manual_seed(0)
-        m = MnistCNN()
-        module, optimizer, criterion = _make_private(mode, m, loader, noise=0.0, clip=1.0)
-        optimizer.zero_grad(set_to_none=True)
-        loss = criterion(module(xb), yb)
-        loss.backward()
-        optimizer.pre_step()  # clip + (zero) noise + scale, no parameter update
-        return torch.cat([p.grad.reshape(-1) for p in m.parameters()])
-
-    reference = clipped_grad("hooks")
-    for mode in ("hooks", "ew", "functorch", "ghost"):
-        try:
-            err = float((clipped_grad(mode) - reference).abs().max())
-            torch.manual_seed(0)
-            m = MnistCNN()
-            module, optimizer, criterion = _make_private(mode, m, loader, noise=1.0, clip=1.0)
-
-            def dp_step(module=module, optimizer=optimizer, criterion=criterion):
-                optimizer.zero_grad(set_to_none=True)
-                criterion(module(xb), yb).backward()
-                optimizer.step()
-
-            t = _time_steps(dp_step, n_steps)
-            ok = "correct" if err < 1e-5 else f"differs from hooks by {err:.1e}"
-            rows.append(f"| DP-SGD `{mode}` | {t * 1e3:.2f} ms | {t / t_plain:.2f}× | {ok} (max abs diff {err:.1e}) |")
-        except Exception as exc:  # a mode unsupported for this model/torch: report, don't hide
-            rows.append(f"| DP-SGD `{mode}` | – | – | unsupported: {type(exc).__name__}: {str(exc)[:80]} |")
-    header = ["| step (Table-5 CNN, batch 64, CPU) | median time | ÷ non-private | clipped-gradient check |",
-              "|---|---|---|---|"]
-    return header + rows
 
 
 # --------------------------------------------------------------------------- simulation overhead
@@ -244,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--models", default="", help="step: comma-separated catalog models (default: all; --quick: "
+                                                     "cnn-mnist)")
     args = parser.parse_args(argv)
     print(f"# benchmarks.foundation {' '.join(sys.argv[1:])}  (torch threads={torch.get_num_threads()}, "
           f"cpus={os.cpu_count()})\n", flush=True)
@@ -253,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     for what in todo:
         t0 = time.perf_counter()
         if what == "step":
-            rows = bench_step(args.quick)
+            from benchmarks.dp_step import bench_step
+
+            rows = bench_step(args.quick, tuple(m for m in args.models.split(",") if m) or None)
         elif what == "overhead":
             rows = bench_overhead(args.quick)
         elif what == "memory":

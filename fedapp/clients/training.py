@@ -164,7 +164,7 @@ class PlainSGD:
 def cpu_memory_format(model: nn.Module, device: torch.device) -> Iterator[None]:
     """While open, ``model``'s weights on a CPU are in its class's ``CPU_MEMORY_FORMAT`` (channels-last for the
     plain CNNs of :mod:`fedapp.models.zoo`, whose convolutions run faster so), contiguous again after.
-    Not for per-sample gradients: Opacus' convolution grad-samplers assume the default layout."""
+    Not for Opacus' per-sample gradients (its convolution grad-samplers assume the default layout); for ``bk``'s."""
     fmt = getattr(type(model), "CPU_MEMORY_FORMAT", None)  # the class's: a wrapper's __getattr__ must not answer
     if fmt is None or device.type != "cpu":
         yield
@@ -235,12 +235,14 @@ def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_e
 
 def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining,
              sample_rate: float):
-    """(wrapped module, DP optimizer) as Opacus' ``PrivacyEngine.make_private(poisson_sampling=True)`` builds
+    """(wrapped module, DP optimizer, None) as Opacus' ``PrivacyEngine.make_private(poisson_sampling=True)`` builds
     them (same validation, module class and optimizer arguments, the optimizer Opacus' ``DPOptimizer`` with the clip
     step of :func:`~fedapp.clients.finite_clipping.finite_clip_dp_optimizer`; no engine accountant: the client's
     ledger composes), for batches this module draws itself at ``sample_rate``: ⌈N/b⌉ steps an epoch at q = 1/⌈N/b⌉, what the
     accountant composes. (Opacus' loader has int(1/q) batches, one fewer where ⌈N/b⌉ ∈ {93, 99, 105, …}, and
-    ``make_private`` then reports q = 1/92 for a loader that samples at 1/93.)"""
+    ``make_private`` then reports q = 1/92 for a loader that samples at 1/93.) With ``grad-sample-mode = "bk"``:
+    (the model itself, Opacus' optimizer taking the clipped sums as given, the
+    :class:`~fedapp.clients.book_keeping.BookKeeping` that computes them)."""
     from opacus.grad_sample import prepare_module
     from opacus.optimizers import DPOptimizer, get_optimizer_class
     from opacus.validators.module_validator import ModuleValidator
@@ -250,7 +252,11 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
     dp = spec.dp
     if dp is None:
         raise ValueError("Opacus training needs a DP spec (LocalTraining.dp)")
-    if get_optimizer_class(clipping="flat", distributed=False, grad_sample_mode=dp.grad_sample_mode) is not DPOptimizer:
+    book_keeping = dp.grad_sample_mode == "bk"
+    if book_keeping and spec.sam is not None:
+        raise ValueError("grad-sample-mode 'bk' computes one clipped gradient a step; SAM needs two: use 'hooks'")
+    if not book_keeping and get_optimizer_class(clipping="flat", distributed=False,
+                                                grad_sample_mode=dp.grad_sample_mode) is not DPOptimizer:
         raise ValueError(f"grad-sample-mode {dp.grad_sample_mode!r} clips outside DPOptimizer; this client's clipping "
                          "(fedapp.clients.finite_clipping) covers 'hooks', 'ew' and 'functorch'")
     torch.manual_seed(spec.seed)
@@ -260,13 +266,18 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
     relaid = [n for n, p in model.named_parameters() if p.stride() != default_strides(p.shape)]
     if relaid:
         raise ValueError(f"per-sample gradients need weights in the default (contiguous) layout; not so: {relaid}")
+    kwargs = dict(optimizer=optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
+                  expected_batch_size=int(len(data) * sample_rate), loss_reduction="mean", generator=None,
+                  secure_mode=False)
+    if book_keeping:  # the model itself with forward hooks; its clipped sums come from BookKeeping.clipped_sum
+        from fedapp.clients.book_keeping import BookKeeping, book_keeping_dp_optimizer
+
+        return model, book_keeping_dp_optimizer()(**kwargs), BookKeeping(model)
     module = prepare_module(model, grad_sample_mode=dp.grad_sample_mode, batch_first=True, loss_reduction="mean",
                             wrap_model=True)
     module.forbid_grad_accumulation()
-    dp_optimizer = finite_clip_dp_optimizer()(  # Opacus' flat DPOptimizer, a clip step no non-finite gradient bypasses
-        optimizer=optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
-        expected_batch_size=int(len(data) * sample_rate), loss_reduction="mean", generator=None, secure_mode=False)
-    return module, dp_optimizer
+    # Opacus' flat DPOptimizer, a clip step no non-finite gradient bypasses
+    return module, finite_clip_dp_optimizer()(**kwargs), None
 
 
 def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
@@ -294,13 +305,16 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
     opt = PlainSGD(params, lr=spec.lr, momentum=spec.momentum)  # also what Opacus wraps for DP-SGD
     loss_fn = spec.loss if spec.loss is not None else nn.CrossEntropyLoss()
     start, steps, total, extra = time.perf_counter(), 0, 0.0, {}
-    module, optimizer = model, opt
+    module, optimizer, book_keeping = model, opt, None
     layout = contextlib.ExitStack()
     try:
         if spec.dp is not None:
             per_epoch = steps_per_epoch(len(data), spec.batch_size)
             sample_rate = dpsgd_sample_rate(len(data), spec.batch_size)
-            module, optimizer = _private(model, opt, data, spec, sample_rate)
+            module, optimizer, book_keeping = _private(model, opt, data, spec, sample_rate)
+            if book_keeping is not None:  # its own convolution rule reads any layout: the CNNs' faster one on a CPU
+                layout.callback(book_keeping.close)
+                layout.enter_context(cpu_memory_format(model, device))
             extra["sample_rate"] = sample_rate
             x_dev, y_dev = torch.from_numpy(data.x).to(device), torch.from_numpy(data.y).to(device)
             epochs = -(-spec.steps // per_epoch)
@@ -321,7 +335,9 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
             def closure(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
                 optimizer.zero_grad(set_to_none=spec.sam is None)
                 if spec.dp is not None and len(yb) == 0:  # empty Poisson batch: noise only; ew/functorch cannot
-                    for p in params:  # run a batch of 0, so no forward: Opacus clips 0 per-sample gradients
+                    if book_keeping is not None:  # run a batch of 0, so no forward: Opacus clips 0 per-sample
+                        book_keeping.zero_sum()  # gradients
+                    for p in params if book_keeping is None else ():
                         setattr(p, "grad_sample", torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device))  # noqa: B010
                     return torch.zeros((), device=device)
                 out = module(xb)
@@ -331,7 +347,11 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
                     loss = loss + reg
                 with warnings.catch_warnings():
                     warnings.filterwarnings("ignore", message="Full backward hook")
-                    loss.backward()
+                    if book_keeping is not None:
+                        assert spec.dp is not None
+                        book_keeping.clipped_sum(loss, spec.dp.clip)
+                    else:
+                        loss.backward()
                 return loss.detach()
 
             if spec.sam is None:

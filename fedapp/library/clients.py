@@ -47,7 +47,7 @@ from fedapp.data.datasets import ArrayDataset
 from fedapp.library.data import UserData, as_array_dataset, loader_batch_size
 from fedapp.library.evaluation import Loss, ModelProblem, check_model, evaluate_user_model
 from fedapp.library.settings import DP2FedSAMSettings, DPSGDSettings, SecAggSettings, SoteriaFLSettings
-from fedapp.models.catalog import ModelSpec
+from fedapp.models.catalog import GRAD_SAMPLE_MODES, ModelSpec
 from fedapp.privacy.profiles import ClientProfile
 from strategies.aggregate import flatten
 from strategies.privacy.ftrl_accounting import FTRLMechanism
@@ -73,7 +73,8 @@ def _setup(model: nn.Module, train: UserData, test: UserData | None, context: Co
            rounds: int, epsilon: float, delta: float, per_sample: bool, num_clients: int | None = None,
            strategy: str = "dpsgd-fedavg") -> UserSetup:
     train_set = as_array_dataset(train, "train")
-    check_model(model, train_set, loss, per_sample=per_sample)
+    check_model(model, train_set, loss, per_sample=per_sample,
+                book_keeping=per_sample and training.grad_sample_mode == "bk")
     template = copy.deepcopy(model)
     test_set = as_array_dataset(test, "test", train_set.num_classes) if test is not None else \
         ArrayDataset(train_set.x[:0], train_set.y[:0], train_set.num_classes)
@@ -125,7 +126,8 @@ class UserDPSGDClient(DPSGDClient):
 def dpsgd_client(model: nn.Module, train: UserData, test: UserData | None = None, *, context: Context,
                  settings: DPSGDSettings, epsilon: float, delta: float, batch_size: int | None = None,
                  loss: Loss | None = None, client_id: int | None = None, private: bool = True,
-                 allow_large_delta: bool = False, device: str = "cpu", seed: int = 0) -> Client:
+                 allow_large_delta: bool = False, device: str = "cpu", seed: int = 0,
+                 grad_sample_mode: str = "hooks") -> Client:
     """A Flower ``Client`` running record-level DP-SGD on ``model`` over ``train`` with budget (``epsilon``,
     ``delta``) for ``settings.rounds`` rounds.
 
@@ -134,7 +136,11 @@ def dpsgd_client(model: nn.Module, train: UserData, test: UserData | None = None
     mean of per-sample losses (None: cross-entropy on class scores). ``client_id``: default the node-config's
     ``partition-id`` (set by the simulation); it must be unique in the federation. ``context``: the ClientApp's
     ``Context``, whose ``state`` keeps the accountant's history between rounds. ``seed`` seeds only plain SGD's
-    shuffling; DP noise and Poisson sampling always come from OS entropy.
+    shuffling; DP noise and Poisson sampling always come from OS entropy. ``grad_sample_mode``: how per-sample
+    gradients are clipped, each giving the same clipped, noised step: Opacus' ``"hooks"`` (its default), ``"ew"``,
+    ``"functorch"``, ``"bk"`` (book-keeping, :mod:`fedapp.clients.book_keeping`, the fastest for the catalog's CNNs on a
+    CPU in docs/benchmarks.md; checked on your model here) or ``"auto"`` (the fastest that runs, timed on your model's
+    shapes at the first round).
 
     Guarantee: every record of ``train`` is (ε, δ)-DP against anyone who sees this client's updates, the server
     included, over the ``settings.rounds`` rounds (neighbours: ``settings.record_neighbours``). ``test`` is read only
@@ -143,11 +149,13 @@ def dpsgd_client(model: nn.Module, train: UserData, test: UserData | None = None
     Raises ``ValueError`` (:class:`~fedapp.library.evaluation.ModelProblem`,
     :class:`~fedapp.library.data.DataProblem`) for a model Opacus cannot train, a loss that is not a batch mean, a
     forward pass that fails on the data, or unreadable data; nothing is changed for you."""
+    if grad_sample_mode not in ("auto", *GRAD_SAMPLE_MODES):
+        raise ValueError(f"grad_sample_mode = {grad_sample_mode!r} must be one of {('auto', *GRAD_SAMPLE_MODES)}")
     training = TrainingConfig(
         privacy_dist="fixed", epsilon=float(epsilon), delta=float(delta), allow_large_delta=allow_large_delta,
         local_epochs=settings.local_epochs, clip_norm=settings.clip_norm, dp_rounds=settings.rounds,
-        accountant=settings.accountant, record_neighbours=settings.record_neighbours, grad_sample_mode="hooks",
-        lr=settings.lr, momentum=settings.momentum, lr_decay=settings.lr_decay)
+        accountant=settings.accountant, record_neighbours=settings.record_neighbours,
+        grad_sample_mode=grad_sample_mode, lr=settings.lr, momentum=settings.momentum, lr_decay=settings.lr_decay)
     if not (epsilon > 0 and np.isfinite(epsilon)) or not 0 < delta < 1:
         raise ValueError(f"epsilon = {epsilon} must be a finite number > 0 and delta = {delta} in (0, 1)")
     setup = _setup(model, train, test, context, training=training, batch_size=batch_size, loss=loss,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -38,11 +39,30 @@ def evaluate_user_model(model: nn.Module, data: ArrayDataset, loss: Loss | None,
     return total / max(len(data), 1), (correct / len(data) if classify and len(data) else None)
 
 
-def check_model(model: object, data: ArrayDataset, loss: Loss | None, *, per_sample: bool) -> nn.Module:
+def _check_book_keeping(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss: Loss | None) -> None:
+    """One book-keeping clipped sum on a copy of ``model``: a layer it has no rule for, a layer run twice or an output
+    changed in place raises :class:`ModelProblem` with the reason."""
+    from fedapp.clients.book_keeping import BookKeeping
+
+    copied = copy.deepcopy(model).train()
+    try:
+        book_keeping = BookKeeping(copied)
+        try:
+            book_keeping.clipped_sum((loss if loss is not None else nn.CrossEntropyLoss())(copied(x), y), 1.0)
+        finally:
+            book_keeping.close()
+    except ValueError as exc:
+        raise ModelProblem(f"model {type(model).__name__}: {exc}") from None
+
+
+def check_model(model: object, data: ArrayDataset, loss: Loss | None, *, per_sample: bool,
+                book_keeping: bool = False) -> nn.Module:
     """``model`` checked before any round: an ``nn.Module`` whose forward pass takes two of ``data``'s records and
     whose output ``loss`` (None: cross-entropy, which needs [2, k] scores with k above every label) turns into a scalar;
     with ``per_sample`` (DP-SGD) Opacus must be able to compute its per-sample gradients and the loss must average over
-    the batch. Raises :class:`ModelProblem` naming the first problem found; the model is never changed."""
+    the batch; with ``book_keeping`` (``grad_sample_mode = "bk"``) one book-keeping step must run on a copy of it
+    (:mod:`fedapp.clients.book_keeping`). Raises :class:`ModelProblem` naming the first problem found; the model is
+    never changed."""
     if not isinstance(model, nn.Module):
         raise ModelProblem(f"model is a {type(model).__name__}, not a torch.nn.Module")
     reduction = getattr(loss, "reduction", "mean")
@@ -69,6 +89,8 @@ def check_model(model: object, data: ArrayDataset, loss: Loss | None, *, per_sam
     if not isinstance(value, torch.Tensor) or value.dim() != 0:
         raise ModelProblem(f"the loss of model {type(model).__name__}'s output {tuple(out.shape)} is not a scalar "
                            "tensor; it must be the batch mean")
+    if book_keeping:
+        _check_book_keeping(model, x, y, loss)
     if loss is None and (out.dim() != 2 or out.shape[1] <= int(data.y.max())):
         raise ModelProblem(f"model {type(model).__name__} outputs {tuple(out.shape)} for 2 records; cross-entropy needs "
                            f"[2, k] class scores with k > {int(data.y.max())}, the largest training label")

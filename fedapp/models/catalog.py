@@ -33,8 +33,10 @@ INPUT_SHAPES: dict[str, tuple[int, ...]] = {
 #: the classes of every named dataset (``tests/unit/fedapp/models/test_user_model.py`` checks it against the loaders)
 NUM_CLASSES: dict[str, int] = {"digits": 10, "mnist": 10, "fmnist": 10, "cifar10": 10, "cifar100": 100, "a9a": 2}
 
-GRAD_SAMPLE_MODES: tuple[str, ...] = ("hooks", "ew", "functorch")
-"""Opacus per-sample gradient modes ``fedapp.clients.training`` runs (Opacus' ``ghost`` needs a wrapped criterion: not run)."""
+GRAD_SAMPLE_MODES: tuple[str, ...] = ("hooks", "ew", "functorch", "bk")
+"""Per-sample gradient modes ``fedapp.clients.training`` runs: Opacus' ``hooks``, ``ew`` and ``functorch``, and ``bk``
+(book-keeping with mixed ghost norms, :mod:`fedapp.clients.book_keeping`). Opacus' ``ghost`` needs a wrapped criterion
+and a second backward pass: not run."""
 
 UNSUPPORTED_GRAD_SAMPLE_MODES: dict[tuple[str, str], str] = {}
 """(model, mode) pairs that cannot train with DP-SGD, with the reason; ``tests/unit/fedapp/models/test_dp_models.py``

@@ -24,7 +24,7 @@ from fedapp.models.zoo import build_model
 from strategies.soteriafl import ClientState, GradientOracle, client_step, fit_seed, get_method
 
 RECORD = 7  # the crafted record's row
-MODES = [("hooks", False), ("ew", False), ("functorch", False), ("hooks", True)]  # (mode, padded/graphed steps)
+MODES = [("hooks", False), ("ew", False), ("functorch", False), ("bk", False), ("hooks", True)]  # (mode, padded/graphed steps)
 
 
 def crafted_data(with_record: bool, n: int = 40) -> ArrayDataset:

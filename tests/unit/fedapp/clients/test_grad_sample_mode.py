@@ -31,7 +31,7 @@ def test_auto_measures_once_then_reuses_the_choice_across_processes(tmp_path, mo
     monkeypatch.setenv("DPFL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gsm, "_CHOSEN", {})
     calls = []
-    fake = {"hooks": 3.0, "ew": 1.0, "functorch": 2.0}
+    fake = {"hooks": 3.0, "ew": 1.0, "functorch": 2.0, "bk": 4.0}
 
     def timed(*args, **kwargs):
         calls.append(args[5])
@@ -54,9 +54,9 @@ def test_auto_only_picks_modes_the_model_supports(tmp_path, monkeypatch):
     monkeypatch.setenv("DPFL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(gsm, "_CHOSEN", {})
     monkeypatch.setitem(gsm.UNSUPPORTED_GRAD_SAMPLE_MODES, ("cnn-digits", "ew"), "test: pretend ew cannot run it")
-    monkeypatch.setattr(gsm, "time_modes", lambda *a, **k: {m: {"hooks": 3.0, "ew": 1.0, "functorch": 2.0}[m]
+    monkeypatch.setattr(gsm, "time_modes", lambda *a, **k: {m: {"hooks": 3.0, "ew": 1.0, "functorch": 2.0, "bk": 4.0}[m]
                                                              for m in a[5]})
-    assert gsm.supported_modes("cnn-digits") == ("hooks", "functorch")
+    assert gsm.supported_modes("cnn-digits") == ("hooks", "functorch", "bk")
     assert gsm.resolve_grad_sample_mode("auto", "cnn-digits", _new_model, _digits_like(), 32,
                                         torch.device("cpu")) == "functorch"
 

@@ -113,6 +113,34 @@ def test_a_model_or_loss_dpsgd_cannot_train_is_refused_naming_the_problem(model,
     assert needle in str(err.value), str(err.value)
 
 
+class _InPlaceMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hidden, self.out = nn.Linear(6, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(nn.functional.relu(self.hidden(x), inplace=True))
+
+
+def test_dpsgd_client_trains_with_the_chosen_grad_sample_mode_and_checks_bk_on_the_model_first(monkeypatch):
+    from fedapp.clients import book_keeping
+
+    calls = []
+    real = book_keeping.BookKeeping.clipped_sum
+    monkeypatch.setattr(book_keeping.BookKeeping, "clipped_sum", lambda self, *a: calls.append(1) or real(self, *a))
+    kwargs = dict(context=client_context(0, 3), settings=DPSGDSettings(rounds=1), epsilon=1.0, delta=1e-4)
+    model = _mlp()
+    client = dpsgd_client(model, DataLoader(_data(), batch_size=20), grad_sample_mode="bk", **kwargs)
+    update, m = _fit(client, [w.detach().numpy().copy() for w in model.state_dict().values()], {"server-round": 1})
+    assert m["status"] == "ok" and any(np.abs(u).max() > 0 for u in update)
+    assert len(calls) >= 1 + 3  # the check on the model, then the round's non-empty Poisson batches (6 expected)
+    with pytest.raises(ModelProblem, match="'hidden' was changed in place"):
+        dpsgd_client(_InPlaceMLP(), DataLoader(_data(), batch_size=20), grad_sample_mode="bk", **kwargs)
+    dpsgd_client(_InPlaceMLP(), DataLoader(_data(), batch_size=20), grad_sample_mode="hooks", **kwargs)  # Opacus' hooks
+    with pytest.raises(ValueError, match="grad_sample_mode = 'ghost'"):
+        dpsgd_client(_mlp(), DataLoader(_data(), batch_size=20), grad_sample_mode="ghost", **kwargs)
+
+
 def test_unreadable_data_and_missing_batch_size_are_refused():
     class Dicts(Dataset):
         def __len__(self) -> int:
