@@ -15,10 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from strategies.base import DPFLStrategy, RejectedUpdate
+from strategies.aggregate import normalize_weights
+from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
 from strategies.privacy import threat_models
 from strategies.privacy.mechanisms import NORM_ALLOWANCE_SIGMAS
-from strategies.robust_hdp import OracleDiagnostics, momentum_noise_factor, oracle_sigma2
+from strategies.robust_hdp import momentum_noise_factor, oracle_diagnostics, oracle_sigma2
 from strategies.server.validation import number_metrics, parse_client_id
 
 
@@ -48,7 +49,7 @@ class FedAvg(DPFLStrategy):
     privacy = threat_models.NONE
 
 
-class DPSGDFedAvg(OracleDiagnostics, DPFLStrategy):
+class DPSGDFedAvg(DPFLStrategy):
     """w_i ∝ N_i over DP-SGD updates (DPFedAvg, Noble et al. 2022; Robust-HDP baseline).
 
     Logs Robust-HDP's oracle diagnostics (σ_i² of Eq. 7, w*, Table-3 noise variance). With the run's learning-rate
@@ -88,6 +89,11 @@ class DPSGDFedAvg(OracleDiagnostics, DPFLStrategy):
                                       num_params=self.num_params)
         except ValueError as exc:
             raise RejectedUpdate(f"the declared DP-SGD mechanism bounds no update: {exc}") from None
+
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        raw, extra = super().aggregation_weights(server_round, updates)
+        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
+                                                   num_params=int(self.num_params))}
 
     def validate_update(self, update: np.ndarray, metrics: Mapping[str, Any]) -> None:
         super().validate_update(update, metrics)

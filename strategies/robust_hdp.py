@@ -17,7 +17,7 @@ updates, so no aggregation rule here changes any client's guarantee; they change
 * ``min-eps``: every client trains with the federation's minimum ε (the client factory sets it);
   w_i ∝ N_i.
 
-Oracle diagnostics (:class:`OracleDiagnostics`, also used by ``dpsgd-fedavg``): from each
+Oracle diagnostics (:func:`oracle_diagnostics`, also logged by ``dpsgd-fedavg``): from each
 client's reported training parameters (z_i, q_i, N_i, steps, η) and the run's c and p the
 server computes σ_i² of Eq. 7, the optimum weights w*_i ∝ 1/σ_i² and the normalized
 aggregate noise variance Σ w_i² σ_i² / (p η²) of Table 3 for the strategy's weights and for
@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -170,82 +170,55 @@ def _metric(metrics: Mapping[str, Any], key: str) -> float | None:
     return float(value) if math.isfinite(float(value)) else None
 
 
-# The mixins below always precede DPFLStrategy in a strategy's bases. To the type checker they derive from it,
-# so their super() calls are checked against its hooks; at run time they stay plain mixins (no change to the MRO).
-if TYPE_CHECKING:
-    _StrategyBase = DPFLStrategy
-else:
-    _StrategyBase = object
-
-
-class OracleDiagnostics(_StrategyBase):
-    """Mixin: logs σ_i² (Eq. 7), w*_i ∝ 1/σ_i² and the Table-3 noise variance of w and w*.
-
-    Subclasses compute their raw weights in :meth:`raw_weights` (default: the next class in
-    the MRO, i.e. w_i ∝ N_i). ``clip_norm`` is the run's per-sample clipping bound c.
-    """
-
-    clip_norm: float = 0.0
-    #: False where the aggregate is not Σ w_i Δ_i of the raw updates (PFA projects), so
-    #: Σ w_i² σ_i² is not its noise variance; it is then logged as ``noise_variance_unprojected``.
-    noise_variance_is_exact: bool = True
-
-    def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        return super().aggregation_weights(server_round, updates)
-
-    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        raw, extra = self.raw_weights(server_round, updates)
-        extra = dict(extra)
-        extra.update(self.oracle_diagnostics(updates, normalize_weights(raw)))
-        return raw, extra
-
-    def oracle_diagnostics(self, updates: list[ClientUpdate], weights: np.ndarray) -> dict[str, Any]:
-        p = int(getattr(self, "num_params", 0))
-        sigma2: list[float | None] = []
-        lrs: list[float | None] = []
-        for cu in updates:
-            m = cu.metrics
-            fields = {k: _metric(m, k) for k in ("noise_multiplier", "num_train", "sample_rate", "steps_round", "lr")}
-            positive = {k: v for k, v in fields.items() if v is not None and v > 0}
-            value = None
-            if self.clip_norm > 0 and len(positive) == len(fields):
-                try:
-                    value = oracle_sigma2(noise_multiplier=positive["noise_multiplier"], clip=self.clip_norm,
-                                          num_train=int(positive["num_train"]), sample_rate=positive["sample_rate"],
-                                          steps=int(positive["steps_round"]), lr=positive["lr"], num_params=p)
-                except ValueError:
-                    value = None
-            sigma2.append(value)
-            lrs.append(fields["lr"])
-            cu.record["sigma2_oracle"] = value
-            cu.record.setdefault("sigma2_estimated", None)
-            cu.record["oracle_weight"] = None
-        out: dict[str, Any] = {"noise_variance": None, "noise_variance_oracle": None}
-        known_lrs = [lr for lr in lrs if lr is not None]
-        if any(s is None for s in sigma2) or len(known_lrs) != len(lrs):
-            return out
-        s2 = np.asarray(sigma2, dtype=np.float64)
-        w_star = inverse_variance_weights(s2)
-        for cu, w in zip(updates, w_star):
-            cu.record["oracle_weight"] = float(w)
-        lr = float(np.mean(known_lrs))
-        nv = aggregate_noise_variance(weights, s2, p, lr)
-        out["noise_variance" if self.noise_variance_is_exact else "noise_variance_unprojected"] = nv
-        out["noise_variance_oracle"] = aggregate_noise_variance(w_star, s2, p, lr)
+def oracle_diagnostics(updates: list[ClientUpdate], weights: np.ndarray, *, clip_norm: float, num_params: int,
+                       exact: bool = True) -> dict[str, Any]:
+    """σ_i² (Eq. 7) of each client from its reported training parameters and the run's c (``clip_norm``) and p, the
+    optimum weights w*_i ∝ 1/σ_i², and the Table-3 noise variance of ``weights`` and of w*: logged, never used to
+    weight. Each update's ``record`` gets ``sigma2_oracle`` and ``oracle_weight``. ``exact = False`` where the aggregate
+    is not Σ w_i Δ_i of the raw updates (PFA projects), so Σ w_i² σ_i² is not its noise variance: it is then logged as
+    ``noise_variance_unprojected``."""
+    sigma2: list[float | None] = []
+    lrs: list[float | None] = []
+    for cu in updates:
+        m = cu.metrics
+        fields = {k: _metric(m, k) for k in ("noise_multiplier", "num_train", "sample_rate", "steps_round", "lr")}
+        positive = {k: v for k, v in fields.items() if v is not None and v > 0}
+        value = None
+        if clip_norm > 0 and len(positive) == len(fields):
+            try:
+                value = oracle_sigma2(noise_multiplier=positive["noise_multiplier"], clip=clip_norm,
+                                      num_train=int(positive["num_train"]), sample_rate=positive["sample_rate"],
+                                      steps=int(positive["steps_round"]), lr=positive["lr"], num_params=num_params)
+            except ValueError:
+                value = None
+        sigma2.append(value)
+        lrs.append(fields["lr"])
+        cu.record["sigma2_oracle"] = value
+        cu.record.setdefault("sigma2_estimated", None)
+        cu.record["oracle_weight"] = None
+    out: dict[str, Any] = {"noise_variance": None, "noise_variance_oracle": None}
+    known_lrs = [lr for lr in lrs if lr is not None]
+    if any(s is None for s in sigma2) or len(known_lrs) != len(lrs):
         return out
+    s2 = np.asarray(sigma2, dtype=np.float64)
+    w_star = inverse_variance_weights(s2)
+    for cu, w in zip(updates, w_star):
+        cu.record["oracle_weight"] = float(w)
+    lr = float(np.mean(known_lrs))
+    out["noise_variance" if exact else "noise_variance_unprojected"] = aggregate_noise_variance(weights, s2, num_params,
+                                                                                               lr)
+    out["noise_variance_oracle"] = aggregate_noise_variance(w_star, s2, num_params, lr)
+    return out
 
 
-class _ReportedEpsilonMixin(_StrategyBase):
-    """Rejects an update whose reported ε is missing, non-finite or ≤ 0 (before aggregation)."""
-
-    def validate_update(self, update: np.ndarray, metrics: Mapping[str, Any]) -> None:
-        super().validate_update(update, metrics)
-        eps = metrics.get("reported_epsilon")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
-            raise RejectedUpdate(f"reported_epsilon = {eps!r} must be a finite number > 0 for ε-weighted aggregation")
+def check_reported_epsilon(metrics: Mapping[str, Any]) -> None:
+    """Reject an update whose reported ε is missing, non-finite or ≤ 0 (ε-weighted aggregation reads it)."""
+    eps = metrics.get("reported_epsilon")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps <= 0:
+        raise RejectedUpdate(f"reported_epsilon = {eps!r} must be a finite number > 0 for ε-weighted aggregation")
 
 
-class RobustHDP(OracleDiagnostics, DPFLStrategy):
+class RobustHDP(DPFLStrategy):
     """Robust-HDP (Algorithm 1): w_i ∝ 1/‖S[:, i]‖² from Robust PCA of the round's updates.
 
     Record-level local DP (DP-SGD on each client); untrusted server. The weights never use
@@ -352,19 +325,36 @@ class RobustHDP(OracleDiagnostics, DPFLStrategy):
         extra["weights_capped"] = int(np.sum(weights > capped * (1 + 1e-9)))
         return capped, extra
 
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        raw, extra = self.raw_weights(server_round, updates)
+        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
+                                                   num_params=int(self.num_params))}
 
-class WeiAvg(_ReportedEpsilonMixin, OracleDiagnostics, DPFLStrategy):
+
+class WeiAvg(DPFLStrategy):
     """WeiAvg (Liu et al. 2021; Robust-HDP Alg. 2): w_i ∝ reported ε_i. Record-level local DP; untrusted server."""
 
     name = "weiavg"
     privacy = threat_models.RECORD_LOCAL_DPSGD
+    #: whether the aggregate is Σ w_i Δ_i of the raw updates (:func:`oracle_diagnostics`)
+    aggregate_is_weighted_sum = True
 
     def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.clip_norm = float(clip_norm)
 
+    def validate_update(self, update: np.ndarray, metrics: Mapping[str, Any]) -> None:
+        super().validate_update(update, metrics)
+        check_reported_epsilon(metrics)
+
     def raw_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         return np.asarray([float(u.metrics["reported_epsilon"]) for u in updates]), {}
+
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        raw, extra = self.raw_weights(server_round, updates)
+        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
+                                                   num_params=int(self.num_params),
+                                                   exact=self.aggregate_is_weighted_sum)}
 
 
 class PFA(WeiAvg):
@@ -375,7 +365,7 @@ class PFA(WeiAvg):
     """
 
     name = "pfa"
-    noise_variance_is_exact = False
+    aggregate_is_weighted_sum = False  # private updates are projected first
 
     def __init__(self, *, components: int = 1, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -402,7 +392,7 @@ class PFA(WeiAvg):
         return weighted_sum(vectors, weights)
 
 
-class MinEpsilon(OracleDiagnostics, DPFLStrategy):
+class MinEpsilon(DPFLStrategy):
     """Minimum-ε baseline: clients train with min_j ε_j (client side), w_i ∝ N_i.
 
     Record-level local DP at the federation's smallest ε for everyone; untrusted server.
@@ -414,3 +404,8 @@ class MinEpsilon(OracleDiagnostics, DPFLStrategy):
     def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.clip_norm = float(clip_norm)
+
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        raw, extra = super().aggregation_weights(server_round, updates)
+        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
+                                                   num_params=int(self.num_params))}
