@@ -68,7 +68,6 @@ from strategies.fed_smp import ClientLevelStrategy
 from strategies.privacy import threat_models
 from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.ftrl_accounting import FTRLMechanism, turn_size
-from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.matrix_mechanism import BandedNoise, TreeNoise
 from strategies.privacy.mechanisms import noisy_norm_bound
 
@@ -100,7 +99,8 @@ class DPFTRLStrategy(ClientLevelStrategy):
     privacy = threat_models.CLIENT_LEVEL_FTRL
 
     def __init__(self, *, ftrl_factory: FTRLFactory, noise_seed: int | None = None, **kwargs: Any) -> None:
-        super().__init__(sparsifier="none", **kwargs)
+        # every ledger composes with the PLD accountant: the matrix mechanism's rounds are not subsampled Gaussians
+        super().__init__(sparsifier="none", **{**kwargs, "accountant": FTRL_ACCOUNTANT})
         self.ftrl_factory = ftrl_factory
         self.noise_seed = noise_seed  # None: OS entropy (secret); set only for reproducible tests
         self.ftrl: FTRLMechanism | None = None
@@ -108,8 +108,6 @@ class DPFTRLStrategy(ClientLevelStrategy):
         self._stream_state: dict[str, Any] | None = None  # from a checkpoint, loaded once the stream exists
         self.present: set[int] | None = None  # SecAgg+: clients whose noise reached every released sum (None: all)
         self.released_round = 0  # the server round of the last released sum (ε_t is for t = this)
-        self.ledger = PrivacyLedger(FTRL_ACCOUNTANT)
-        self.server_view = PrivacyLedger(FTRL_ACCOUNTANT)
 
     @property
     def private(self) -> bool:
