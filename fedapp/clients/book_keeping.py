@@ -21,7 +21,10 @@ ghost clipping only with a second backward pass (``grad_sample_mode = "ghost"``)
 authors' fastDP installs from a git clone for torch ≤ 1.11, so this module writes steps 1-3 and reuses Opacus'
 per-sample rules and its optimizer. Timings: docs/benchmarks.md, "DP-SGD step". A model it cannot run refuses with a
 ``ValueError`` naming the layer (``auto`` then keeps the other modes): a trainable layer called twice in one forward
-pass, an output changed in place afterwards (``ReLU(inplace=True)`` on it), a layer type without a per-sample rule.
+pass, an output changed in place afterwards (``ReLU(inplace=True)`` on it), a layer type without a per-sample rule
+(types match exactly, as Opacus' rules: a subclass with its own forward has none), and, checked once on the first
+batch against autograd's gradient, a parameter the rules would not give its gradient (one also used outside its
+layer's forward, e.g. tied weights).
 """
 
 from __future__ import annotations
@@ -76,9 +79,10 @@ class BookKeeping:
             self.layers.append(_Layer(name, module, params))
         self._handles = [layer.module.register_forward_hook(functools.partial(self._capture, layer))
                          for layer in self.layers]
+        self.checked = False  # whether the layer rules were checked against autograd's gradient (first batch)
 
     def _supported(self, module: nn.Module) -> bool:
-        return isinstance(module, nn.Linear) or type(module) in self.samplers
+        return type(module) is nn.Linear or type(module) in self.samplers  # exact types, as Opacus' rules
 
     @staticmethod
     def _capture(layer: _Layer, module: nn.Module, inputs: tuple[Any, ...], output: Any) -> None:
@@ -120,12 +124,14 @@ class BookKeeping:
                                  "after it ran (e.g. ReLU(inplace=True)); use 'hooks'")
         try:
             outs = [layer.output for layer in ran if layer.output is not None]
-            grads = torch.autograd.grad(loss, outs, allow_unused=True) if outs else ()
+            grads = torch.autograd.grad(loss, outs, allow_unused=True, retain_graph=not self.checked) if outs else ()
             batch = next((len(layer.inputs[0]) for layer in ran if layer.inputs), 0)
             parts = [self._layer_norms(layer, grad, batch) for layer, grad in zip(ran, grads)]
             if not parts:
                 self.zero_sum()
                 return
+            if not self.checked:
+                self._check_against_autograd(loss, batch, parts)
             squared = torch.stack([sq for sq, _ in parts], 1).sum(1)
             factor, rows = finite_clip_factors(squared.clamp(min=0).sqrt(), clip)  # 0 where not finite
             for _, summer in parts:
@@ -136,6 +142,37 @@ class BookKeeping:
                         _set_sum(p, torch.zeros_like(p))
         finally:
             self._reset()
+
+    def _check_against_autograd(self, loss: torch.Tensor, batch: int, parts: list) -> None:
+        """Once, on the first batch: the layer rules' unclipped sum Σ_i g_i must be the batch's gradient as autograd
+        computes it (× B for the mean), parameter by parameter. A parameter used outside its layer's forward (tied
+        weights, ``F.linear(x, self.fc.weight)``) or a layer whose forward the rules do not describe would train on
+        a different gradient; that is refused, naming the parameters. One more backward pass, once a training."""
+        params = [p for layer in self.layers for p in layer.params]
+        names = {id(p): f"{layer.name}.{n}" if layer.name else n for layer in self.layers
+                 for n, p in layer.module.named_parameters(recurse=False) if p.requires_grad}
+        expected = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+        ones = torch.ones(batch, device=params[0].device)
+        no_rows = torch.zeros(0, dtype=torch.long, device=params[0].device)
+        for _, summer in parts:
+            summer(ones, no_rows)
+        for layer in self.layers:
+            if layer.output is None:
+                for p in layer.params:
+                    _set_sum(p, torch.zeros_like(p))
+        wrong = []
+        for p, g in zip(params, expected):
+            want = torch.zeros_like(p) if g is None else g * batch
+            got = getattr(p, "summed_grad")  # noqa: B009 — an attribute torch.Tensor does not declare (mypy)
+            if not (torch.isfinite(want).all() and torch.isfinite(got).all()):
+                continue  # a non-finite record: the clip step zeroes it, nothing to compare on this batch
+            if not torch.allclose(got.reshape(want.shape), want, rtol=1e-3, atol=1e-6 * max(1.0, float(want.abs().max()))):
+                wrong.append(names.get(id(p), "?"))
+        if wrong:
+            raise ValueError(f"grad-sample-mode 'bk': its layer rules do not give the model's gradient for {wrong} "
+                             "(a parameter used outside its layer's forward, e.g. tied weights, or a layer subclass "
+                             "with its own forward); use 'hooks'")
+        self.checked = True
 
     def _layer_norms(self, layer: _Layer, grad: torch.Tensor | None, batch: int):
         """(‖g_i‖² of this layer's trainable parameters [B], a function (c, non-finite rows) that writes
@@ -151,9 +188,10 @@ class BookKeeping:
 
             return zero, zeros
         backprops = grad * batch  # per-sample output gradients of the per-sample losses (Opacus' "mean")
-        if isinstance(module, nn.Linear):
+        if type(module) is nn.Linear:
+            assert isinstance(module, nn.Linear)
             return _linear(module, layer.params, inputs[0], backprops)
-        if isinstance(module, nn.Conv2d) and _plain_conv2d(module):
+        if type(module) is nn.Conv2d and _plain_conv2d(module):
             return _conv2d(module, layer.params, inputs[0], backprops)
         per_sample = self.samplers[type(module)](module, inputs, backprops)
         per_sample = {p: g for p, g in per_sample.items() if any(p is q for q in layer.params)}

@@ -335,10 +335,11 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
             def closure(xb: torch.Tensor = xb, yb: torch.Tensor = yb) -> torch.Tensor:
                 optimizer.zero_grad(set_to_none=spec.sam is None)
                 if spec.dp is not None and len(yb) == 0:  # empty Poisson batch: noise only; ew/functorch cannot
-                    if book_keeping is not None:  # run a batch of 0, so no forward: Opacus clips 0 per-sample
-                        book_keeping.zero_sum()  # gradients
-                    for p in params if book_keeping is None else ():
-                        setattr(p, "grad_sample", torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device))  # noqa: B010
+                    if book_keeping is not None:  # run a batch of 0, so no forward
+                        book_keeping.zero_sum()  # every clipped sum is 0
+                    else:  # Opacus clips 0 per-sample gradients
+                        for p in params:
+                            setattr(p, "grad_sample", torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device))  # noqa: B010
                     return torch.zeros((), device=device)
                 out = module(xb)
                 loss = loss_fn(out, yb)

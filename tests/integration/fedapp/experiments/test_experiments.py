@@ -501,7 +501,7 @@ variants = [{ strategy = "fedavg", lr = 0.5 }, { strategy = "dpsgd-fedavg", lr =
                           "better": {"strategy": "fedavg"}, "worse": {"strategy": "scaffold"}})
     (out / "index.json").write_text(json.dumps(doc))
     report = write_report(out / "index.json").read_text()
-    assert "| FedAvg beats SCAFFOLD | – | final_accuracy | – | – | – | – | **not run: no cell matches its worse side** |" \
+    assert "| FedAvg beats SCAFFOLD | – | final_accuracy | – | – | – | – | – | – | **not run: no cell matches its worse side** |" \
         in report
     path.write_text(SWEEP + '\n[scales.odd]\nvariant = [{ lr = 0.5 }]\n')
     with pytest.raises(ConfigError, match=r"takes config, grid, sweep and variants, not \['variant'\]"):

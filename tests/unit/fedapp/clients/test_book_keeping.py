@@ -3,7 +3,8 @@
 Every catalog model is checked against one-sample autograd in tests/unit/fedapp/models/test_dp_models.py; here the
 layer rules the catalog does not reach (strided/dilated convolutions, a Linear over a sequence in both its ghost and
 per-sample branches, Opacus' rules for GroupNorm, Conv1d and Embedding, a frozen bias), whole training runs with
-noise, empty batches, non-finite records, and the models the mode refuses.
+noise, empty batches, non-finite records, and the models the mode refuses (among them those whose gradient its layer
+rules would not reproduce, caught on the first batch against autograd).
 """
 
 from __future__ import annotations
@@ -164,8 +165,37 @@ class NoRule(nn.Module):
         return self.fc(self.act(x))
 
 
+class Tied(nn.Module):
+    """``fc.weight`` also used outside ``fc``'s forward: the hooks see only part of its gradient."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc, self.out = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.tanh(self.fc(x) + nn.functional.linear(x, self.fc.weight)))
+
+
+class Doubled(nn.Linear):
+    """A Linear subclass with its own forward: the Linear rule does not describe it (no rule is assumed)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, 2 * self.weight, self.bias)
+
+
+class WithDoubled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = Doubled(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
 @pytest.mark.parametrize(("model", "reason"), [(Twice, "'fc' ran twice"), (InPlace, "'fc' was changed in place"),
-                                               (NoRule, "no per-sample rule for layer 'act'")])
+                                               (NoRule, "no per-sample rule for layer 'act'"),
+                                               (Tied, r"model's gradient for \['fc.weight'\]"),
+                                               (WithDoubled, "no per-sample rule for layer 'fc' \\(Doubled\\)")])
 def test_models_it_cannot_run_are_refused_naming_the_layer(model: type[nn.Module], reason: str):
     data = ArrayDataset(np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32), np.zeros(8, np.int64), 2)
     with pytest.raises(ValueError, match=reason):
