@@ -15,11 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from strategies.aggregate import normalize_weights
 from strategies.base import ClientUpdate, DPFLStrategy, RejectedUpdate
 from strategies.privacy import threat_models
 from strategies.privacy.mechanisms import NORM_ALLOWANCE_SIGMAS
-from strategies.robust_hdp import momentum_noise_factor, oracle_diagnostics, oracle_sigma2
+from strategies.robust_hdp import momentum_noise_factor, oracle_sigma2, with_oracle_diagnostics
 from strategies.server.validation import number_metrics, parse_client_id
 
 
@@ -91,9 +90,8 @@ class DPSGDFedAvg(DPFLStrategy):
             raise RejectedUpdate(f"the declared DP-SGD mechanism bounds no update: {exc}") from None
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        raw, extra = super().aggregation_weights(server_round, updates)
-        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
-                                                   num_params=int(self.num_params))}
+        return with_oracle_diagnostics(super().aggregation_weights(server_round, updates), updates,
+                                       clip_norm=self.clip_norm, num_params=self.num_params)
 
     def validate_update(self, update: np.ndarray, metrics: Mapping[str, Any]) -> None:
         super().validate_update(update, metrics)

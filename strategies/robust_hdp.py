@@ -17,7 +17,7 @@ updates, so no aggregation rule here changes any client's guarantee; they change
 * ``min-eps``: every client trains with the federation's minimum ε (the client factory sets it);
   w_i ∝ N_i.
 
-Oracle diagnostics (:func:`oracle_diagnostics`, also logged by ``dpsgd-fedavg``): from each
+Oracle diagnostics (:func:`with_oracle_diagnostics`, also logged by ``dpsgd-fedavg``): from each
 client's reported training parameters (z_i, q_i, N_i, steps, η) and the run's c and p the
 server computes σ_i² of Eq. 7, the optimum weights w*_i ∝ 1/σ_i² and the normalized
 aggregate noise variance Σ w_i² σ_i² / (p η²) of Table 3 for the strategy's weights and for
@@ -170,13 +170,20 @@ def _metric(metrics: Mapping[str, Any], key: str) -> float | None:
     return float(value) if math.isfinite(float(value)) else None
 
 
-def oracle_diagnostics(updates: list[ClientUpdate], weights: np.ndarray, *, clip_norm: float, num_params: int,
-                       exact: bool = True) -> dict[str, Any]:
-    """σ_i² (Eq. 7) of each client from its reported training parameters and the run's c (``clip_norm``) and p, the
-    optimum weights w*_i ∝ 1/σ_i², and the Table-3 noise variance of ``weights`` and of w*: logged, never used to
-    weight. Each update's ``record`` gets ``sigma2_oracle`` and ``oracle_weight``. ``exact = False`` where the aggregate
-    is not Σ w_i Δ_i of the raw updates (PFA projects), so Σ w_i² σ_i² is not its noise variance: it is then logged as
+def with_oracle_diagnostics(weighted: tuple[np.ndarray, dict[str, Any]], updates: list[ClientUpdate], *,
+                            clip_norm: float, num_params: int, exact: bool = True) -> tuple[np.ndarray, dict[str, Any]]:
+    """A strategy's (raw weights, extra) with the oracle diagnostics added to extra: σ_i² (Eq. 7) of each client from
+    its reported training parameters and the run's c (``clip_norm``) and p, the optimum weights w*_i ∝ 1/σ_i², and
+    the Table-3 noise variance of the normalized weights and of w*: logged, never used to weight. Each update's
+    ``record`` gets ``sigma2_oracle`` and ``oracle_weight``. ``exact = False`` where the aggregate is not Σ w_i Δ_i of
+    the raw updates (PFA projects), so Σ w_i² σ_i² is not its noise variance: it is then logged as
     ``noise_variance_unprojected``."""
+    raw, extra = weighted
+    return raw, {**extra, **_oracle_diagnostics(updates, normalize_weights(raw), clip_norm, num_params, exact)}
+
+
+def _oracle_diagnostics(updates: list[ClientUpdate], weights: np.ndarray, clip_norm: float, num_params: int,
+                        exact: bool) -> dict[str, Any]:
     sigma2: list[float | None] = []
     lrs: list[float | None] = []
     for cu in updates:
@@ -326,9 +333,8 @@ class RobustHDP(DPFLStrategy):
         return capped, extra
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        raw, extra = self.raw_weights(server_round, updates)
-        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
-                                                   num_params=int(self.num_params))}
+        return with_oracle_diagnostics(self.raw_weights(server_round, updates), updates, clip_norm=self.clip_norm,
+                                       num_params=self.num_params)
 
 
 class WeiAvg(DPFLStrategy):
@@ -336,7 +342,7 @@ class WeiAvg(DPFLStrategy):
 
     name = "weiavg"
     privacy = threat_models.RECORD_LOCAL_DPSGD
-    #: whether the aggregate is Σ w_i Δ_i of the raw updates (:func:`oracle_diagnostics`)
+    #: whether the aggregate is Σ w_i Δ_i of the raw updates (:func:`with_oracle_diagnostics`)
     aggregate_is_weighted_sum = True
 
     def __init__(self, *, clip_norm: float = 0.0, **kwargs: Any) -> None:
@@ -351,10 +357,8 @@ class WeiAvg(DPFLStrategy):
         return np.asarray([float(u.metrics["reported_epsilon"]) for u in updates]), {}
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        raw, extra = self.raw_weights(server_round, updates)
-        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
-                                                   num_params=int(self.num_params),
-                                                   exact=self.aggregate_is_weighted_sum)}
+        return with_oracle_diagnostics(self.raw_weights(server_round, updates), updates, clip_norm=self.clip_norm,
+                                       num_params=self.num_params, exact=self.aggregate_is_weighted_sum)
 
 
 class PFA(WeiAvg):
@@ -406,6 +410,5 @@ class MinEpsilon(DPFLStrategy):
         self.clip_norm = float(clip_norm)
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        raw, extra = super().aggregation_weights(server_round, updates)
-        return raw, {**extra, **oracle_diagnostics(updates, normalize_weights(raw), clip_norm=self.clip_norm,
-                                                   num_params=int(self.num_params))}
+        return with_oracle_diagnostics(super().aggregation_weights(server_round, updates), updates,
+                                       clip_norm=self.clip_norm, num_params=self.num_params)

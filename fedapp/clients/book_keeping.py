@@ -30,17 +30,25 @@ layer's forward, e.g. tied weights).
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from fedapp.clients.finite_clipping import finite_clip_factors
+from fedapp.clients.finite_clipping import finite_clip_factors, zero_rows_
 
 
 def _set_sum(p: torch.Tensor, value: torch.Tensor) -> None:
     """Σ_i c_i g_i for ``p``, where Opacus' optimizer reads it (``p.summed_grad``)."""
     setattr(p, "summed_grad", value)  # noqa: B010 — an attribute torch.Tensor does not declare
+
+
+def _zero_sums(layers: Iterable[_Layer]) -> None:
+    """A clipped sum of 0 for every trainable parameter of ``layers`` (no gradient reaches them)."""
+    for layer in layers:
+        for p in layer.params:
+            _set_sum(p, torch.zeros_like(p))
 
 
 class _Layer:
@@ -110,9 +118,7 @@ class BookKeeping:
     def zero_sum(self) -> None:
         """An empty Poisson batch: every clipped sum is 0 (the step is the noise alone)."""
         self._reset()
-        for layer in self.layers:
-            for p in layer.params:
-                _set_sum(p, torch.zeros_like(p))
+        _zero_sums(self.layers)
 
     def clipped_sum(self, loss: torch.Tensor, clip: float) -> None:
         """Σ_i min(1, C/(‖g_i‖ + 1e-6)) g_i into each trainable parameter's ``summed_grad``, ``loss`` the batch mean."""
@@ -136,10 +142,7 @@ class BookKeeping:
             factor, rows = finite_clip_factors(squared.clamp(min=0).sqrt(), clip)  # 0 where not finite
             for _, summer in parts:
                 summer(factor, rows)
-            for layer in self.layers:
-                if layer.output is None:  # not part of this forward pass: no gradient
-                    for p in layer.params:
-                        _set_sum(p, torch.zeros_like(p))
+            _zero_sums(layer for layer in self.layers if layer.output is None)  # not in this forward pass
         finally:
             self._reset()
 
@@ -156,10 +159,7 @@ class BookKeeping:
         no_rows = torch.zeros(0, dtype=torch.long, device=params[0].device)
         for _, summer in parts:
             summer(ones, no_rows)
-        for layer in self.layers:
-            if layer.output is None:
-                for p in layer.params:
-                    _set_sum(p, torch.zeros_like(p))
+        _zero_sums(layer for layer in self.layers if layer.output is None)
         wrong = []
         for p, g in zip(params, expected):
             want = torch.zeros_like(p) if g is None else g * batch
@@ -180,13 +180,7 @@ class BookKeeping:
         module, inputs = layer.module, layer.inputs
         assert inputs is not None
         if grad is None:  # the loss does not depend on this layer
-            zero = torch.zeros(batch, device=layer.params[0].device)
-
-            def zeros(factor: torch.Tensor, rows: torch.Tensor) -> None:
-                for p in layer.params:
-                    _set_sum(p, torch.zeros_like(p))
-
-            return zero, zeros
+            return torch.zeros(batch, device=layer.params[0].device), lambda factor, rows: _zero_sums([layer])
         backprops = grad * batch  # per-sample output gradients of the per-sample losses (Opacus' "mean")
         if type(module) is nn.Linear:
             assert isinstance(module, nn.Linear)
@@ -206,10 +200,9 @@ class BookKeeping:
 
 
 def _zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``t`` with the non-finite samples' rows set to 0 (a copy where there are any), so 0·∞ never enters a sum."""
-    if rows.dtype == torch.bool:
-        return t.masked_fill(rows.to(t.device).view(-1, *([1] * (t.dim() - 1))), 0.0)
-    return t.index_fill(0, rows.to(t.device), 0.0) if len(rows) else t
+    """``t`` with the non-finite samples' rows set to 0 (:func:`~fedapp.clients.finite_clipping.zero_rows_` on a copy,
+    ``t`` may be a layer's input; ``t`` itself when there are none), so 0·∞ never enters a sum."""
+    return zero_rows_(t.clone(), rows) if rows.dtype == torch.bool or len(rows) else t
 
 
 def _linear(module: nn.Linear, params: list[nn.Parameter], a: torch.Tensor, b: torch.Tensor):
@@ -218,7 +211,7 @@ def _linear(module: nn.Linear, params: list[nn.Parameter], a: torch.Tensor, b: t
     batch = len(a)
     a3, b3 = a.reshape(batch, -1, a.shape[-1]), b.reshape(batch, -1, b.shape[-1])
     positions = a3.shape[1]
-    weight = module.weight.requires_grad and any(p is module.weight for p in params)
+    weight = any(p is module.weight for p in params)
     bias = module.bias is not None and any(p is module.bias for p in params)
     squared = torch.zeros(batch, dtype=b.dtype, device=b.device)
     if weight:
