@@ -168,7 +168,7 @@ class DP2FedSAMStrategy(ClientLevelDPStrategy):
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
         extra: dict[str, Any] = {}
-        if self.dp is not None and self.adaptive is None:  # adaptive: adapt_clip reports the round's C_t
+        if self.dp is not None and self.adaptive is None:  # adaptive: ServerClip.adapt reports the round's C_t
             extra["clip_norm"] = self.dp.clip
 
         def clip_of(u: ClientUpdate) -> float:  # the clip it was clipped at (adaptive: the C_t checked on acceptance)

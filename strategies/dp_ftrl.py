@@ -223,8 +223,8 @@ class DPFTRLStrategy(ClientLevelStrategy):
         ftrl = self.ftrl
         if ftrl is None:
             return out
-        if self._unreleased is None:
-            if self.secure_aggregation and self._contributors > 0:  # a reconstructed sum is released to the server
+        if self.secure_sum.unreleased is None:
+            if self.secure_aggregation and self.secure_sum.contributors > 0:  # a reconstructed sum is released to the server
                 inside = {int(r["client_id"]) for r in records
                           if r.get("client_id") is not None and r.get("status") in ("ok", "withheld", "rejected")}
                 self.present = inside if self.present is None else self.present & inside

@@ -36,7 +36,7 @@ Two mechanisms ride on it (run-config ``secagg-mechanism``):
   one more coordinate, its noised centred bit times
   :func:`~strategies.privacy.adaptive_clipping.count_share_scale` (which maps the bit's range ½ + 12 stds onto the
   same clipping range, so it is quantized with the same relative precision); the strategy splits it off the sum
-  (:meth:`~strategies.client_level.ClientLevelDPStrategy.split_count_sum`). Not with ``ddg``.
+  (:meth:`~strategies.server.secure_sum.SecureSumAdapter.split_count`). Not with ``ddg``.
 
 Metadata SecAgg+ does not hide: who took part (the server samples and talks to each client), timing,
 and the clients' metrics.

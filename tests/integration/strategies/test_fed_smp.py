@@ -264,7 +264,7 @@ def test_dropouts_never_push_the_ledger_over_the_budget():
     # the first rounds are paid at the higher (dropout) cost; the round the budget cannot pay is refused before
     # its sum is reconstructed (withheld, not charged), and every reconstructed sum is charged
     assert statuses[0] == "ok" and "withheld" in statuses
-    assert s.ledger.population_epsilon() <= planned < s.epsilon_after(s.ledger.population * 2)
+    assert s.ledger.population_epsilon() <= planned < s.accounting.epsilon_after(s.ledger.population * 2)
 
 
 def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the_budget():

@@ -97,7 +97,7 @@ def test_a_round_with_dropouts_is_released_unamplified():
     assert refusal is None and change is not None
     z_drop = SIGMA * np.sqrt(3 / 4)
     expected = epsilon_of([(SIGMA, r / n, 1), (z_drop, 1.0, 1)], DELTA)
-    assert s.release_view.population_epsilon() == pytest.approx(expected)
+    assert s.accounting.release_view.population_epsilon() == pytest.approx(expected)
     assert s.ledger.population_epsilon() == pytest.approx(expected)  # the budget is the release's here
     assert expected > epsilon_of([(SIGMA, r / n, 1), (z_drop, r / n, 1)], DELTA)
 
@@ -125,7 +125,7 @@ def test_a_two_survivor_secure_sum_is_withheld_before_unmasking_and_charged_noth
     assert [c["status"] for c in s.round_log.clients()] == ["withheld", "withheld"]
     assert s.round_log.metrics()["sum_reconstructed"] is False
     s.flush_round()
-    assert not np.any(s.current_weights[0]) and s.ledger.population_epsilon() == 0.0 and not s.server_view.histories
+    assert not np.any(s.current_weights[0]) and s.ledger.population_epsilon() == 0.0 and not s.accounting.server_view.histories
     _, change, refusal = run_secure_round(s, 2, n, rng, survivors=3)  # three survivors are unmasked
     assert refusal is None and change is not None and s.ledger.population_epsilon() > 0
 
