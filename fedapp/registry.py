@@ -79,17 +79,18 @@ _SPECS: list[StrategySpec] = [
                  "fedapp.apps.factories:make_client_dp_client",
                  tm.CLIENT_LEVEL_LOCAL_NOISE,
                  "Fed-SMP top_k (Alg. 2): mask from server SGD on a held-out public set, clip, noise on k coords"),
-    StrategySpec("dp-ftrl", "fed-smp", "fedapp.apps.factories:build_dp_ftrl", "fedapp.apps.factories:make_ftrl_client",
-                 tm.CLIENT_LEVEL_FTRL,
-                 "DP-FTRL (Kairouz et al. 2021; Choquette-Choo et al. 2023): DP-FedAvg rounds with tree or banded "
-                 "correlated noise, no sampling assumption (dense only: a Fed-SMP mask breaks the noise's "
-                 "cancellation, see strategies/dp_ftrl.py)"),
     StrategySpec("fedavg-randk", "fed-smp", "fedapp.apps.factories:build_fedavg_randk",
                  "fedapp.apps.factories:make_compressed_client", tm.NONE_SPARSIFIED,
                  "FedAvg-rand_k: Fed-SMP rand_k without noise (sparsify, d/k scaling, clip)"),
     StrategySpec("fedavg-topk", "fed-smp", "fedapp.apps.factories:build_fedavg_topk",
                  "fedapp.apps.factories:make_compressed_client", tm.NONE_SPARSIFIED,
                  "FedAvg-top_k: Fed-SMP top_k without noise (server public-set mask, clip)"),
+    # --- DP-FTRL ------------------------------------------------------------------
+    StrategySpec("dp-ftrl", "dp-ftrl", "fedapp.apps.factories:build_dp_ftrl", "fedapp.apps.factories:make_ftrl_client",
+                 tm.CLIENT_LEVEL_FTRL,
+                 "DP-FTRL (Kairouz et al. 2021; Choquette-Choo et al. 2023): DP-FedAvg rounds with tree or banded "
+                 "correlated noise, no sampling assumption (dense only: a Fed-SMP mask breaks the noise's "
+                 "cancellation, see strategies/dp_ftrl.py)"),
     # --- SoteriaFL family --------------------------------------------------------
     StrategySpec("soteriafl-sgd", "soteriafl", "fedapp.apps.factories:build_soteriafl",
                  "fedapp.apps.factories:make_soteriafl_client",

@@ -77,7 +77,8 @@ from strategies.server.records import AGGREGATE_PHASE, FIT_PHASE
 from strategies.server.secure_sum import MIN_SECURE_SURVIVORS, SecureSumAdapter
 
 __all__ = ["CFG_CLIP", "CFG_ROTATION_SEED", "CFG_ROUND_CLIENTS", "CFG_SIGMA", "METRIC_UNCLIPPED_SHARE",
-           "MIN_SECURE_SURVIVORS", "ClientLevelDPStrategy", "check_declared_multiplier", "rotation_seed"]
+           "MIN_SECURE_SURVIVORS", "ClientLevelDPStrategy", "check_declared_multiplier", "rotation_seed",
+           "uplink_metrics"]
 
 CFG_SIGMA = "dp-noise-multiplier"  # fit-config: the mechanism's σ (clients cross-check it)
 CFG_ROUND_CLIENTS = "dp-round-clients"  # fit-config: r_t, the number of clients sampled this round
@@ -104,6 +105,15 @@ def check_declared_multiplier(metrics: Mapping[str, Scalar], expected: float, wh
     if (isinstance(reported, bool) or not isinstance(reported, (int, float))
             or not math.isclose(float(reported), expected, rel_tol=1e-9)):
         raise RejectedUpdate(f"client noise multiplier {reported!r} != {what} = {expected}")
+
+
+def uplink_metrics(updates: list[ClientUpdate], cumulative: int, k: int, dim: int) -> tuple[int, dict[str, Any]]:
+    """(the run's uplink bytes after this round, the round record's uplink metrics) of a family sending k of the
+    model's d coordinates (Fed-SMP's compression ratio k/d; 1 for the dense families)."""
+    round_bytes = int(sum(u.uplink_bytes for u in updates))
+    cumulative += round_bytes
+    return cumulative, {"compression_ratio": k / dim, "k": k, "uplink_bytes_cumulative": cumulative,
+                        "uplink_bytes_per_client": round_bytes / max(len(updates), 1)}
 
 
 class ClientLevelDPStrategy(DPFLStrategy):

@@ -62,9 +62,8 @@ from flwr.server.client_proxy import ClientProxy
 
 from strategies.aggregate import weighted_sum
 from strategies.base import ClientUpdate
-from strategies.client_level import CFG_SIGMA, check_declared_multiplier
+from strategies.client_level import CFG_SIGMA, ClientLevelDPStrategy, check_declared_multiplier, uplink_metrics
 from strategies.errors import ConfigError
-from strategies.fed_smp import ClientLevelStrategy
 from strategies.privacy import threat_models
 from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.ftrl_accounting import FTRLMechanism, turn_size
@@ -89,7 +88,7 @@ def advance_to(stream: BandedNoise | TreeNoise, index: int) -> np.ndarray:
     return stream.next()
 
 
-class DPFTRLStrategy(ClientLevelStrategy):
+class DPFTRLStrategy(ClientLevelDPStrategy):
     """DP-FTRL server (see the module docstring): dense DP-FedAvg rounds, correlated noise, one-Gaussian ledger.
 
     No adaptive clipping (Andrew et al. 2021): the correlated noise's sensitivity is analysed for one fixed clip C
@@ -100,7 +99,7 @@ class DPFTRLStrategy(ClientLevelStrategy):
 
     def __init__(self, *, ftrl_factory: FTRLFactory, noise_seed: int | None = None, **kwargs: Any) -> None:
         # every ledger composes with the PLD accountant: the matrix mechanism's rounds are not subsampled Gaussians
-        super().__init__(sparsifier="none", **{**kwargs, "accountant": FTRL_ACCOUNTANT})
+        super().__init__(**{**kwargs, "accountant": FTRL_ACCOUNTANT})
         self.ftrl_factory = ftrl_factory
         self.noise_seed = noise_seed  # None: OS entropy (secret); set only for reproducible tests
         self.ftrl: FTRLMechanism | None = None
@@ -108,6 +107,7 @@ class DPFTRLStrategy(ClientLevelStrategy):
         self._stream_state: dict[str, Any] | None = None  # from a checkpoint, loaded once the stream exists
         self.present: set[int] | None = None  # SecAgg+: clients whose noise reached every released sum (None: all)
         self.released_round = 0  # the server round of the last released sum (ε_t is for t = this)
+        self.uplink_total = 0
 
     @property
     def private(self) -> bool:
@@ -165,7 +165,7 @@ class DPFTRLStrategy(ClientLevelStrategy):
         """Central: the clipped update (no client noise); SecAgg+: plus the largest per-round std of one stream."""
         if self.ftrl is None or not self.ftrl.secure_aggregation:
             return self.clip_bound()
-        return noisy_norm_bound(self.ftrl.clip, self.ftrl.max_round_noise_std, self.k)
+        return noisy_norm_bound(self.ftrl.clip, self.ftrl.max_round_noise_std, self.num_params)
 
     def clip_bound(self) -> float | None:
         return None if self.clip is None else self.clip * (1 + 1e-5)
@@ -209,6 +209,11 @@ class DPFTRLStrategy(ClientLevelStrategy):
             total = total + advance_to(self.stream, server_round - 1)
         mean: np.ndarray = total / max(self.contributors(server_round, self.sampled.get(server_round, len(updates))), 1)
         return mean
+
+    def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
+        """Uniform (the sum is divided by r_t in :meth:`aggregate_updates`), with the dense uplink's metrics."""
+        self.uplink_total, metrics = uplink_metrics(updates, self.uplink_total, self.num_params, self.num_params)
+        return np.ones(len(updates)), metrics
 
     def step(self, server_round: int, accepted: list[ClientUpdate]) -> dict[str, Any]:
         metrics = super().step(server_round, accepted)

@@ -41,7 +41,7 @@ import numpy as np
 from flwr.common import Scalar, log
 
 from strategies.base import ClientUpdate, Reply
-from strategies.client_level import ClientLevelDPStrategy
+from strategies.client_level import ClientLevelDPStrategy, uplink_metrics
 from strategies.compression import (
     check_indices,
     decode_sparse,
@@ -218,11 +218,6 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
         return super().declared_norm_bound(self.k)
 
     def aggregation_weights(self, server_round: int, updates: list[ClientUpdate]) -> tuple[np.ndarray, dict[str, Any]]:
-        round_bytes = int(sum(u.uplink_bytes for u in updates))
-        self.uplink_total += round_bytes
-        return np.ones(len(updates)), {
-            "compression_ratio": self.k / self.num_params, "k": self.k,
-            "uplink_bytes_cumulative": self.uplink_total,
-            "uplink_bytes_per_client": round_bytes / max(len(updates), 1),
-        }
+        self.uplink_total, metrics = uplink_metrics(updates, self.uplink_total, self.k, self.num_params)
+        return np.ones(len(updates)), metrics
 

@@ -528,6 +528,7 @@ FAMILY_SECTIONS: dict[str, frozenset[str]] = {
     "robust-hdp": frozenset({"general", "data", "privacy", "robust-hdp", "deployment"}),
     "soteriafl": frozenset({"general", "data", "privacy", "soteriafl", "deployment"}),
     "fed-smp": frozenset({"general", "data", "privacy", "fed-smp", "deployment"}),
+    "dp-ftrl": frozenset({"general", "data", "privacy", "fed-smp", "deployment"}),  # its keys live in [fed-smp]
     "dp2-fedsam": frozenset({"general", "data", "privacy", "fed-smp", "dp2-fedsam", "deployment"}),
 }
 #: record-level keys a client-level family never reads, and Fed-SMP keys DP2-FedSAM never reads
@@ -535,6 +536,7 @@ _CLIENT_LEVEL_IGNORES = frozenset({"privacy-dist", "epsilon-floor", "delta", "fa
                                    "grad-sample-mode", "cuda-graphs", "batch-size-choices", "record-neighbours"})
 _FAMILY_IGNORES: dict[str, frozenset[str]] = {
     "fed-smp": _CLIENT_LEVEL_IGNORES | {"epsilon"},
+    "dp-ftrl": _CLIENT_LEVEL_IGNORES | {"epsilon"},
     "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"epsilon", "compression-ratio", "local-steps", "public-samples",
                                            "public-steps"},
     "soteriafl": frozenset({"grad-sample-mode", "cuda-graphs", "local-epochs", "lr", "momentum", "lr-decay", "batch-size",
