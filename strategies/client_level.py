@@ -71,10 +71,10 @@ from strategies.privacy import threat_models
 from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, count_share_scale, secagg_update_range
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.mechanisms import ClientLevelDP, noisy_norm_bound
-from strategies.server.adaptive_clip import METRIC_UNCLIPPED_SHARE, ServerClip, server_clip
+from strategies.server.adaptive_clip import METRIC_UNCLIPPED_SHARE, ServerClip, checked_clip, server_clip
 from strategies.server.client_accounting import ClientLevelAccounting
 from strategies.server.records import AGGREGATE_PHASE, FIT_PHASE
-from strategies.server.secure_sum import MIN_SECURE_SURVIVORS, SecureSumAdapter
+from strategies.server.secure_sum import MIN_SECURE_SURVIVORS, SecureSumAdapter, check_cohort
 
 __all__ = ["CFG_CLIP", "CFG_ROTATION_SEED", "CFG_ROUND_CLIENTS", "CFG_SIGMA", "METRIC_UNCLIPPED_SHARE",
            "MIN_SECURE_SURVIVORS", "ClientLevelDPStrategy", "check_declared_multiplier", "rotation_seed",
@@ -117,10 +117,9 @@ def uplink_metrics(updates: list[ClientUpdate], cumulative: int, k: int, dim: in
 
 
 class ClientLevelDPStrategy(DPFLStrategy):
-    """Client-level DP server: Poisson sampling, σ cross-check, noise-aware norm bound, composed of the server's
-    accounting (:class:`~strategies.server.client_accounting.ClientLevelAccounting`), the SecAgg+ messages
-    (:class:`~strategies.server.secure_sum.SecureSumAdapter`) and the adaptive clip
-    (:class:`~strategies.server.adaptive_clip.ServerClip`)."""
+    """Client-level DP server: Poisson sampling, σ cross-check, noise-aware norm bound; composes the accounting
+    (:class:`~strategies.server.client_accounting.ClientLevelAccounting`), the SecAgg+ messages (:class:`SecureSumAdapter`)
+    and the adaptive clip (:class:`~strategies.server.adaptive_clip.ServerClip`)."""
 
     privacy = threat_models.CLIENT_LEVEL_LOCAL_NOISE
     send_ledger = False  # ε is a property of the mechanism and the round, not of a client's state
@@ -156,10 +155,6 @@ class ClientLevelDPStrategy(DPFLStrategy):
         """The run's client-level mechanism (None before round 1, or without DP)."""
         return self.accounting.dp
 
-    @dp.setter
-    def dp(self, mechanism: ClientLevelDP | None) -> None:
-        self.accounting.dp = mechanism
-
     @property
     def ddg(self) -> DistributedDiscreteGaussian | None:
         """The distributed discrete Gaussian the secure sums carry (None: continuous Gaussian shares, or no SecAgg+)."""
@@ -177,11 +172,8 @@ class ClientLevelDPStrategy(DPFLStrategy):
         dp = self.mechanism_factory(num_clients)
         self.accounting.bind(dp, None)
         self.sampler.fixed_rate = dp.sample_rate  # q = r/n of the registered clients, all run long
-        if self.secure_aggregation and dp.clients_per_round < MIN_SECURE_SURVIVORS:
-            raise ConfigError(f"secure aggregation with {dp.clients_per_round} client(s) a round "
-                              f"(clients-per-round, else every client): a secure sum of fewer than "
-                              f"{MIN_SECURE_SURVIVORS} survivors is never unmasked, so no round would release; "
-                              f"run at least {MIN_SECURE_SURVIVORS} clients a round or set secure-aggregation = false")
+        if self.secure_aggregation:
+            check_cohort(dp.clients_per_round)
         if self.secure_sum_factory is not None and dp.secure_aggregation:
             ddg = self.secure_sum_factory(dp, self.payload_dim())
             if ddg is not None:  # clients account the continuous plan σ, the ledger the discrete sum's z ≥ σ
@@ -192,8 +184,7 @@ class ClientLevelDPStrategy(DPFLStrategy):
                                     sized_for_count=self.count_in_secure_sum)
 
     def noise_mechanism(self) -> ClientLevelDP:
-        """What each update carries this round: the run's mechanism, or under adaptive clipping C_t with the
-        update multiplier z_Δ (the budget is still charged for the run's z)."""
+        """What each update carries this round: the run's mechanism, or C_t and z_Δ under adaptive clipping."""
         assert self.dp is not None
         return self.dp if self.adaptive is None else self.adaptive.mechanism()
 
@@ -203,14 +194,10 @@ class ClientLevelDPStrategy(DPFLStrategy):
         SecAgg+; known before the mechanism is built, so that every place sizing the payload agrees)."""
         return self.secure_aggregation and self.private and self.adaptive_clip_factory is not None
 
-    def count_coordinates(self) -> int:
-        """1 when the secure sum carries the count share after the update's coordinates, else 0."""
-        return 1 if self.count_in_secure_sum else 0
-
     def payload_dim(self) -> int:
         """*hook*: the length of the vector each client privatizes and sends (the model's parameters, dense, plus
         the count coordinate under :attr:`count_in_secure_sum`)."""
-        return self.num_params + self.count_coordinates()
+        return self.num_params + int(self.count_in_secure_sum)
 
     def payload_arrays(self, values: np.ndarray) -> list[np.ndarray]:
         """*hook*: a privatized vector of :meth:`payload_dim` entries as the arrays a client sends."""
@@ -225,19 +212,16 @@ class ClientLevelDPStrategy(DPFLStrategy):
                     f"{'runs' if self.secure_aggregation else 'does not run'} SecAgg+: the budget would be claimed for "
                     "a guarantee the run does not give (in-process loops cannot run SecAgg+; set it to false there)")
 
-    # ---- sampling and budget -------------------------------------------------------------
     def release_denominator(self, server_round: int) -> int:
-        """What the released mean divides the sum of updates by: the fixed expected cohort r = ``clients-per-round``
-        when clients are sampled at q < 1 (the fixed-denominator estimator of McMahan et al. 2018, as TFF normalises
-        by the expected clients per round), so the release's noise std σC/r does not depend on the realised count;
-        the round's sampled count r_t otherwise (full participation, or no DP)."""
+        """The released mean's divisor: the expected cohort r under sampling at q < 1 (McMahan et al. 2018's fixed
+        denominator, as TFF), so its noise std σC/r hides the realised count; else the round's sampled count r_t."""
         if self.dp is not None and self.dp.sample_rate < 1:
             return self.dp.clients_per_round
         return max(self.sampled.get(server_round, 1), 1)
 
     def aggregate_updates(self, server_round: int, updates: list[ClientUpdate], weights: np.ndarray) -> np.ndarray:
-        """(1/:meth:`release_denominator`) Σ_i Δ_i over the accepted updates (under SecAgg+ every reply carries the
-        survivors' mean, so Σ_i is r' times it: the secure sum; Fed-SMP Alg. 1 line 10, DP2-FedSAM Alg. 2 line 25)."""
+        """Σ_i Δ_i / :meth:`release_denominator` (Fed-SMP Alg. 1 line 10, DP2-FedSAM Alg. 2 line 25; under SecAgg+
+        every reply carries the survivors' mean, so Σ_i is r' times it)."""
         total: np.ndarray = weighted_sum([u.update for u in updates], np.ones(len(updates)))
         return total / self.release_denominator(server_round)
 
@@ -265,7 +249,6 @@ class ClientLevelDPStrategy(DPFLStrategy):
             cfg[CFG_CLIP] = float(self.adaptive.clip)
         return cfg
 
-    # ---- validation ------------------------------------------------------------------------
     def round_clients(self) -> int:
         rnd = self.round_log.round
         return max(self.sampled.get(rnd, 1), 1) if rnd is not None else 1
@@ -304,16 +287,11 @@ class ClientLevelDPStrategy(DPFLStrategy):
     def privacy_charge(self, server_round: int, record: Mapping[str, Any], metrics: Mapping[str, Scalar]) -> None:
         return None  # charged to the population in population_charge
 
-    # ---- secure aggregation: decide before the sum is reconstructed ---------------------------
     def unmask_refusal(self, server_round: int, results: list[tuple[ClientProxy, FitRes]]) -> str | None:
-        """Why this round's secure sum must not be reconstructed (None: unmask it). Called by the SecAgg+
-        workflow after the masked vectors arrived and before the unmask stage, with the survivors' replies.
-
-        The sum is refused when a survivor's reply is unusable (it would be inside the sum and could not be taken
-        out: :meth:`SecureSumAdapter.unusable_survivor`) or when the budget cannot pay for the noise that
-        ``len(results)`` survivors carry. Whatever is reconstructed is charged (:meth:`population_charge`), so
-        this is the only place a round can be withheld without cost.
-        """
+        """Why this round's secure sum must not be reconstructed (None: unmask it), asked by the SecAgg+ workflow
+        before its unmask stage: a survivor's reply is unusable (:meth:`SecureSumAdapter.unusable_survivor`) or the
+        budget cannot pay for ``len(results)`` survivors. Whatever is reconstructed is charged, so this is the only
+        place a round can be withheld without cost."""
         server_round = self.actual_round(server_round)
         reason = self.secure_sum.unusable_survivor(results, identity=self.identity, strikes=self.strikes,
                                                    connected=self.connected_nodes, check=self.check_survivor)
@@ -359,34 +337,9 @@ class ClientLevelDPStrategy(DPFLStrategy):
 
     def population_charge(self, server_round: int, accepted: list[ClientUpdate],
                           records: list[dict[str, Any]]) -> dict[str, Any]:
-        """Withhold what must not be released (:class:`SecureSumAdapter`), charge what the server saw
-        (:meth:`ClientLevelAccounting.charge`), step the adaptive clip, and report every view's ε."""
-        sampled = self.sampled.get(server_round, len(accepted))
-        out: dict[str, Any] = {"clients_sampled": sampled, "secure_aggregation": self.secure_aggregation}
-        secure = self.secure_sum
-        if secure.unreleased is not None:
-            out.update(secure.withhold_unreleased(records))
-            if self.dp is not None:
-                out["epsilon"] = self.ledger.population_epsilon()
-            return out
-        withheld = self.secure_aggregation and secure.withhold_rejected(server_round, records)
-        if withheld:
-            out["round_withheld"] = True
-        if self.dp is None:
-            return out
-        # what the server has seen: the reconstructed sum of the contributors (secure aggregation), else every
-        # update that arrived (accepted or not); either is charged whether or not the round is then released
-        seen = secure.contributors if self.secure_aggregation else \
-            sum(1 for r in records if r.get("status") in ("ok", "withheld", "rejected"))
-        survivors = seen if self.secure_aggregation else len(accepted)  # inside the released sum
-        out.update(self.accounting.charge(server_round, seen, survivors, sampled, records,
-                                          released=not withheld and (self.secure_aggregation or bool(accepted))))
-        out.update(self.accounting.records_epsilon(records, withheld=withheld))
-        if self.adaptive is not None:
-            out.update(self.adaptive.adapt([] if withheld else accepted, count_sum=secure.count_sum,
-                                           share_in_sum=self.count_in_secure_sum, contributors=secure.contributors))
-        out.update(self.accounting.summary())
-        return out
+        return self.accounting.round_record(server_round, accepted, records, self.sampled.get(server_round, len(accepted)),
+                                            secure=self.secure_sum if self.secure_aggregation else None,
+                                            clip=self.adaptive, count_in_sum=self.count_in_secure_sum)
 
     def client_record(self, reply: Reply, metrics: Mapping[str, Scalar]) -> dict[str, Any]:
         rec = super().client_record(reply, metrics)
@@ -400,7 +353,6 @@ class ClientLevelDPStrategy(DPFLStrategy):
             rec["clip_norm"] = self.adaptive.clip
         return rec
 
-    # ---- checkpoint ------------------------------------------------------------------------
     def checkpoint_state(self) -> dict[str, Any]:
         state: dict[str, Any] = {**self.accounting.state(), "sampled": {str(k): v for k, v in self.sampled.items()}}
         if self.clip_t is not None:
@@ -411,10 +363,6 @@ class ClientLevelDPStrategy(DPFLStrategy):
         self.accounting.load(state)
         self.sampled = {int(k): int(v) for k, v in dict(state.get("sampled", {})).items()}
         if "clip_norm" in state:
-            clip = float(state["clip_norm"])
-            if not (clip > 0 and math.isfinite(clip)):
-                raise ValueError(f"checkpoint clip_norm {clip} is not a finite number > 0")
+            self._resumed_clip = checked_clip(state["clip_norm"])
             if self.adaptive is not None:
-                self.adaptive.clip = clip
-            else:
-                self._resumed_clip = clip
+                self.adaptive.clip = self._resumed_clip

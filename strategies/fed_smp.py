@@ -197,7 +197,7 @@ class ClientLevelStrategy(ClientLevelDPStrategy):
     def payload_dim(self) -> int:
         """The k values of the round's mask (all d without sparsification), plus the count coordinate of adaptive
         clipping under SecAgg+ (:attr:`count_in_secure_sum`)."""
-        return self.k + self.count_coordinates()
+        return self.k + int(self.count_in_secure_sum)
 
     def payload_arrays(self, values: np.ndarray) -> list[np.ndarray]:
         return super().payload_arrays(values) if self.sparsifier == "none" else encode_sparse(values)

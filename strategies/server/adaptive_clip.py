@@ -31,6 +31,14 @@ from strategies.server.validation import RejectedUpdate
 METRIC_UNCLIPPED_SHARE = "unclipped_share"
 
 
+def checked_clip(value: Any) -> float:
+    """A checkpoint's C_t: a finite number > 0 (``ValueError`` otherwise)."""
+    clip = float(value)
+    if not (clip > 0 and math.isfinite(clip)):
+        raise ValueError(f"checkpoint clip_norm {clip} is not a finite number > 0")
+    return clip
+
+
 class ServerClip:
     """C_t of a run with adaptive clipping: ``config`` (γ, η_C, σ_b, C_0) for the run's mechanism ``dp`` (z), from
     ``clip`` (a resumed run's checkpointed C_t) or C_0."""

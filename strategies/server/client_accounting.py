@@ -28,6 +28,9 @@ from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.mechanisms import ClientLevelDP
+from strategies.server.adaptive_clip import ServerClip
+from strategies.server.admission import ClientUpdate
+from strategies.server.secure_sum import SecureSumAdapter
 
 
 class ClientLevelAccounting:
@@ -164,6 +167,37 @@ class ClientLevelAccounting:
                                       else "individual update (the server sees every update)")
                    + (", against the server that draws the sample (no amplification)" if dp.adversary == "server"
                       else ", against observers of the release (amplified by secret sampling)"))
+        return out
+
+    # ---- the round record -----------------------------------------------------------------------
+    def round_record(self, server_round: int, accepted: list[ClientUpdate], records: list[dict[str, Any]],
+                     sampled: int, *, secure: SecureSumAdapter | None, clip: ServerClip | None,
+                     count_in_sum: bool) -> dict[str, Any]:
+        """A round's privacy record: withhold what must not be released (``secure``: the round's SecAgg+ state, None
+        without SecAgg+), :meth:`charge` what the server saw, step the adaptive ``clip``, report every view's ε."""
+        out: dict[str, Any] = {"clients_sampled": sampled, "secure_aggregation": secure is not None}
+        if secure is not None and secure.unreleased is not None:
+            out.update(secure.withhold_unreleased(records))
+            if self.dp is not None:
+                out["epsilon"] = self.ledger.population_epsilon()
+            return out
+        withheld = secure is not None and secure.withhold_rejected(server_round, records)
+        if withheld:
+            out["round_withheld"] = True
+        if self.dp is None:
+            return out
+        # what the server has seen: the reconstructed sum of the contributors (secure aggregation), else every
+        # update that arrived (accepted or not); either is charged whether or not the round is then released
+        seen = secure.contributors if secure is not None else \
+            sum(1 for r in records if r.get("status") in ("ok", "withheld", "rejected"))
+        survivors = seen if secure is not None else len(accepted)  # inside the released sum
+        out.update(self.charge(server_round, seen, survivors, sampled, records,
+                               released=not withheld and (secure is not None or bool(accepted))))
+        out.update(self.records_epsilon(records, withheld=withheld))
+        if clip is not None:
+            out.update(clip.adapt([] if withheld else accepted, count_sum=secure.count_sum if secure else None,
+                                  share_in_sum=count_in_sum, contributors=secure.contributors if secure else 0))
+        out.update(self.summary())
         return out
 
     # ---- checkpoint -----------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import numpy as np
 from flwr.common import FitRes, log, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.server.client_proxy import ClientProxy
 
+from strategies.errors import ConfigError
 from strategies.privacy.adaptive_clipping import split_count_coordinate
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.server.identity import IdentityBinding
@@ -38,6 +39,15 @@ MIN_SECURE_SURVIVORS = 3
 SecureResults = list[tuple[ClientProxy, FitRes]]
 #: a flat vector of the payload's length → the arrays a client sends
 ToArrays = Callable[[np.ndarray], list[np.ndarray]]
+
+
+def check_cohort(clients_per_round: int) -> None:
+    """Refuse a plan whose rounds have fewer clients than a secure sum is ever unmasked for."""
+    if clients_per_round < MIN_SECURE_SURVIVORS:
+        raise ConfigError(f"secure aggregation with {clients_per_round} client(s) a round (clients-per-round, else "
+                          f"every client): a secure sum of fewer than {MIN_SECURE_SURVIVORS} survivors is never "
+                          f"unmasked, so no round would release; run at least {MIN_SECURE_SURVIVORS} clients a round "
+                          "or set secure-aggregation = false")
 
 
 def withhold_records(records: list[dict[str, Any]], reason: str, *, drop_attributable: bool) -> None:

@@ -278,7 +278,7 @@ def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the
                                    secure_aggregation=True, adversary="release")
     assert new.noise_multiplier > old.noise_multiplier
     first = strategy("randk", sigma=old.noise_multiplier, r=3, n=4, secagg=True)
-    first.dp = old
+    first.accounting.bind(old, None)
     for rnd in (1, 2):
         ins = first.configure_fit(rnd, ndarrays_to_parameters(first.current_weights), client_manager(4))
         first.aggregate_fit(rnd, [(p, fit_res([np.zeros(9, np.float32)], int(p.node_id) - 1,
@@ -286,7 +286,7 @@ def test_a_resume_that_recalibrates_sigma_is_composed_exactly_and_stopped_at_the
         first.flush_round()
     resumed = strategy("randk", sigma=new.noise_multiplier, r=3, n=4, secagg=True)
     resumed.load_state_dict(first.state_dict())
-    resumed.dp = new  # what the resumed run's mechanism factory returns for num-server-rounds = 4
+    resumed.accounting.bind(new, None)  # what the resumed run's mechanism factory returns for num-server-rounds = 4
     eps_two_old = epsilon_of([(old.noise_multiplier, q, 2)], delta)
     assert resumed.ledger.population_epsilon() == pytest.approx(eps_two_old)  # not ε(σ_new, 2)
     ran = 0
