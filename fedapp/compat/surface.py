@@ -123,7 +123,10 @@ SURFACE: tuple[Symbol, ...] = (
     Symbol("flwr.server.superlink.fleet.vce.vce_api.add_messages_to_queue",
            f"(state: flwr.server.superlink.linkstate.linkstate.LinkState, queue: queue.Queue[{_MESSAGE}], "
            "nodes_mapping: dict[int, int], f_stop: threading.Event) -> None",
-           "wakeups.feeder", "replaced: its f_stop also wakes on a stored instruction"),
+           "wakeups.feeder", "replaced: asks only the nodes instructions were stored for; a store wakes it"),
+    Symbol("flwr.server.superlink.linkstate.linkstate.LinkState.get_message_ins",
+           f"(self, node_id: int, limit: int | None, *, run_id: int | None = None) -> list[{_MESSAGE}]",
+           "wakeups.feeder", "called by the replacement feeder, one node at a time as Flower's"),
     Symbol("flwr.server.superlink.linkstate.linkstate.LinkState.store_message_ins",
            f"(self, message: {_MESSAGE}) -> str | None", "wakeups.linkstate", "wrapped on the one instance"),
     Symbol("flwr.server.superlink.linkstate.linkstate.LinkState.store_message_res",

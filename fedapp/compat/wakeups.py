@@ -9,13 +9,15 @@ is several exchanges (SecAgg+: setup, key sharing, masked updates, unmasking; th
 from a thread each). Here a store into that ``LinkState`` wakes the side waiting for it:
 
 * the state's ``store_message_ins`` / ``store_message_res`` (wrapped on the one instance) set an event;
-* the feeder thread gets, instead of ``f_stop``, an object whose ``wait`` returns when instructions were stored (at the
-  latest after the same 0.1 s) and whose ``is_set`` is ``f_stop``'s;
+* the feeder thread (:func:`add_messages_to_queue`, Flower's loop) waits on an object whose ``wait`` returns when
+  instructions were stored (at the latest after the same 0.1 s) and whose ``is_set`` is ``f_stop``'s, and asks only
+  the nodes an instruction was stored for (Flower asks every node of the federation every sweep: O(n·r));
 * the grid's ``send_and_receive`` (replaced on the one ``InMemoryGrid`` instance) pulls again when replies were
   stored (at the latest after 0.1 s), until all arrived or ``timeout`` passed (it pulls at least once); it clears
   the event *before* it pulls, so no reply is missed.
 
-Nothing about the messages changes — the same ``LinkState`` calls, in the same order, only sooner. A deployed
+Nothing about the messages changes — the same ``LinkState`` calls for the nodes that have messages, in the same
+order, only sooner. A deployed
 ServerApp talks to its SuperLink through ``HttpGrid``, whose ``send_and_receive`` sleeps 3 s between pulls: there
 it pulls every :data:`HTTP_POLL_S` instead. Each part checks its Flower symbols first (:mod:`fedapp.compat.surface`,
 groups ``wakeups.*``: flwr :data:`PATCHED_FLOWER` and the recorded signatures); any other Flower is left alone (a
@@ -77,18 +79,25 @@ def _flower_matches() -> bool:
 
 
 class _Stored:
-    """Events set when the wrapped ``LinkState`` stores an instruction (``ins``) or a reply (``res``)."""
+    """Events set when the wrapped ``LinkState`` stores an instruction (``ins``) or a reply (``res``), and the nodes
+    instructions were stored for since the feeder last took them (:meth:`take_pending`)."""
 
     def __init__(self, state: Any) -> None:
         self.ins = threading.Event()
         self.res = threading.Event()
+        self._pending: set[int] = set()
+        self._pending_lock = threading.Lock()
         store_ins, store_res = state.store_message_ins, state.store_message_res
 
         def store_message_ins(message: Any) -> Any:
             try:
                 return store_ins(message)
             finally:
-                self.ins.set()
+                node = getattr(getattr(message, "metadata", None), "dst_node_id", None)
+                if node is not None:
+                    with self._pending_lock:
+                        self._pending.add(int(node))
+                self.ins.set()  # after the node is pending: a woken feeder finds it
 
         def store_message_res(message: Any) -> Any:
             try:
@@ -98,6 +107,12 @@ class _Stored:
 
         state.store_message_ins = store_message_ins
         state.store_message_res = store_message_res
+
+    def take_pending(self) -> set[int]:
+        """The nodes instructions were stored for since the last call (and forgets them)."""
+        with self._pending_lock:
+            taken, self._pending = self._pending, set()
+        return taken
 
 
 _lock = threading.Lock()
@@ -139,13 +154,31 @@ def wake_feeder() -> bool:
     if getattr(original, "dpfl_wakeups", False):
         return True
 
-    def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: threading.Event) -> None:
-        original(state, queue, nodes_mapping, _StopOrStored(f_stop, stored_events(state).ins))  # type: ignore[arg-type]  # duck-typed: is_set, wait
-
     add_messages_to_queue.dpfl_wakeups = True  # type: ignore[attr-defined]
     add_messages_to_queue.__wrapped__ = original  # type: ignore[attr-defined]
     surface.replace(FEEDER, add_messages_to_queue)
     return True
+
+
+def add_messages_to_queue(state: Any, queue: Any, nodes_mapping: Any, f_stop: threading.Event) -> None:
+    """Flower's feeder loop (``vce_api.add_messages_to_queue``: each sweep asks the state for one undelivered
+    instruction of each node, then waits), asking only the nodes that may have one: every node on the first sweep
+    (instructions stored before the feeder started), then those an instruction was stored for since the last sweep
+    and those that gave one (they may hold more). Flower asks every node of the federation every sweep, and each
+    ``get_message_ins`` scans every stored message: O(n·r) a sweep, 8.7 s at n = 10,000 nodes with r = 100
+    instructions pending. The sweep waits on :class:`_StopOrStored`, so a store also wakes it."""
+    stored = stored_events(state)
+    wake = _StopOrStored(f_stop, stored.ins)
+    due = set(nodes_mapping.keys())
+    while not f_stop.is_set():
+        gave: set[int] = set()
+        for node_id in nodes_mapping.keys():  # Flower's order, so the queue fills as it would
+            if node_id in due:
+                for msg in state.get_message_ins(node_id=node_id, limit=1):
+                    queue.put(msg)
+                    gave.add(node_id)
+        wake.wait(0.1)
+        due = gave | stored.take_pending()
 
 
 def wake_feeder_in_simulation_runtime(program: str | None = None) -> bool:

@@ -137,3 +137,53 @@ def test_feeder_patch_is_in_place_once_and_off_switch_and_other_processes_leave_
     patched = vce_api.add_messages_to_queue
     assert patched.dpfl_wakeups and wakeups.wake_feeder() and vce_api.add_messages_to_queue is patched
     assert not wakeups.wake_grid(SimpleNamespace())  # a deployed ServerApp's grid
+
+
+class FeederState(FakeState):
+    """Instructions per node and every ``get_message_ins`` call, as the feeder makes them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.inbox: dict[int, list[Any]] = {}
+        self.asked: list[int] = []
+
+    def store_message_ins(self, message: Any) -> str:
+        with self.lock:
+            self.inbox.setdefault(message.metadata.dst_node_id, []).append(message)
+        return "ins"
+
+    def get_message_ins(self, node_id: int, limit: int | None) -> list[Any]:
+        with self.lock:
+            self.asked.append(node_id)
+            box = self.inbox.get(node_id, [])
+            return [box.pop(0)] if box else []
+
+
+def _instruction(node: int) -> Any:
+    return SimpleNamespace(metadata=SimpleNamespace(dst_node_id=node))
+
+
+def test_feeder_asks_only_nodes_with_instructions_after_its_first_sweep_and_delivers_every_one() -> None:
+    import queue as queue_module
+
+    state, stop, out = FeederState(), threading.Event(), queue_module.Queue()
+    nodes = {node: node for node in range(1000)}
+    FeederState.store_message_ins(state, _instruction(5))  # stored before the feeder started (no wake-up)
+    feeder = threading.Thread(target=wakeups.add_messages_to_queue, args=(state, out, nodes, stop), daemon=True)
+    feeder.start()
+    try:
+        got = [out.get(timeout=5)]
+        for node in (7, 7, 900):
+            state.store_message_ins(_instruction(node))  # wrapped once the feeder started: a wake-up each
+        got += [out.get(timeout=5) for _ in range(3)]
+        time.sleep(0.3)  # a few more sweeps (each waits at most 0.1 s)
+    finally:
+        stop.set()
+        state.store_message_ins(_instruction(1))  # wakes it to see the stop flag
+        feeder.join(timeout=5)
+    assert sorted(m.metadata.dst_node_id for m in got) == [5, 7, 7, 900] and not feeder.is_alive()
+    asked = {node: state.asked.count(node) for node in nodes}
+    assert all(asked[node] == 1 for node in nodes if node not in (1, 5, 7, 900)), \
+        "a node without instructions is asked again after the first sweep"
+    assert asked[7] >= 2 and asked[900] >= 1
