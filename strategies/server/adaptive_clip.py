@@ -91,19 +91,19 @@ class ServerClip:
         cfg = self.config
         out: dict[str, Any] = {"clip_norm": self.clip, "adaptive_clip_quantile": cfg.target_quantile,
                                "count_noise_std": cfg.count_noise_std, "update_noise_multiplier": self.update_multiplier}
-        if accepted and share_in_sum:
-            if count_sum is None:  # the sum's shapes were checked when it was split: nothing is accepted
-                raise RuntimeError("an accepted secure sum without its count coordinate")
-            # the fixed expected cohort under sampling (as the update's mean), so C_{t+1} does not reveal r'
-            count = self.dp.clients_per_round if self.dp.sample_rate < 1 else contributors
-            fraction = fraction_from_noisy_sum(count_sum, count)
+        if accepted:
+            if share_in_sum:
+                if count_sum is None:  # the sum's shapes were checked when it was split: nothing is accepted
+                    raise RuntimeError("an accepted secure sum without its count coordinate")
+                # the fixed expected cohort under sampling (as the update's mean), so C_{t+1} does not reveal r'
+                noisy_sum, count = count_sum, self.dp.clients_per_round if self.dp.sample_rate < 1 else contributors
+            else:
+                noisy_sum = sum(float(u.metrics[METRIC_UNCLIPPED_SHARE]) for u in accepted)
+                count = self.dp.clients_per_round
+            out["unclipped_fraction"] = fraction = fraction_from_noisy_sum(noisy_sum, count)
             self.clip = geometric_clip_update(self.clip, fraction, cfg.target_quantile, cfg.learning_rate)
-            out.update(unclipped_fraction=fraction, count_sum_clients=contributors)
-        elif accepted:
-            noisy_sum = sum(float(u.metrics[METRIC_UNCLIPPED_SHARE]) for u in accepted)
-            fraction = fraction_from_noisy_sum(noisy_sum, self.dp.clients_per_round)
-            self.clip = geometric_clip_update(self.clip, fraction, cfg.target_quantile, cfg.learning_rate)
-            out["unclipped_fraction"] = fraction
+            if share_in_sum:
+                out["count_sum_clients"] = contributors
         out["next_clip_norm"] = self.clip
         return out
 

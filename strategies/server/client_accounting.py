@@ -88,19 +88,22 @@ class ClientLevelAccounting:
     def epsilon_after(self, history: History) -> float:
         return epsilon_of(history, self.mechanism().delta, self.ledger.accountant)
 
+    def exceeds_with(self, multiplier: float, rate: float) -> bool:
+        """Whether charging one more round at ``multiplier`` and ``rate`` would exceed the budget."""
+        dp = self.mechanism()
+        return exceeds_budget(self.epsilon_after(self.ledger.population + [(multiplier, rate, 1)]), dp.epsilon())
+
     def next_round_exceeds(self) -> bool:
         """Whether one more planned round (every sampled client summed) would exceed the budget."""
         dp = self.mechanism()
-        planned = self.ledger.population + [(dp.budget_noise_multiplier, dp.accounted_sample_rate, 1)]
-        return exceeds_budget(self.epsilon_after(planned), dp.epsilon())
+        return self.exceeds_with(dp.budget_noise_multiplier, dp.accounted_sample_rate)
 
     def unmask_refusal(self, survivors: int, sampled: int) -> str | None:
         """Why the budget cannot pay for a secure sum of ``survivors`` of ``sampled`` updates (None: it can)."""
         dp = self.mechanism()
         kept = min(survivors, max(sampled, 1))
         z_budget, _ = self.headline_charge(kept, max(sampled, 1))
-        rate = self.charged_sample_rate(kept, max(sampled, 1))
-        if exceeds_budget(self.epsilon_after(self.ledger.population + [(z_budget, rate, 1)]), dp.epsilon()):
+        if self.exceeds_with(z_budget, self.charged_sample_rate(kept, max(sampled, 1))):
             return (f"budget: {survivors} of {sampled} sampled updates would release multiplier {z_budget:.4f}, "
                     f"more ε than the planned budget {dp.epsilon():.4f} has left")
         return None
@@ -118,11 +121,10 @@ class ClientLevelAccounting:
         z_sum, _ = self.round_charge(survivors, sampled)
         z_budget, z_other = self.headline_charge(survivors, sampled)  # z_budget: the multiplier the server saw
         rate = self.charged_sample_rate(survivors, sampled)
-        charge = [(z_budget, rate, 1)]
-        if exceeds_budget(self.epsilon_after(self.ledger.population + charge), dp.epsilon()):
+        if self.exceeds_with(z_budget, rate):
             log(WARNING, "round %d: %d of %d sampled updates released multiplier %.4f, more than the planned "
                 "budget %.4f has left; charged as released", server_round, survivors, sampled, z_budget, dp.epsilon())
-        self.ledger.charge_population(charge, dp.delta)
+        self.ledger.charge_population([(z_budget, rate, 1)], dp.delta)
         self.other_view.charge_population([(z_other, rate, 1)], dp.delta)
         if released:  # it carries the sum's noise; amplified where nothing in the release reveals the count
             self.release_view.charge_population([(z_sum, self.release_sample_rate(survivors, sampled), 1)], dp.delta)
