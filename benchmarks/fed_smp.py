@@ -34,7 +34,7 @@ from flwr.server.client_proxy import ClientProxy
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fedapp.apps.factories import build_strategy  # noqa: E402
+from fedapp.apps.factories import build_strategy, make_client_dp_client  # noqa: E402
 from fedapp.clients.client_dp import ClientLevelDPClient  # noqa: E402
 from fedapp.clients.common import make_model, setup_client  # noqa: E402
 from fedapp.clients.training import evaluate_model, get_weights, set_weights  # noqa: E402
@@ -121,7 +121,7 @@ def run_in_process(overrides: dict[str, Any], num_clients: int, log_every: int =
         proxies[i] = _Proxy(str(i))
         proxies[i].node_id = i + 1
         manager.register(proxies[i])
-    private = spec.client.endswith("make_client_dp_client")
+    private = spec.client is make_client_dp_client
     params = strategy.initialize_parameters(manager)
     strategy.evaluate(0, params)
     start = time.perf_counter()

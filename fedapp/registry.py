@@ -1,157 +1,182 @@
-"""Strategy registry: run-config ``strategy`` → (server strategy factory, client factory).
+"""Strategy registry: one :class:`Family` object per strategy family states everything about it.
 
-Entries name their factories as ``"module:attribute"`` and are imported lazily, so a
-family's heavy dependencies load only when it is used. A server factory has signature
-``(StrategyContext, EngineSettings, *, <the run-config sections it reads>) -> flwr Strategy``
-(:func:`fedapp.apps.factories.build_strategy` calls it); a client factory ``(context, overrides) -> flwr Client``.
+A family names the run-config sections it reads and the keys of those it ignores, its own sections (a plugin's
+keys), the features its strategies support (:class:`Feature`), and each strategy's threat model (an enum), privacy
+:class:`Mechanism` (the pre-run check, the plan, what ``config.json`` says, the ε a node is planned), server builder
+and client builder, as callables. Nothing elsewhere branches on a strategy's name or a threat model's text.
 
-To add a strategy: write ``strategies/<family>.py`` (math + Strategy subclass), its builders in
-:mod:`fedapp.apps.factories` (and a client in ``fedapp/clients/<family>.py`` if no existing one fits), then
-add one :class:`StrategySpec` below (docs/architecture.md walks through it).
+The built-in families live in :mod:`fedapp.apps.families` and are registered the first time the registry is read
+(:data:`BUILTIN_FAMILIES`, the one import by name: this module sits below the packages that build strategies). A
+user's own family is one :func:`register_family` call (docs/architecture.md walks through it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
 
 from strategies.errors import ConfigError
-from strategies.privacy import threat_models as tm
+from strategies.privacy.threat_models import Level, ThreatModel
+
+#: the module that registers the built-in families when imported (an entry point, like Flower's ``serverapp``)
+BUILTIN_FAMILIES = "fedapp.apps.families"
+
+
+class Feature(StrEnum):
+    """What a strategy supports beyond its family's core (the run-config checks read these, never names)."""
+
+    ADAPTIVE_CLIP = "adaptive-clip"  # Andrew et al. 2021 (adaptive-clip-*): independent Gaussian noise per round
+    CORRELATED_NOISE = "correlated-noise"  # DP-FTRL's factorized noise (ftrl-*)
+    DDG = "ddg"  # the distributed discrete Gaussian under SecAgg+ (secagg-mechanism = 'ddg')
+    DPSGD_CLIENTS = "dp-sgd-clients"  # clients train with Opacus DP-SGD (grad-sample-mode, ModuleValidator)
+    PERSONAL_HEAD = "personal-head"  # a personal head (dp2-head) that never leaves the client
+    PUBLIC_SET = "public-set"  # the server trains on a held-out public set (public-samples)
+
+
+class Mechanism(Protocol):
+    """The run-time side of a family's privacy (implemented in :mod:`fedapp.apps.mechanisms`). ``cfg`` is a resolved
+    :class:`~fedapp.config.RunConfig`; ``sizes`` the clients' dataset sizes (None: node-local data, each N_i known to
+    its node only)."""
+
+    def check(self, cfg: Any, num_clients: int, sizes: list[int] | None) -> None:
+        """Refuse (``ConfigError``) what would fail or void the guarantee, before round 1."""
+
+    def plan(self, cfg: Any, num_clients: int, payload_dim: int | None) -> dict[str, Any]:
+        """The mechanism and planned ε of ``privacy_plan`` (``config.json``, ``launch --plan``)."""
+
+    def meta(self, cfg: Any) -> dict[str, Any]:
+        """What ``config.json``'s ``privacy`` block adds for this mechanism (whom the budget holds against)."""
+
+    def planned_epsilon(self, cfg: Any, num_clients: int, node_config: Mapping[str, Any]) -> float | None:
+        """The ε the run plans for one node against the server that configures it (None: no DP)."""
 
 
 @dataclass(frozen=True)
 class StrategySpec:
+    """One strategy: its threat model and the mechanism that implements it, its builders and features; ``family`` is
+    set when its family is built."""
+
     name: str
-    family: str
-    strategy: str  # "module:factory" for the server side
-    client: str  # "module:factory" for the client side
-    privacy: str  # threat model in one line: level (record/client), local/central, server trust
+    privacy: ThreatModel
+    mechanism: Mechanism
+    build: Callable[..., Any]  # (StrategyContext, EngineSettings, *, <the sections it reads>) -> flwr Strategy
+    client: Callable[..., Any]  # (flwr Context, overrides) -> flwr Client
     description: str
+    features: frozenset[Feature] = frozenset()
+    family: Family = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
 
-    def strategy_factory(self) -> Callable[..., Any]:
-        return _resolve(self.strategy)
+    @property
+    def level(self) -> Level:
+        return self.privacy.level
 
-    def client_factory(self) -> Callable[..., Any]:
-        return _resolve(self.client)
-
-
-def _resolve(path: str) -> Callable[..., Any]:
-    module, _, attr = path.partition(":")
-    factory: Callable[..., Any] = getattr(importlib.import_module(module), attr)
-    return factory
+    def supports(self, feature: Feature) -> bool:
+        return feature in self.features or feature in self.family.features
 
 
-_SPECS: list[StrategySpec] = [
-    # --- foundation ------------------------------------------------------------------
-    StrategySpec("fedavg", "foundation", "fedapp.apps.factories:build_fedavg", "fedapp.apps.factories:make_plain_client",
-                 tm.NONE, "FedAvg, w_i ∝ N_i, plain local SGD"),
-    StrategySpec("dpsgd-fedavg", "foundation", "fedapp.apps.factories:build_dpsgd_fedavg",
-                 "fedapp.apps.factories:make_dpsgd_client",
-                 tm.RECORD_LOCAL_DPSGD,
-                 "DPFedAvg (Noble et al.): DP-SGD clients, w_i ∝ N_i"),
-    # --- Robust-HDP family -------------------------------------------------------
-    StrategySpec("robust-hdp", "robust-hdp", "fedapp.apps.factories:build_robust_hdp",
-                 "fedapp.apps.factories:make_dpsgd_client",
-                 tm.RECORD_LOCAL_DPSGD,
-                 "Robust-HDP (Alg. 1): Robust PCA of the updates, w_i ∝ 1/‖S[:, i]‖²; ignores reported ε"),
-    StrategySpec("weiavg", "robust-hdp", "fedapp.apps.factories:build_weiavg", "fedapp.apps.factories:make_dpsgd_client",
-                 tm.RECORD_LOCAL_DPSGD,
-                 "WeiAvg (Liu et al. 2021): w_i ∝ reported ε_i"),
-    StrategySpec("pfa", "robust-hdp", "fedapp.apps.factories:build_pfa", "fedapp.apps.factories:make_dpsgd_client",
-                 tm.RECORD_LOCAL_DPSGD,
-                 "PFA (Liu et al. 2021): private updates projected on the public top-k subspace, w_i ∝ reported ε_i"),
-    StrategySpec("min-eps", "robust-hdp", "fedapp.apps.factories:build_min_eps",
-                 "fedapp.apps.factories:make_min_eps_client",
-                 tm.RECORD_LOCAL_MIN_EPS,
-                 "minimum-ε: every client trains with min_j ε_j, w_i ∝ N_i"),
-    # --- Fed-SMP family ----------------------------------------------------------
-    StrategySpec("dp-fedavg", "fed-smp", "fedapp.apps.factories:build_dp_fedavg",
-                 "fedapp.apps.factories:make_client_dp_client",
-                 tm.CLIENT_LEVEL_LOCAL_NOISE,
-                 "DP-FedAvg (Fed-SMP Alg. 1): clip Δ to C, add N(0, C²σ²/r), server averages with 1/r"),
-    StrategySpec("fed-smp-randk", "fed-smp", "fedapp.apps.factories:build_fed_smp_randk",
-                 "fedapp.apps.factories:make_client_dp_client",
-                 tm.CLIENT_LEVEL_LOCAL_NOISE,
-                 "Fed-SMP rand_k (Alg. 2): seeded random mask, d/k scaling, clip, noise on k coords"),
-    StrategySpec("fed-smp-topk", "fed-smp", "fedapp.apps.factories:build_fed_smp_topk",
-                 "fedapp.apps.factories:make_client_dp_client",
-                 tm.CLIENT_LEVEL_LOCAL_NOISE,
-                 "Fed-SMP top_k (Alg. 2): mask from server SGD on a held-out public set, clip, noise on k coords"),
-    StrategySpec("fedavg-randk", "fed-smp", "fedapp.apps.factories:build_fedavg_randk",
-                 "fedapp.apps.factories:make_compressed_client", tm.NONE_SPARSIFIED,
-                 "FedAvg-rand_k: Fed-SMP rand_k without noise (sparsify, d/k scaling, clip)"),
-    StrategySpec("fedavg-topk", "fed-smp", "fedapp.apps.factories:build_fedavg_topk",
-                 "fedapp.apps.factories:make_compressed_client", tm.NONE_SPARSIFIED,
-                 "FedAvg-top_k: Fed-SMP top_k without noise (server public-set mask, clip)"),
-    # --- DP-FTRL ------------------------------------------------------------------
-    StrategySpec("dp-ftrl", "dp-ftrl", "fedapp.apps.factories:build_dp_ftrl", "fedapp.apps.factories:make_ftrl_client",
-                 tm.CLIENT_LEVEL_FTRL,
-                 "DP-FTRL (Kairouz et al. 2021; Choquette-Choo et al. 2023): DP-FedAvg rounds with tree or banded "
-                 "correlated noise, no sampling assumption (dense only: a Fed-SMP mask breaks the noise's "
-                 "cancellation, see strategies/dp_ftrl.py)"),
-    # --- SoteriaFL family --------------------------------------------------------
-    StrategySpec("soteriafl-sgd", "soteriafl", "fedapp.apps.factories:build_soteriafl",
-                 "fedapp.apps.factories:make_soteriafl_client",
-                 tm.RECORD_LOCAL_SOTERIAFL,
-                 "SoteriaFL-SGD (Alg. 3 opt. I): minibatch estimator, shifted random-k compression"),
-    StrategySpec("soteriafl-gd", "soteriafl", "fedapp.apps.factories:build_soteriafl",
-                 "fedapp.apps.factories:make_soteriafl_client",
-                 tm.RECORD_LOCAL_SOTERIAFL,
-                 "SoteriaFL-GD (Alg. 3, b = m): full local gradient, shifted random-k compression"),
-    StrategySpec("soteriafl-svrg", "soteriafl", "fedapp.apps.factories:build_soteriafl",
-                 "fedapp.apps.factories:make_soteriafl_client",
-                 tm.RECORD_LOCAL_SOTERIAFL,
-                 "SoteriaFL-SVRG (Alg. 3 opt. II): loopless SVRG estimator, shifted random-k compression"),
-    StrategySpec("soteriafl-saga", "soteriafl", "fedapp.apps.factories:build_soteriafl",
-                 "fedapp.apps.factories:make_soteriafl_client",
-                 tm.RECORD_LOCAL_SOTERIAFL,
-                 "SoteriaFL-SAGA (Alg. 3 opt. III): SAGA table estimator, shifted random-k compression"),
-    StrategySpec("cdp-sgd", "soteriafl", "fedapp.apps.factories:build_soteriafl",
-                 "fedapp.apps.factories:make_soteriafl_client",
-                 tm.RECORD_LOCAL_SOTERIAFL,
-                 "CDP-SGD (Alg. 1): minibatch estimator, direct random-k compression of the noisy gradient"),
-    StrategySpec("ldp-sgd", "soteriafl", "fedapp.apps.factories:build_soteriafl",
-                 "fedapp.apps.factories:make_soteriafl_client",
-                 tm.RECORD_LOCAL_SOTERIAFL,
-                 "LDP-SGD (Sec. 6 baseline): minibatch estimator, no compression"),
-    StrategySpec("ldp-svrg", "soteriafl", "fedapp.apps.factories:build_soteriafl",
-                 "fedapp.apps.factories:make_soteriafl_client",
-                 tm.RECORD_LOCAL_SOTERIAFL,
-                 "LDP-SVRG (Sec. 6 baseline): SVRG estimator, no compression"),
-    # --- DP2-FedSAM family -------------------------------------------------------
-    StrategySpec("dp2-fedsam", "dp2-fedsam", "fedapp.apps.factories:build_dp2_fedsam",
-                 "fedapp.apps.factories:make_dp2_fedsam_client",
-                 tm.CLIENT_LEVEL_PERSONALIZED,
-                 "DP2-FedSAM: shared φ (SAM, clipped + noised) and personal heads h_i kept on the clients"),
-    StrategySpec("centaur", "dp2-fedsam", "fedapp.apps.factories:build_centaur",
-                 "fedapp.apps.factories:make_dp2_fedsam_client",
-                 tm.CLIENT_LEVEL_PERSONALIZED,
-                 "CENTAUR (client-level DP variant): DP2-FedSAM with SGD instead of SAM"),
-    StrategySpec("dp-fedsam", "dp2-fedsam", "fedapp.apps.factories:build_dp_fedsam",
-                 "fedapp.apps.factories:make_dp2_fedsam_client", tm.CLIENT_LEVEL_LOCAL_NOISE,
-                 "DP-FedSAM: full model, SAM local training, client-level DP"),
-    StrategySpec("dp-fedsam-ft", "dp2-fedsam", "fedapp.apps.factories:build_dp_fedsam_ft",
-                 "fedapp.apps.factories:make_dp2_fedsam_client", tm.CLIENT_LEVEL_PERSONALIZED,
-                 "DP-FedSAM + local fine-tuning (ft-epochs) before evaluation"),
-    StrategySpec("dp-fedavg-ft", "dp2-fedsam", "fedapp.apps.factories:build_dp_fedavg_ft",
-                 "fedapp.apps.factories:make_dp2_fedsam_client", tm.CLIENT_LEVEL_PERSONALIZED,
-                 "DP-FedAvg + local fine-tuning (ft-epochs) before evaluation"),
-]
+@dataclass(frozen=True)
+class Family:
+    """Everything about one family. ``sections``: the run-config sections it reads (``Key.section``), keys of other
+    sections have no effect on it; ``ignores``: keys of those sections it does not read; ``config``: its own section
+    classes (:class:`fedapp.config.sections.Section` subclasses, a plugin's keys); ``features``: every strategy's."""
 
-REGISTRY: dict[str, StrategySpec] = {s.name: s for s in _SPECS}
+    name: str
+    sections: frozenset[str]
+    strategies: tuple[StrategySpec, ...]
+    ignores: frozenset[str] = frozenset()
+    features: frozenset[Feature] = frozenset()
+    config: tuple[Any, ...] = ()  # section classes (a type with SECTION)
+
+    def __post_init__(self) -> None:
+        own = frozenset(cls.SECTION for cls in self.config)
+        object.__setattr__(self, "sections", frozenset(self.sections) | own)
+        object.__setattr__(self, "strategies", tuple(dataclasses.replace(s, family=self) for s in self.strategies))
 
 
-def register(spec: StrategySpec) -> StrategySpec:
-    """Add a strategy at run time (plugins, notebooks, tests); a name may be registered once."""
-    if spec.name in REGISTRY and REGISTRY[spec.name] != spec:
-        raise ValueError(f"strategy {spec.name!r} is already registered")
-    REGISTRY[spec.name] = spec
-    return spec
+class _Registry(MutableMapping[str, StrategySpec]):
+    """Strategy name → spec; the built-in families are registered on first read."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, StrategySpec] = {}
+        self._loaded = False
+
+    def _load(self) -> None:
+        if not self._loaded:
+            self._loaded = True
+            importlib.import_module(BUILTIN_FAMILIES)
+
+    def __getitem__(self, name: str) -> StrategySpec:
+        self._load()
+        return self._specs[name]
+
+    def __setitem__(self, name: str, spec: StrategySpec) -> None:
+        self._specs[name] = spec
+
+    def __delitem__(self, name: str) -> None:
+        del self._specs[name]
+
+    def __iter__(self) -> Iterator[str]:
+        self._load()
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        self._load()
+        return len(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        self._load()
+        return name in self._specs
+
+
+REGISTRY = _Registry()
+#: family name → family, in registration order
+FAMILIES: dict[str, Family] = {}
+_version = [0]  # bumped by every (un)registration: the run-config schema and its cache follow it
+
+
+def register_family(family: Family) -> Family:
+    """Add ``family`` and its strategies (built-ins, plugins, notebooks, tests); a name may be registered once."""
+    taken = [s.name for s in family.strategies
+             if s.name in REGISTRY._specs and REGISTRY._specs[s.name].family is not family]
+    if taken or (family.name in FAMILIES and FAMILIES[family.name] is not family):
+        raise ValueError(f"family {family.name!r}: strategy {taken[0]!r} is already registered" if taken else
+                         f"family {family.name!r} is already registered")
+    FAMILIES[family.name] = family
+    for spec in family.strategies:
+        REGISTRY[spec.name] = spec
+    _version[0] += 1
+    return family
+
+
+def unregister_family(name: str) -> None:
+    """Remove the family ``name`` and its strategies (tests, notebooks)."""
+    family = FAMILIES.pop(name)
+    for spec in family.strategies:
+        REGISTRY._specs.pop(spec.name, None)
+    _version[0] += 1
+
+
+def registry_version() -> int:
+    return _version[0]
+
+
+def family_sections() -> list[Any]:
+    """The section classes of the registered families that bring their own (without loading the built-ins, which
+    bring none)."""
+    return [cls for family in FAMILIES.values() for cls in family.config]
 
 
 def get_spec(name: str) -> StrategySpec:
     if name not in REGISTRY:
         raise ConfigError(f"unknown strategy {name!r}; valid strategies: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]
+
+
+def get_family(name: str) -> Family:
+    REGISTRY._load()
+    if name not in FAMILIES:
+        raise ConfigError(f"unknown strategy family {name!r}; valid families: {', '.join(FAMILIES)}")
+    return FAMILIES[name]

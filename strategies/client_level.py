@@ -171,13 +171,13 @@ class ClientLevelDPStrategy(DPFLStrategy):
             return
         dp = self.mechanism_factory(num_clients)
         self.accounting.bind(dp, None)
-        self.sampler.fixed_rate = dp.sample_rate  # q = r/n of the registered clients, all run long
+        self.sampler.fix_rate(dp.sample_rate)  # q = r/n of the registered clients, all run long
         if self.secure_aggregation:
             check_cohort(dp.clients_per_round)
         if self.secure_sum_factory is not None and dp.secure_aggregation:
             ddg = self.secure_sum_factory(dp, self.payload_dim())
             if ddg is not None:  # clients account the continuous plan σ, the ledger the discrete sum's z ≥ σ
-                self.ledger.report_slack = ddg.report_slack(dp.noise_multiplier)
+                self.ledger.allow_report_slack(ddg.report_slack(dp.noise_multiplier))
                 self.accounting.bind(dp, ddg)
         config = self.adaptive_clip_factory(dp) if self.adaptive_clip_factory is not None else None
         self.adaptive = server_clip(config, dp, self._resumed_clip, discrete=self.ddg is not None,

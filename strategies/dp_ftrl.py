@@ -123,7 +123,7 @@ class DPFTRLStrategy(ClientLevelDPStrategy):
                 f"run-config 'secure-aggregation' = {str(ftrl.secure_aggregation).lower()} but this server "
                 f"{'runs' if self.secure_aggregation else 'does not run'} SecAgg+ (in-process loops cannot run it)")
         self.ftrl = ftrl
-        self.sampler.fixed_rate = ftrl.sample_rate
+        self.sampler.fix_rate(ftrl.sample_rate)
         if not ftrl.secure_aggregation:
             rng = np.random.default_rng(None if self.noise_seed is None else [int(self.noise_seed), 601])
             self.stream = ftrl.noise_stream(self.num_params, rng)

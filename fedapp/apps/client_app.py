@@ -35,7 +35,7 @@ def node_client(context: Context, overrides: dict[str, Any] | None = None) -> Cl
     naming why; the others go on."""
     cfg = resolve_config(context.run_config, overrides)
     try:
-        client = get_spec(cfg.general.strategy).client_factory()(context, overrides)
+        client = get_spec(cfg.general.strategy).client(context, overrides)
     except NodeDataError as exc:
         client = RefusingClient(_node_id(context), str(exc))
     return guard_client(client, context, cfg.general, cfg.data, cfg.training, cfg.deployment, cfg)

@@ -2,7 +2,7 @@
 
 The strategies of :mod:`strategies` take plain constructor arguments and never read a run-config;
 this module is the one place that translates run-config sections into those arguments (and loads the
-data, models and public sets a strategy needs). The registry (:mod:`fedapp.registry`) names these
+data, models and public sets a strategy needs). The families (:mod:`fedapp.apps.families`) name these
 functions.
 
 A server builder has signature ``(ctx: StrategyContext, engine: EngineSettings, *, <sections>) -> Strategy``: it
@@ -10,6 +10,10 @@ declares the run-config sections it reads as keyword parameters named after them
 ``training``, ``client_dp``, ``robust_hdp``, ``soteriafl``, ``dp2_fedsam``, ``deployment``, and ``model_spec``), and
 :func:`build_strategy`, the composition root, passes exactly those. Client builders have signature
 ``(context, overrides) -> flwr Client``.
+
+The clients and the torch-based strategies are imported inside the builders that use them: the families
+(:mod:`fedapp.apps.families`) name these functions, and the launcher reads the families to check a run-config
+without loading torch.
 """
 
 from __future__ import annotations
@@ -17,22 +21,15 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.client import Client
 from flwr.common import Context
 
-from fedapp.clients.client_dp import ClientLevelDPClient, FTRLClient, local_steps
-from fedapp.clients.common import csprng, make_model, round_lr, setup_client
-from fedapp.clients.dp2_fedsam import DP2FedSAMClient, shared_weights
-from fedapp.clients.dpsgd import DPSGDClient, min_epsilon_profile
 from fedapp.clients.guard import RefusingClient
-from fedapp.clients.soteriafl import SoteriaFLClient, soteriafl_params
-from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
 from fedapp.compat.runtime import on_supernode
 from fedapp.config import (
-    ADAPTIVE_CLIP_STRATEGIES,
     ClientDPConfig,
     ConfigError,
     DataConfig,
@@ -50,15 +47,19 @@ from fedapp.data.node_data import NodeDataError, is_node_local
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.audit import canary_index, canary_update
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, ftrl_mechanism, secure_sum_mechanism
-from fedapp.registry import get_spec
+from fedapp.registry import Feature, get_spec
 from strategies.aggregate import flatten
 from strategies.base import StrategyContext
-from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant
 from strategies.dp_ftrl import DPFTRLStrategy
 from strategies.fed_smp import ClientLevelStrategy, PublicUpdateFn, mask_seed
 from strategies.fedavg import DPSGDFedAvg, FedAvg
 from strategies.robust_hdp import PFA, MinEpsilon, RobustHDP, WeiAvg
-from strategies.soteriafl import SAGA_TABLE_LIMIT_BYTES, GradientOracle, SoteriaFLStrategy, get_method
+
+if TYPE_CHECKING:  # torch: the clients and two families' strategies load when a builder runs, never on import
+    from fedapp.clients.client_dp import ClientLevelDPClient
+    from fedapp.clients.dp2_fedsam import DP2FedSAMClient
+    from strategies.dp2_fedsam import DP2FedSAMStrategy
+    from strategies.soteriafl import SoteriaFLStrategy
 
 
 # ----------------------------------------------------------------------------- the composition root
@@ -67,7 +68,7 @@ def build_strategy(run_config: Mapping[str, Any], ctx: StrategyContext) -> Any:
     :class:`~fedapp.config.RunConfig`), then call the registered builder with the engine settings and the sections
     its signature declares."""
     cfg = resolve_config(run_config)
-    builder = get_spec(cfg.general.strategy).strategy_factory()
+    builder = get_spec(cfg.general.strategy).build
     engine = engine_settings(cfg.general, cfg.data, cfg.training, cfg.deployment)
     return builder(ctx, engine, **cfg.sections_for(builder))
 
@@ -95,6 +96,8 @@ class EngineSettings:
 
     def kwargs(self, ctx: StrategyContext) -> dict[str, Any]:
         """Constructor arguments of :class:`strategies.base.DPFLStrategy`: these settings plus ``ctx``'s."""
+        from fedapp.clients.common import csprng
+
         return {"initial_weights": ctx.initial_weights, "evaluate_fn": ctx.evaluate_fn, "recorder": ctx.recorder,
                 "prevalidate": ctx.prevalidate, "num_rounds": self.num_rounds, "seed": self.seed,
                 "clients_per_round": self.clients_per_round, "min_available_clients": self.min_available_clients,
@@ -162,6 +165,10 @@ def build_min_eps(ctx: StrategyContext, engine: EngineSettings, *, training: Tra
 def public_update_fn(general: GeneralConfig, data: DataConfig, training: TrainingConfig, client_dp: ClientDPConfig,
                      model_spec: ModelSpec) -> PublicUpdateFn:
     """Server-side τ_p momentum-SGD steps on D_p from θ_t (the clients' optimizer, Fed-SMP Sec. 6.2); returns Δ_p."""
+    from fedapp.clients.client_dp import local_steps
+    from fedapp.clients.common import make_model, round_lr
+    from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
+
     if data.public_samples <= 0:
         raise ConfigError(f"strategy {general.strategy!r} needs run-config 'public-samples' > 0 (the server's "
                           f"public set D_p), got {data.public_samples}")
@@ -194,7 +201,7 @@ def _client_level_kwargs(ctx: StrategyContext, engine: EngineSettings, general: 
                                                                        general.num_clients or n)
         kwargs["secure_sum_factory"] = lambda dp, dim: secure_sum_mechanism(client_dp, dp, dim)
         kwargs["secure_aggregation"] = ctx.secure_aggregation
-        if name in ADAPTIVE_CLIP_STRATEGIES and client_dp.adaptive_clip_quantile > 0:
+        if get_spec(name).supports(Feature.ADAPTIVE_CLIP) and client_dp.adaptive_clip_quantile > 0:
             # given only when adaptive clipping is on: under SecAgg+ it adds the count coordinate to the payload
             kwargs["adaptive_clip_factory"] = lambda dp: adaptive_clip_config(client_dp, dp)
     return kwargs
@@ -230,6 +237,11 @@ def build_dp_ftrl(ctx: StrategyContext, engine: EngineSettings, *, general: Gene
 def build_soteriafl(ctx: StrategyContext, engine: EngineSettings, *, general: GeneralConfig, data: DataConfig,
                     training: TrainingConfig, soteriafl: SoteriaFLConfig, model_spec: ModelSpec) -> SoteriaFLStrategy:
     """Every method of the family; the method is the run-config ``strategy``."""
+    from fedapp.clients.common import make_model
+    from fedapp.clients.soteriafl import soteriafl_params
+    from fedapp.clients.training import resolve_device
+    from strategies.soteriafl import SAGA_TABLE_LIMIT_BYTES, GradientOracle, SoteriaFLStrategy, get_method
+
     method = get_method(general.strategy)
     d = int(sum(np.asarray(w).size for w in ctx.initial_weights))
     k, _, gamma = soteriafl_params(soteriafl, d)
@@ -262,6 +274,9 @@ def build_soteriafl(ctx: StrategyContext, engine: EngineSettings, *, general: Ge
 def build_dp2_variant(ctx: StrategyContext, engine: EngineSettings, *, general: GeneralConfig, data: DataConfig,
                       training: TrainingConfig, client_dp: ClientDPConfig, dp2_fedsam: DP2FedSAMConfig,
                       model_spec: ModelSpec, name: str) -> DP2FedSAMStrategy:
+    from fedapp.clients.dp2_fedsam import shared_weights
+    from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant
+
     variant = get_variant(name)
     kwargs = _client_level_kwargs(ctx, engine, general, training, client_dp, private=True, name=name)
     kwargs["initial_weights"] = shared_weights(dp2_fedsam.dp2_head, data, model_spec, ctx.initial_weights,
@@ -283,21 +298,33 @@ build_dp_fedavg_ft = functools.partial(build_dp2_variant, name="dp-fedavg-ft")
 # the setup every client shares plus its family's section.
 def make_dpsgd_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Record-level DP-SGD client (Robust-HDP family, DPFedAvg)."""
+    from fedapp.clients.common import setup_client
+    from fedapp.clients.dpsgd import DPSGDClient
+
     return DPSGDClient(setup_client(context, overrides), context, private=True).to_client()
 
 
 def make_plain_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Non-private plain-SGD client (FedAvg)."""
+    from fedapp.clients.common import setup_client
+    from fedapp.clients.dpsgd import DPSGDClient
+
     return DPSGDClient(setup_client(context, overrides), context, private=False).to_client()
 
 
 def make_min_eps_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Record-level DP-SGD client that trains with the federation's minimum ε (``min-eps``)."""
+    from fedapp.clients.common import setup_client
+    from fedapp.clients.dpsgd import DPSGDClient, min_epsilon_profile
+
     return DPSGDClient(min_epsilon_profile(setup_client(context, overrides)), context, private=True).to_client()
 
 
 def make_client_dp_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """DP-FedAvg / Fed-SMP client (client-level DP)."""
+    from fedapp.clients.client_dp import ClientLevelDPClient
+    from fedapp.clients.common import setup_client
+
     cfg = resolve_config(context.run_config, overrides)
     client = ClientLevelDPClient(setup_client(context, overrides), cfg.client_dp, context, private=True)
     return with_canary(client, cfg.general)
@@ -305,6 +332,9 @@ def make_client_dp_client(context: Context, overrides: dict[str, Any] | None = N
 
 def make_ftrl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """DP-FTRL client: clips; under SecAgg+ adds its share of the correlated noise from its own stream."""
+    from fedapp.clients.client_dp import FTRLClient
+    from fedapp.clients.common import setup_client
+
     cfg = resolve_config(context.run_config, overrides)
     client = FTRLClient(setup_client(context, overrides), cfg.client_dp, context, private=True)
     return with_canary(client, cfg.general)
@@ -328,12 +358,18 @@ def with_canary(client: ClientLevelDPClient | DP2FedSAMClient, general: GeneralC
 
 def make_compressed_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """FedAvg-randk / FedAvg-topk client (sparsified + clipped, no noise)."""
+    from fedapp.clients.client_dp import ClientLevelDPClient
+    from fedapp.clients.common import setup_client
+
     cfg = resolve_config(context.run_config, overrides)
     return ClientLevelDPClient(setup_client(context, overrides), cfg.client_dp, context, private=False).to_client()
 
 
 def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Client of every SoteriaFL-family method."""
+    from fedapp.clients.common import setup_client
+    from fedapp.clients.soteriafl import SoteriaFLClient
+
     cfg = resolve_config(context.run_config, overrides)
     setup = setup_client(context, overrides)
     b = cfg.soteriafl.soteriafl_batch_size
@@ -345,6 +381,10 @@ def make_soteriafl_client(context: Context, overrides: dict[str, Any] | None = N
 
 def make_dp2_fedsam_client(context: Context, overrides: dict[str, Any] | None = None) -> Client:
     """Client of every DP2-FedSAM-family strategy; the variant comes from run-config ``strategy``."""
+    from fedapp.clients.common import setup_client
+    from fedapp.clients.dp2_fedsam import DP2FedSAMClient
+    from strategies.dp2_fedsam import get_variant
+
     cfg = resolve_config(context.run_config, overrides)
     client = DP2FedSAMClient(setup_client(context, overrides), cfg.client_dp, cfg.dp2_fedsam, context,
                              get_variant(cfg.general.strategy))

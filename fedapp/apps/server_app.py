@@ -24,7 +24,6 @@ from fedapp.compat.heap import return_freed_memory
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, log_to_file_from_env
 from fedapp.compat.wakeups import wake_grid
 from fedapp.config import (
-    ClientDPConfig,
     ConfigError,
     DataConfig,
     GeneralConfig,
@@ -33,14 +32,14 @@ from fedapp.config import (
     resolve_config,
     unused_keys,
 )
-from fedapp.config.run_config import FTRL_STRATEGIES, audits_records, record_canaries
+from fedapp.config.run_config import RunConfig, audits_records, record_canaries
 from fedapp.data.canaries import candidates
 from fedapp.data.client_data import client_train_sizes
 from fedapp.data.datasets import ArrayDataset, load_dataset
 from fedapp.data.node_data import is_node_local, run_schema
 from fedapp.models.catalog import ModelSpec
 from fedapp.privacy.audit import AuditRecorder, canary_index, client_audit
-from fedapp.privacy.profiles import check_record_delta, client_level_mechanism, federation_profiles, ftrl_mechanism
+from fedapp.privacy.profiles import federation_profiles
 from fedapp.privacy.record_audit import record_audit_block
 from fedapp.privacy.secure_aggregation import run_with_secure_aggregation
 from fedapp.registry import get_spec
@@ -51,6 +50,7 @@ from fedapp.state.results import ResultsWriter
 from strategies.aggregate import unflatten
 from strategies.base import DPFLStrategy, StrategyContext
 from strategies.client_level import ClientLevelDPStrategy
+from strategies.privacy.threat_models import Level, ThreatModel
 
 
 @dataclass(frozen=True)
@@ -121,95 +121,54 @@ def audit_recorder(recorder: Any, strategy: Any, general: GeneralConfig, inputs:
     return AuditRecorder(recorder, strategy, audit, n, every_round=False)  # the record audit reads the final model
 
 
-def make_prevalidate(general: GeneralConfig, data: DataConfig, training: TrainingConfig, client_dp: ClientDPConfig):
-    """Checks every simulated client's profile against its data before round 1."""
+def make_prevalidate(cfg: RunConfig):
+    """Checks every simulated client's profile against its data, then the family's mechanism
+    (:meth:`fedapp.registry.Mechanism.check`), before round 1."""
+    general, data, training = cfg.general, cfg.data, cfg.training
 
     def prevalidate(num_clients: int) -> None:
         if general.num_clients and general.num_clients != num_clients:
             raise ConfigError(f"run-config 'num-clients' = {general.num_clients} but {num_clients} clients connected")
         n = general.num_clients or num_clients
-        if is_node_local(data):  # N_i is each node's own: every node checks its batch size and δ_i itself
-            federation_profiles(general, training, data, num_clients)
-            if general.strategy in FTRL_STRATEGIES:
-                ftrl_mechanism(general, training, client_dp, n)
-            elif get_spec(general.strategy).privacy.startswith("client-level"):
-                client_level_mechanism(general, training, client_dp, n)
-            return
-        sizes = client_train_sizes(data, general.seed, num_clients, record_canaries(general))
+        mechanism = get_spec(general.strategy).mechanism  # fedapp.apps.mechanisms
         profiles = federation_profiles(general, training, data, num_clients)
+        if is_node_local(data):  # N_i is each node's own: every node checks its batch size and δ_i itself
+            mechanism.check(cfg, n, None)
+            return
+        sizes = list(client_train_sizes(data, general.seed, num_clients, record_canaries(general)))
         for profile, n_i in zip(profiles, sizes):
             if profile.batch_size > n_i:
                 raise ConfigError(f"client {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                                   f"N_i = {n_i}")
-        if get_spec(general.strategy).privacy.startswith("record-level"):
-            check_record_delta(general, training, profiles, sizes)
-        elif general.strategy in FTRL_STRATEGIES:
-            ftrl_mechanism(general, training, client_dp, n)  # factorization, z calibration: fail early
-        elif get_spec(general.strategy).privacy.startswith("client-level"):
-            client_level_mechanism(general, training, client_dp, n)  # δ, σ calibration: fail early
+        mechanism.check(cfg, n, sizes)  # σ, δ, the factorization: fail early
 
     return prevalidate
 
 
-def _ledger_accountant(training: TrainingConfig, threat_model: str) -> str:
+def _ledger_accountant(training: TrainingConfig, threat_model: ThreatModel) -> str:
     """The accountant the ledger composes with: record-level DP under its neighbouring relation."""
     from strategies.privacy.accountants import record_accountant
 
-    if threat_model.startswith("record-level"):
+    if threat_model.level is Level.RECORD:
         return record_accountant(training.accountant, training.record_neighbours)
     return training.accountant
 
 
-def privacy_meta(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig,
-                 threat_model: str) -> dict[str, Any]:
-    """What ``config.json`` says about the guarantee this run can claim."""
-    seeded = general.seeded_noise
+def privacy_meta(cfg: RunConfig) -> dict[str, Any]:
+    """What ``config.json`` says about the guarantee this run can claim (the family's mechanism adds its part)."""
+    spec = get_spec(cfg.general.strategy)
+    seeded = cfg.general.seeded_noise
     out: dict[str, Any] = {
-        "threat_model": threat_model,
+        "threat_model": spec.privacy,
         "ledger": "server-side: the server composes every client's ε from mechanism parameters with the "
-                  f"'{_ledger_accountant(training, threat_model)}' accountant; clients' reports are only cross-checked",
+                  f"'{_ledger_accountant(cfg.training, spec.privacy)}' accountant; clients' reports are only "
+                  "cross-checked",
         "client_sampling": ("seeded from the run seed: no amplification by sampling against anyone who knows it"
                             if seeded else "secret (OS entropy); participation stays in the server's records"),
         "guarantee": ("NONE: seeded-noise = true derives the DP noise from the run seed, which the server knows"
                       if seeded else "as stated by the threat model"),
     }
-    if general.strategy in FTRL_STRATEGIES:
-        out["ledger"] = ("server-side: DP-FTRL's release after round t is one Gaussian mechanism (multiplier z_eff / "
-                         "sens_t of the factorization), composed by dp_accounting's PLD accountant; clients' reports "
-                         "are only cross-checked")
-        out["secure_aggregation"] = (
-            "SecAgg+ (Flower, continuous Gaussian shares): each client adds its own correlated noise stream, the "
-            "server sees only the noisy sum" if client_dp.secure_aggregation else
-            "off: the server sees every clipped update and adds the correlated noise itself")
-        out["budget_holds_against"] = (
-            "the server and observers of the release: no sampling or shuffling assumption (epsilon_vs_server)"
-            if client_dp.secure_aggregation else
-            "observers of the released models only: the server is trusted (it adds the noise); no epsilon holds "
-            "against it")
-    elif threat_model.startswith("client-level"):
-        out["secure_aggregation"] = (
-            "SecAgg+ (Flower): the server sees only the sum of each round's updates; the budget and the headline "
-            "'epsilon' are the aggregate's" if client_dp.secure_aggregation else
-            "off: the server sees every update; σ is calibrated so one update meets the budget, and the headline "
-            "'epsilon' is one update's ('epsilon_aggregate' is for observers of the sums and the final model)")
-        out["budget_holds_against"] = (
-            "the server that draws the sample (client-dp-adversary = server): no amplification by sampling; every "
-            "round is charged at q = 1, which bounds each client's epsilon_vs_server; epsilon_vs_release reports the "
-            "amplified view" if client_dp.client_dp_adversary == "server" else
-            "observers of the released models only (client-dp-adversary = release): amplified by secret Poisson "
-            "sampling at q = r/n; against the server itself see epsilon_vs_server, which this run does not bound")
-        if client_dp.adaptive_clip_quantile > 0:
-            out["adaptive_clipping"] = (
-                "Andrew et al. 2021: the server sets each round's clip C_t from the noisy count of unclipped updates; "
-                "update noise z_Δ and count noise σ_b compose to the budget's z (Thm 1), which each client derives "
-                "from its own run-config. " + (
-                    "Under SecAgg+ each client's noised bit is one extra coordinate of the secure sum: the server "
-                    "learns only the sum. This holds against an honest-but-curious server that follows the protocol "
-                    "(sends every client the same C_t), the assumption epsilon_vs_server already rests on; a server "
-                    "that sends different C_t to different clients is NOT covered (a large C_t to one target leaves "
-                    "the other clients' noise, scaled by their smaller C_j, small next to its sensitivity)"
-                    if client_dp.secure_aggregation else
-                    "Without SecAgg+ each client sends its noised bit as a metric, next to its noised update"))
+    out.update(spec.mechanism.meta(cfg))  # fedapp.apps.mechanisms
     return out
 
 
@@ -235,18 +194,17 @@ def build_components(run_config: Mapping[str, Any], *, transport: bool = True,
     unused = unused_keys(cfg, spec.family)
     for key in unused:
         log(WARNING, "run-config %r = %r is not read by strategy %r (family %s); it has no effect", key, cfg[key],
-            spec.name, spec.family)
+            spec.name, spec.family.name)
     recorder = ResultsWriter(cfg.general.output_dir, dict(cfg), meta={
-        "strategy": {"name": spec.name, "family": spec.family, "privacy": spec.privacy,
+        "strategy": {"name": spec.name, "family": spec.family.name, "privacy": spec.privacy,
                      "description": spec.description},
-        "privacy": privacy_meta(cfg.general, cfg.training, cfg.client_dp, spec.privacy),
+        "privacy": privacy_meta(cfg),
         "privacy_plan": None,  # below, from the built strategy
         "unused_keys": unused,
         "num_parameters": int(sum(w.size for w in initial)),
     }, on_open=lambda folder: log(INFO, "%s%s", RESULTS_FOLDER_LINE, folder))  # the launcher reads it in the log
     ctx = StrategyContext(initial_weights=initial, evaluate_fn=make_evaluate_fn(cfg.general, inputs),
-                          recorder=recorder, prevalidate=make_prevalidate(cfg.general, cfg.data, cfg.training,
-                                                                          cfg.client_dp),
+                          recorder=recorder, prevalidate=make_prevalidate(cfg),
                           secure_aggregation=transport and cfg.client_dp.secure_aggregation)
     strategy = build_strategy(cfg, ctx)
     if cfg.general.num_clients:  # config.json is written when the first round opens the run folder
@@ -295,7 +253,7 @@ def dry_run(run_config: Mapping[str, Any], num_clients: int) -> list[str]:
     if not is_node_local(cfg.data):  # node-local data is each node's own: the deploy launcher checks it per node
         node = Context(run_id=0, node_id=0, node_config={"partition-id": 0, "num-partitions": num_clients},
                        state=RecordDict(), run_config={})
-        get_spec(cfg.general.strategy).client_factory()(node, dict(cfg))  # the client side builds (model, data, head)
+        get_spec(cfg.general.strategy).client(node, dict(cfg))  # the client side builds (model, data, head)
     return unused_keys(cfg, get_spec(cfg.general.strategy).family)
 
 

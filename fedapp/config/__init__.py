@@ -9,8 +9,6 @@ process, and ``docs.py`` generates docs/config.md. ``tests/unit/fedapp/config/te
 from fedapp.config.docs import CONFIG_DOC, TABLE_END, TABLE_START, doc_with_table, markdown_table
 from fedapp.config.keys import DATASETS, PARTITIONERS, PRIVACY_DISTS, Key, check_value, parse_int_list
 from fedapp.config.run_config import (
-    ADAPTIVE_CLIP_STRATEGIES,
-    FAMILY_SECTIONS,
     RunConfig,
     check_fault_config,
     check_federation_size,
@@ -35,7 +33,7 @@ from fedapp.config.sections import (
 from strategies.errors import ConfigError
 
 __all__ = [
-    "ADAPTIVE_CLIP_STRATEGIES", "CONFIG_DOC", "DATASETS", "FAMILY_SECTIONS", "PARTITIONERS", "PRIVACY_DISTS", "SCHEMA", "TABLE_END",
+    "CONFIG_DOC", "DATASETS", "PARTITIONERS", "PRIVACY_DISTS", "SCHEMA", "TABLE_END",
     "TABLE_START", "ClientDPConfig", "ConfigError", "DP2FedSAMConfig", "DataConfig", "DeploymentConfig",
     "GeneralConfig", "Key", "RobustHDPConfig", "RunConfig", "SoteriaFLConfig", "TrainingConfig", "check_fault_config",
     "check_federation_size",

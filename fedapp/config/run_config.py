@@ -34,7 +34,9 @@ from fedapp.config.sections import (
     TrainingConfig,
 )
 from fedapp.models.catalog import DEFAULT_MODEL, ModelSpec
+from fedapp.registry import REGISTRY, Family, Feature, get_spec, registry_version
 from strategies.errors import ConfigError
+from strategies.privacy.threat_models import Level
 
 
 @dataclass(frozen=True, eq=False)
@@ -52,6 +54,8 @@ class RunConfig(Mapping[str, Any]):
     robust_hdp: RobustHDPConfig = field(default_factory=RobustHDPConfig)
     soteriafl: SoteriaFLConfig = field(default_factory=SoteriaFLConfig)
     deployment: DeploymentConfig = field(default_factory=DeploymentConfig)
+    #: the sections registered families bring (``Family.config``), by attribute: ``cfg.<attr>`` reads them too
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> RunConfig:
@@ -59,11 +63,22 @@ class RunConfig(Mapping[str, Any]):
         unknown = set(values) - SCHEMA.keys()
         if unknown:
             raise ConfigError(f"unknown run-config key {sorted(unknown)[0]!r}; see docs/config.md")
-        grouped: dict[str, dict[str, Any]] = {attr: {} for attr in SECTION_CLASSES}
+        classes = SCHEMA.classes()
+        grouped: dict[str, dict[str, Any]] = {attr: {} for attr in classes}
         for name, value in values.items():
             grouped[SCHEMA[name].attr][name.replace("-", "_")] = value
-        built: dict[str, Any] = {attr: SECTION_CLASSES[attr](**kw) for attr, kw in grouped.items()}
-        return cls(**built)
+        built: dict[str, Any] = {attr: classes[attr](**kw) for attr, kw in grouped.items() if attr in SECTION_CLASSES}
+        extra = {attr: classes[attr](**kw) for attr, kw in grouped.items() if attr not in SECTION_CLASSES}
+        return cls(**built, extra=extra)
+
+    def __getattr__(self, name: str) -> Any:
+        """A registered family's own section (``cfg.<attr>``)."""
+        if name.startswith("_") or name == "extra":
+            raise AttributeError(name)
+        try:
+            return self.extra[name]
+        except KeyError:
+            raise AttributeError(f"RunConfig has no section {name!r}") from None
 
     def __getitem__(self, name: str) -> Any:
         key = SCHEMA.get(name)
@@ -97,10 +112,11 @@ class RunConfig(Mapping[str, Any]):
 
     def sections_for(self, fn: Callable[..., Any]) -> dict[str, Any]:
         """The sections ``fn`` declares by parameter name (``general``, ``data``, ``training``, ``client_dp``,
-        ``robust_hdp``, ``soteriafl``, ``dp2_fedsam``, ``deployment``, and ``model_spec``): how a composition root
+        ``robust_hdp``, ``soteriafl``, ``dp2_fedsam``, ``deployment``, a registered family's own section, and
+        ``model_spec``): how a composition root
         hands a builder what it reads and nothing more."""
         params = inspect.signature(fn).parameters
-        out: dict[str, Any] = {name: getattr(self, name) for name in SECTION_CLASSES if name in params}
+        out: dict[str, Any] = {name: getattr(self, name) for name in SCHEMA.classes() if name in params}
         if "model_spec" in params:
             out["model_spec"] = self.model_spec
         return out
@@ -117,7 +133,7 @@ def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mappi
     run-config for every message), so the checks that touch the filesystem or probe CUDA run once."""
     if isinstance(run_config, RunConfig) and not overrides:
         return run_config  # already resolved and validated
-    memo_key = (_freeze(run_config), _freeze(overrides))
+    memo_key = (_freeze(run_config), _freeze(overrides), registry_version())
     cached = _CACHE.get(memo_key)
     if cached is not None:
         return cached
@@ -136,7 +152,7 @@ def resolve_config(run_config: Mapping[str, Any] | None = None, overrides: Mappi
     return cfg
 
 
-_CACHE: dict[tuple[Any, Any], RunConfig] = {}
+_CACHE: dict[tuple[Any, ...], RunConfig] = {}
 _CACHE_SIZE = 64
 
 
@@ -147,8 +163,6 @@ def check_user_model(cfg: RunConfig) -> None:
     are known only once loaded (``hf:``) are checked by the import alone here, the rest when the model is built."""
     from fedapp.models.catalog import INPUT_SHAPES, NUM_CLASSES
     from fedapp.models.user import build_user_model, load_factory, user_model_problem
-    from fedapp.registry import get_spec
-
     spec = cfg["model"]
     shapes = {**INPUT_SHAPES, **({NODE_LOCAL: schema_shape(cfg)} if cfg["dataset"] == NODE_LOCAL else {})}
     counts = {**NUM_CLASSES, NODE_LOCAL: int(cfg["num-classes"])}
@@ -159,13 +173,12 @@ def check_user_model(cfg: RunConfig) -> None:
             raise ConfigError(f"run-config 'model' = {spec!r}: {exc}") from None
         return
     shape, classes = shapes[cfg["dataset"]], counts[cfg["dataset"]]
-    family = get_spec(cfg["strategy"])
-    dp_sgd = family.privacy.startswith("record-level") and family.family != "soteriafl"
-    problem = user_model_problem(spec, shape, classes, dp_sgd=dp_sgd)
+    strategy = get_spec(cfg["strategy"])
+    problem = user_model_problem(spec, shape, classes, dp_sgd=strategy.supports(Feature.DPSGD_CLIENTS))
     if problem is not None:
         raise ConfigError(f"run-config 'model' = {spec!r} (inputs {shape}, {classes} classes of dataset "
                           f"{cfg['dataset']!r}): {problem}")
-    if family.family == "dp2-fedsam":
+    if strategy.supports(Feature.PERSONAL_HEAD):
         from strategies.dp2_fedsam import head_parameter_names
 
         try:
@@ -184,15 +197,13 @@ def resolve_defaults(merged: dict[str, Any]) -> None:
     an accountant other than rdp). A value the user sets is kept, and refused by the checks where it conflicts."""
     if merged.get("secagg-mechanism") != "auto" or not merged.get("secure-aggregation"):
         return
-    from fedapp.registry import get_spec
-
     try:
-        client_level = get_spec(str(merged["strategy"])).privacy.startswith("client-level")
+        spec = get_spec(str(merged["strategy"]))
     except (KeyError, ValueError):
         return  # an unknown strategy is refused by its own check
-    if not client_level:
+    if spec.level is not Level.CLIENT:
         return
-    needs_gaussian = (merged["strategy"] in FTRL_STRATEGIES or merged.get("adaptive-clip-quantile") not in (0, 0.0)
+    needs_gaussian = (not spec.supports(Feature.DDG) or merged.get("adaptive-clip-quantile") not in (0, 0.0)
                       or merged.get("client-dp-adversary") == "release" or merged.get("accountant") != "rdp")
     merged["secagg-mechanism"] = "gaussian" if needs_gaussian else "ddg"
 
@@ -204,8 +215,6 @@ def clear_cache() -> None:
 
 def validate_cross_fields(cfg: RunConfig) -> None:
     """Checks that involve several keys or the filesystem (no training, no writes)."""
-    from fedapp.registry import get_spec
-
     get_spec(cfg["strategy"])  # raises ConfigError listing valid names
     parse_int_list("batch-size-choices", cfg["batch-size-choices"])
     out = cfg["output-dir"]
@@ -326,24 +335,16 @@ def check_node_local(cfg: Mapping[str, Any]) -> None:
         if problem is not None:
             raise ConfigError(f"run-config 'model' = {cfg['model']!r} does not fit run-config 'input-shape' = "
                               f"{list(schema_shape(cfg))}: {problem}")
-    if cfg["strategy"] == "fed-smp-topk" or cfg["strategy"] == "fedavg-topk":
+    if get_spec(cfg["strategy"]).supports(Feature.PUBLIC_SET):
         raise ConfigError(f"strategy {cfg['strategy']!r} needs the server's public set (public-samples), which "
                           f"run-config 'dataset' = {NODE_LOCAL!r} does not have: every example stays on its node; "
                           "use a rand-k variant")
 
 
-#: the strategies whose clients can be audit canaries (run-config audit-canaries): the client-level clip-and-noise
-#: clients of DP-FedAvg, Fed-SMP, DP-FTRL and the DP2-FedSAM family
-AUDIT_STRATEGIES = ("dp-fedavg", "fed-smp-randk", "fed-smp-topk", "dp-ftrl", "dp2-fedsam", "centaur", "dp-fedsam",
-                    "dp-fedsam-ft", "dp-fedavg-ft")
-
-
 def audits_records(strategy: str) -> bool:
     """Whether ``audit-canaries`` of ``strategy`` are canary records in the clients' data (the record-level DP-SGD and
     SoteriaFL families: :mod:`fedapp.privacy.record_audit`) rather than canary clients."""
-    from fedapp.registry import get_spec
-
-    return get_spec(strategy).privacy.startswith("record-level")
+    return get_spec(strategy).level is Level.RECORD
 
 
 def record_canaries(general: GeneralConfig) -> int:
@@ -358,10 +359,10 @@ def check_audit(cfg: Mapping[str, Any]) -> None:
     if k == 0:
         return
     records = audits_records(cfg["strategy"])
-    if cfg["strategy"] not in AUDIT_STRATEGIES and not records:
+    if get_spec(cfg["strategy"]).level is Level.NONE:
         raise ConfigError(f"run-config 'audit-canaries' = {k} with strategy {cfg['strategy']!r}: canaries exist "
-                          f"for the client-level strategies {list(AUDIT_STRATEGIES)} and the record-level DP-SGD and "
-                          "SoteriaFL strategies; a non-private strategy has no guarantee to audit; set audit-canaries = 0")
+                          "for the client-level strategies (canary clients) and the record-level ones (canary records); "
+                          "a non-private strategy has no guarantee to audit; set audit-canaries = 0")
     if cfg["dataset"] == NODE_LOCAL:
         raise ConfigError(f"run-config 'audit-canaries' = {k} with dataset = {NODE_LOCAL!r}: canaries are simulated "
                           "clients or records, and a deployment's nodes hold their own data; audit in a simulation")
@@ -382,14 +383,15 @@ def check_audit(cfg: Mapping[str, Any]) -> None:
                           f"{max(n - 2, 0)} canaries (2 clients that train)")
 
 
-#: the strategies that add DP-FTRL's correlated noise (their run-config keys ftrl-*)
-FTRL_STRATEGIES = ("dp-ftrl",)
+def _supports(cfg: Mapping[str, Any], feature: Feature) -> bool:
+    """Whether the run-config's strategy supports ``feature``."""
+    return get_spec(cfg["strategy"]).supports(feature)
 
 
 def check_ftrl(cfg: Mapping[str, Any]) -> None:
     """DP-FTRL's supported settings: who adds the noise decides whom ε holds against, and the distributed discrete
     Gaussian cannot carry correlated noise."""
-    if cfg["strategy"] not in FTRL_STRATEGIES:
+    if not _supports(cfg, Feature.CORRELATED_NOISE):
         return
     rounds = int(cfg["dp-rounds"] or cfg["num-server-rounds"])
     if cfg["ftrl-mechanism"] == "banded" and cfg["ftrl-bands"] > rounds:
@@ -421,26 +423,21 @@ def check_ftrl(cfg: Mapping[str, Any]) -> None:
                           "client adds its noise stream) or client-dp-adversary = 'release' (a trusted server)")
 
 
-#: the strategies that run adaptive clipping (run-config adaptive-clip-*): every client-level strategy with independent
-#: Gaussian noise per round (DP-FedAvg, Fed-SMP's private variants, the DP2-FedSAM family); not dp-ftrl
-ADAPTIVE_CLIP_STRATEGIES = ("dp-fedavg", "fed-smp-randk", "fed-smp-topk", "dp2-fedsam", "centaur", "dp-fedsam",
-                            "dp-fedsam-ft", "dp-fedavg-ft")
-
-
 def check_adaptive_clip(cfg: Mapping[str, Any]) -> None:
-    """Adaptive clipping runs with the strategies of :data:`ADAPTIVE_CLIP_STRATEGIES`, without SecAgg+ or under
+    """Adaptive clipping runs with the strategies that support it (:class:`fedapp.registry.Feature`), without SecAgg+ or under
     SecAgg+ with continuous Gaussian shares (the count share rides in the secure sum): refuse the settings it would
     not serve. dp-ftrl is excluded: its correlated noise's sensitivity is analysed for one fixed clip across rounds,
     and a changing C_t breaks the prefix-sum structure that analysis rests on."""
     quantile = cfg["adaptive-clip-quantile"]
     if quantile == 0:
         return
-    if cfg["strategy"] not in ADAPTIVE_CLIP_STRATEGIES:
+    if not _supports(cfg, Feature.ADAPTIVE_CLIP):
+        supported = [name for name, spec in REGISTRY.items() if spec.supports(Feature.ADAPTIVE_CLIP)]
         raise ConfigError(f"run-config 'adaptive-clip-quantile' = {quantile!r} with strategy {cfg['strategy']!r}: "
-                          f"adaptive clipping is supported by strategy in {list(ADAPTIVE_CLIP_STRATEGIES)} only"
+                          f"adaptive clipping is supported by strategy in {supported} only"
                           + (" (dp-ftrl's correlated noise has its sensitivity analysed for one fixed clip across "
                              "rounds: a changing C_t breaks the prefix-sum structure)"
-                             if cfg["strategy"] in FTRL_STRATEGIES else "")
+                             if _supports(cfg, Feature.CORRELATED_NOISE) else "")
                           + "; set adaptive-clip-quantile = 0 (a fixed clip-norm) or pick a supported strategy")
     if cfg["secure-aggregation"] and cfg["secagg-mechanism"] != "gaussian":
         raise ConfigError(f"run-config 'secagg-mechanism' = {cfg['secagg-mechanism']!r} with adaptive-clip-quantile = "
@@ -454,17 +451,14 @@ def check_secure_randomness(cfg: Mapping[str, Any]) -> None:
     noise: refuse it where it would do nothing or could not be honoured."""
     if not cfg["secure-randomness"]:
         return
-    from fedapp.registry import get_spec
-
     spec = get_spec(cfg["strategy"])
-    privacy = spec.privacy
     if cfg["seeded-noise"]:
         raise ConfigError("run-config 'secure-randomness' = true with seeded-noise = true: noise derived from the run "
                           "seed is known to the server whatever generator draws it; set one of them to false")
-    if privacy.startswith("none"):
+    if spec.level is Level.NONE:
         raise ConfigError(f"run-config 'secure-randomness' = true with strategy {cfg['strategy']!r}, which adds no "
                           "noise: it would have no effect; set it to false")
-    if privacy.startswith("record-level") and spec.family != "soteriafl":
+    if spec.supports(Feature.DPSGD_CLIENTS):
         raise ConfigError(f"run-config 'secure-randomness' = true with strategy {cfg['strategy']!r}: its DP-SGD "
                           "noise and Poisson batches are drawn by Opacus from torch's generator, and Opacus' secure "
                           "mode needs torchcsprng, which has no build for this torch; set secure-randomness = false")
@@ -473,10 +467,8 @@ def check_secure_randomness(cfg: Mapping[str, Any]) -> None:
 def check_secure_sum(cfg: Mapping[str, Any]) -> None:
     """The distributed discrete Gaussian is charged as an RDP bound without amplification by sampling: refuse the
     settings that would claim more (a PRV composition of that bound, or the release adversary's amplified ε)."""
-    from fedapp.registry import get_spec
-
-    client_level = get_spec(cfg["strategy"]).privacy.startswith("client-level")
-    if (client_level and cfg["strategy"] not in FTRL_STRATEGIES and not cfg["secure-aggregation"]
+    client_level = get_spec(cfg["strategy"]).level is Level.CLIENT
+    if (client_level and not _supports(cfg, Feature.CORRELATED_NOISE) and not cfg["secure-aggregation"]
             and cfg["client-dp-adversary"] == "release"):
         raise ConfigError("run-config 'client-dp-adversary' = 'release' with secure-aggregation = false: without "
                           "SecAgg+ every update carries its own fixed noise, so the released mean's noise reveals how "
@@ -522,36 +514,12 @@ def check_federation_size(general: GeneralConfig, training: TrainingConfig, num_
                           f"partition ids are 0..{n - 1} (-1 = no client falsifies its ε)")
 
 
-#: run-config sections each strategy family reads (``Key.section``); keys of other sections are ignored by it
-FAMILY_SECTIONS: dict[str, frozenset[str]] = {
-    "foundation": frozenset({"general", "data", "privacy", "deployment"}),
-    "robust-hdp": frozenset({"general", "data", "privacy", "robust-hdp", "deployment"}),
-    "soteriafl": frozenset({"general", "data", "privacy", "soteriafl", "deployment"}),
-    "fed-smp": frozenset({"general", "data", "privacy", "fed-smp", "deployment"}),
-    "dp-ftrl": frozenset({"general", "data", "privacy", "fed-smp", "deployment"}),  # its keys live in [fed-smp]
-    "dp2-fedsam": frozenset({"general", "data", "privacy", "fed-smp", "dp2-fedsam", "deployment"}),
-}
-#: record-level keys a client-level family never reads, and Fed-SMP keys DP2-FedSAM never reads
-_CLIENT_LEVEL_IGNORES = frozenset({"privacy-dist", "epsilon-floor", "delta", "falsify-client", "falsify-epsilon",
-                                   "grad-sample-mode", "cuda-graphs", "batch-size-choices", "record-neighbours"})
-_FAMILY_IGNORES: dict[str, frozenset[str]] = {
-    "fed-smp": _CLIENT_LEVEL_IGNORES | {"epsilon"},
-    "dp-ftrl": _CLIENT_LEVEL_IGNORES | {"epsilon"},
-    "dp2-fedsam": _CLIENT_LEVEL_IGNORES | {"epsilon", "compression-ratio", "local-steps", "public-samples",
-                                           "public-steps"},
-    "soteriafl": frozenset({"grad-sample-mode", "cuda-graphs", "local-epochs", "lr", "momentum", "lr-decay", "batch-size",
-                            "batch-size-choices"}),
-}
-
-
-def unused_keys(cfg: Mapping[str, Any], family: str) -> list[str]:
-    """Keys set to a non-default value that the strategy family ``family`` does not read."""
-    sections = FAMILY_SECTIONS.get(family)
-    if sections is None:
-        return []
-    ignored = _FAMILY_IGNORES.get(family, frozenset())
+def unused_keys(cfg: Mapping[str, Any], family: Family) -> list[str]:
+    """Keys set to a non-default value that the strategy family ``family`` does not read (its ``sections`` and
+    ``ignores``)."""
     return [name for name, key in SCHEMA.items()
-            if name in cfg and cfg[name] != key.default and (key.section not in sections or name in ignored)]
+            if name in cfg and cfg[name] != key.default and (key.section not in family.sections
+                                                             or name in family.ignores)]
 
 
 @dataclass(frozen=True)
@@ -617,19 +585,19 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
               lambda c: "only the distributed discrete Gaussian has a bit width (secure-aggregation = true and "
                         f"secagg-mechanism = 'ddg'); here secure-aggregation = {str(c['secure-aggregation']).lower()}, "
                         f"secagg-mechanism = {c['secagg-mechanism']!r}"),
-    _ReadWhen("ftrl-mechanism", lambda c: c["strategy"] in FTRL_STRATEGIES,
+    _ReadWhen("ftrl-mechanism", lambda c: _supports(c, Feature.CORRELATED_NOISE),
               lambda c: f"strategy {c['strategy']!r} adds independent noise; the factorization applies to "
-                        f"strategy in {list(FTRL_STRATEGIES)}"),
-    _ReadWhen("ftrl-bands", lambda c: c["strategy"] in FTRL_STRATEGIES and c["ftrl-mechanism"] == "banded",
-              lambda c: f"only a banded factorization has bands (strategy in {list(FTRL_STRATEGIES)} and "
+                        f"strategy in {_ftrl_names()}"),
+    _ReadWhen("ftrl-bands", lambda c: _supports(c, Feature.CORRELATED_NOISE) and c["ftrl-mechanism"] == "banded",
+              lambda c: f"only a banded factorization has bands (strategy in {_ftrl_names()} and "
                         f"ftrl-mechanism = 'banded'); here strategy = {c['strategy']!r}, ftrl-mechanism = "
                         f"{c['ftrl-mechanism']!r}"),
-    _ReadWhen("ftrl-restart-every", lambda c: c["strategy"] in FTRL_STRATEGIES and c["ftrl-mechanism"] == "tree",
-              lambda c: f"only the tree restarts (strategy in {list(FTRL_STRATEGIES)} and ftrl-mechanism = 'tree'); "
+    _ReadWhen("ftrl-restart-every", lambda c: _supports(c, Feature.CORRELATED_NOISE) and c["ftrl-mechanism"] == "tree",
+              lambda c: f"only the tree restarts (strategy in {_ftrl_names()} and ftrl-mechanism = 'tree'); "
                         f"here strategy = {c['strategy']!r}, ftrl-mechanism = {c['ftrl-mechanism']!r}"),
-    _ReadWhen("ftrl-min-separation", lambda c: c["strategy"] in FTRL_STRATEGIES,
+    _ReadWhen("ftrl-min-separation", lambda c: _supports(c, Feature.CORRELATED_NOISE),
               lambda c: f"strategy {c['strategy']!r} has no participation schedule; min-separated participation "
-                        f"applies to strategy in {list(FTRL_STRATEGIES)}"),
+                        f"applies to strategy in {_ftrl_names()}"),
     _ReadWhen("adaptive-clip-lr", lambda c: c["adaptive-clip-quantile"] > 0,
               lambda c: "adaptive-clip-quantile = 0 keeps clip-norm fixed; set adaptive-clip-quantile in (0, 1)"),
     _ReadWhen("adaptive-clip-count-noise", lambda c: c["adaptive-clip-quantile"] > 0,
@@ -643,17 +611,19 @@ _READ_WHEN: tuple[_ReadWhen, ...] = (
 )
 
 
+def _ftrl_names() -> list[str]:
+    return [name for name, spec in REGISTRY.items() if spec.supports(Feature.CORRELATED_NOISE)]
+
+
 def ignored_keys(cfg: Mapping[str, Any]) -> dict[str, str]:
     """Keys set to a non-default value that this run-config itself switches off (``epsilon`` under a drawn
     ``privacy-dist``, a partitioner's option under another partitioner …), each with why and how to make it count.
 
     :func:`resolve_config` refuses them: nothing reports a key that the run silently ignores. Keys a whole strategy
     family does not read are :func:`unused_keys` (a warning: one shared run-config may serve several families)."""
-    from fedapp.registry import get_spec
-
     spec = get_spec(cfg["strategy"])
     family_unused = set(unused_keys(cfg, spec.family))
-    record_level = spec.privacy.startswith("record-level")
+    record_level = spec.level is Level.RECORD
     return {rule.name: rule.why(cfg) for rule in _READ_WHEN
             if rule.name in cfg and cfg[rule.name] != SCHEMA[rule.name].default and rule.name not in family_unused
             and (record_level or not rule.record_level) and not rule.read(cfg)}

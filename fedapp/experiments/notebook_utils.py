@@ -26,6 +26,7 @@ from fedapp.apps.server_app import build_components
 from fedapp.clients.guard import guard_client
 from fedapp.config import resolve_config
 from fedapp.registry import get_spec
+from strategies.privacy.threat_models import Level
 
 
 class _NodeProxy(ClientProxy):
@@ -40,7 +41,7 @@ class _NodeProxy(ClientProxy):
 
     def _client(self) -> Client:
         cfg = resolve_config(self.context.run_config, self.overrides)
-        inner = get_spec(cfg.general.strategy).client_factory()(self.context, self.overrides)
+        inner = get_spec(cfg.general.strategy).client(self.context, self.overrides)
         return guard_client(inner, self.context, cfg.general, cfg.data, cfg.training, cfg.deployment)
 
     def fit(self, ins, timeout, group_id):
@@ -67,7 +68,7 @@ def run_federation(overrides: dict[str, Any], num_clients: int = 4) -> Path:
     if num_clients < 2:
         raise ValueError(f"num_clients = {num_clients}: a federation needs at least 2 clients")
     overrides = dict(overrides)
-    if get_spec(str(overrides.get("strategy", resolve_config()["strategy"]))).privacy.startswith("client-level"):
+    if get_spec(str(overrides.get("strategy", resolve_config()["strategy"]))).level is Level.CLIENT:
         # no transport, so no SecAgg+: client-level DP then plans its budget for what the server sees (one update)
         overrides.setdefault("secure-aggregation", False)
     cfg = resolve_config(None, overrides)

@@ -118,17 +118,8 @@ def planned_epsilon(cfg: RunConfig, node_config: Mapping[str, Any]) -> float | N
     """The ε the run ``cfg`` plans for this node against the server that configures it (None without DP): its own ε_i
     for record-level DP (node-config ``epsilon`` when set), else the client-level mechanism's over all planned rounds
     at q = 1 (no amplification: that server draws the sample), DP-FTRL's for the whole run."""
-    from fedapp.privacy.profiles import client_level_mechanism, client_profile, ftrl_mechanism
     from fedapp.registry import get_spec
-    from strategies.privacy.accountants import epsilon_of
 
-    privacy = get_spec(cfg.general.strategy).privacy
-    if privacy.startswith("none"):
-        return None
-    if privacy.startswith("record-level"):
-        return float(client_profile(cfg.general, cfg.training, cfg.data, node_config).epsilon)
-    n = int(node_config["num-partitions"])
-    if "DP-FTRL" in privacy:
-        return float(ftrl_mechanism(cfg.general, cfg.training, cfg.client_dp, n).epsilon())
-    dp = client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, n)
-    return float(epsilon_of([(dp.budget_noise_multiplier, 1.0, dp.rounds)], dp.delta, dp.accountant))
+    mechanism = get_spec(cfg.general.strategy).mechanism  # fedapp.apps.mechanisms
+    n = int(node_config["num-partitions"]) if "num-partitions" in node_config else 0  # record-level: not read
+    return mechanism.planned_epsilon(cfg, n, node_config)

@@ -324,10 +324,6 @@ def check_record_delta(general: GeneralConfig, training: TrainingConfig, profile
     check_dpsgd_calibration(general, training, profiles, sizes)
 
 
-#: clients whose noise multiplier the run calibrates with DP-SGD's accountant (fedapp.clients.dpsgd)
-_DPSGD_CLIENTS = ("fedapp.apps.factories:make_dpsgd_client", "fedapp.apps.factories:make_min_eps_client")
-
-
 def check_dpsgd_calibration(general: GeneralConfig, training: TrainingConfig, profiles: list[ClientProfile],
                             sizes: list[int]) -> None:
     """Refuse an ε_i that no noise multiplier achieves, before any client starts.
@@ -339,9 +335,9 @@ def check_dpsgd_calibration(general: GeneralConfig, training: TrainingConfig, pr
     client then finds its z_i cached) for the client with the hardest target, the smallest ε_i (ties: the
     smallest δ_i), which stands for all: calibrating all n clients here would cost ~0.2 s each (minutes at
     n = 1,000)."""
-    from fedapp.registry import get_spec
+    from fedapp.registry import Feature, get_spec
 
-    if get_spec(general.strategy).client not in _DPSGD_CLIENTS or not profiles:
+    if not get_spec(general.strategy).supports(Feature.DPSGD_CLIENTS) or not profiles:
         return
     from fedapp.state.cache import calibrated_noise_multiplier
     from strategies.privacy.accountants import record_accountant

@@ -52,7 +52,7 @@ class PrivacyLedger:
         #: charges a mechanism calibrated to be at least as private as the plan the client accounts (the distributed
         #: discrete Gaussian, whose Gaussian equivalent exceeds σ by the calibration's tolerance). Never below: a
         #: report under the server's ε is always flagged.
-        self.report_slack = report_slack
+        self._report_slack = report_slack
         self.histories: dict[int, History] = {}
         self.deltas: dict[int, float] = {}
         self.population: History = []
@@ -132,6 +132,17 @@ class PrivacyLedger:
     def accountant_for(self, client_id: int) -> str:
         """The accountant that composes ``client_id``'s ε: ``accountant`` under its relation."""
         return record_accountant(self.accountant, self.relation(client_id))
+
+    @property
+    def report_slack(self) -> float:
+        return self._report_slack
+
+    def allow_report_slack(self, slack: float) -> None:
+        """Set the report slack once, when the charged mechanism is known (before round 1); a second, different value
+        is refused, so a report judged in one round is judged the same in every round."""
+        if self._report_slack and self._report_slack != slack:
+            raise RuntimeError(f"the report slack is {self._report_slack} for this run; refusing {slack}")
+        self._report_slack = float(slack)
 
     def register(self, client_id: int) -> None:
         """Make a client known (its ε is then at least the population's)."""

@@ -39,9 +39,20 @@ class ClientSampler:
         self.seed = seed
         #: OS entropy (PCG64), or the CSPRNG the caller passes (``secure-randomness``)
         self.rng = rng if rng is not None else np.random.default_rng()
-        #: Poisson rate fixed for the run (q = r/n over the registered federation): the accountant's q holds
-        #: whatever is available, and a client that is not available counts as sampled and dropped
-        self.fixed_rate: float | None = None
+        self._fixed_rate: float | None = None
+
+    @property
+    def fixed_rate(self) -> float | None:
+        """Poisson rate fixed for the run (q = r/n over the registered federation): the accountant's q holds
+        whatever is available, and a client that is not available counts as sampled and dropped."""
+        return self._fixed_rate
+
+    def fix_rate(self, rate: float) -> None:
+        """Fix the Poisson rate once, when the federation's size is known (before round 1); a second, different rate
+        would change the q the ledger already charged, and is refused."""
+        if self._fixed_rate is not None and self._fixed_rate != rate:
+            raise RuntimeError(f"the sampling rate is fixed at {self._fixed_rate} for this run; refusing {rate}")
+        self._fixed_rate = float(rate)
 
     @property
     def secret(self) -> bool:

@@ -63,4 +63,40 @@ def test_dp_ftrl_is_its_own_family_not_a_fed_smp_subclass() -> None:
     from strategies.fed_smp import ClientLevelStrategy
 
     assert not issubclass(DPFTRLStrategy, ClientLevelStrategy)
-    assert get_spec("dp-ftrl").family == "dp-ftrl"
+    assert get_spec("dp-ftrl").family.name == "dp-ftrl"
+
+
+#: the collaborators RoundEngine builds (strategies/engine.py); a family binds what it learns late through their own
+#: methods (ClientSampler.fix_rate, PrivacyLedger.allow_report_slack), never by assigning to them or their attributes
+ENGINE_COLLABORATORS = ("sampler", "identity", "validator", "strikes", "node_strikes", "ledger", "round_log")
+
+
+def _collaborator_writes(tree: ast.AST) -> list[str]:
+    found = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+            if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            chain = []
+            while isinstance(target, ast.Attribute):
+                chain.append(target.attr)
+                target = target.value
+            if isinstance(target, ast.Name) and target.id == "self" and chain and chain[-1] in ENGINE_COLLABORATORS:
+                found.append(".".join(["self", *reversed(chain)]) + f" (line {node.lineno})")
+    return found
+
+
+def _family_modules() -> list[Path]:
+    """The modules that define a strategy (a RoundEngine subclass)."""
+    return sorted({Path(inspect.getfile(cls)) for cls in _engine_classes()})
+
+
+@pytest.mark.parametrize("path", _family_modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_family_replaces_or_pokes_an_engine_collaborator(path: Path) -> None:
+    writes = _collaborator_writes(ast.parse(path.read_text()))
+    assert not writes, f"{path.name} writes the engine's collaborators after construction: {writes}"
+
+
+def test_the_collaborator_check_catches_the_old_writes() -> None:
+    old = "class S:\n    def setup(self):\n        self.sampler.fixed_rate = 0.5\n        self.ledger = None\n"
+    assert len(_collaborator_writes(ast.parse(old))) == 2

@@ -24,7 +24,7 @@ def _start_server(overrides: dict[str, Any], num_clients: int = 3) -> None:
     """Everything the server does before round 1: resolve, build (incl. resume/fault checks), prevalidate."""
     cfg = resolve_config(overrides=overrides)
     build_components(cfg)
-    make_prevalidate(cfg.general, cfg.data, cfg.training, cfg.client_dp)(num_clients)
+    make_prevalidate(cfg)(num_clients)
 
 
 def _checkpoint(tmp_path: Path, **config: Any) -> str:

@@ -202,7 +202,7 @@ def test_clients_send_one_residue_share_of_the_payload(strategy: str) -> None:
     cfg = resolve_config(None, ov)
     ctx = Context(run_id=0, node_id=1, node_config={"partition-id": 0, "num-partitions": 4}, state=RecordDict(),
                   run_config={})
-    client = get_spec(strategy).client_factory()(ctx, ov)
+    client = get_spec(strategy).client(ctx, ov)
     params = parameters_to_ndarrays(client.get_parameters(GetParametersIns(config={})).parameters)
     dim = secure_payload_dim(cfg)
     config: dict = {"server-round": 1, CFG_ROTATION_SEED: rotation_seed(1, 1), "dp-round-clients": 2}

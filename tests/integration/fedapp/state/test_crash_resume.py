@@ -72,7 +72,7 @@ def test_default_batch_sizes_fit_sixty_clients_on_digits() -> None:
     from fedapp.privacy.profiles import federation_profiles
 
     cfg = resolve_config(overrides={"num-clients": 60})
-    make_prevalidate(cfg.general, cfg.data, cfg.training, cfg.client_dp)(60)  # the pre-round checks pass
+    make_prevalidate(cfg)(60)  # the pre-round checks pass
     sizes = client_train_sizes(cfg.data, cfg.general.seed, 60)
     batches = [p.batch_size for p in federation_profiles(cfg.general, cfg.training, cfg.data, 60)]
     assert all(b <= n for b, n in zip(batches, sizes)) and min(sizes) < 32  # the cap was needed

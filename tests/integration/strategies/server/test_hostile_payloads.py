@@ -145,7 +145,7 @@ def test_every_registered_strategy_rejects_nan_and_wrong_arrays() -> None:
     checked = []
     families = {}
     for spec in REGISTRY.values():  # one strategy per family keeps this under a few seconds
-        families.setdefault(spec.family, spec)
+        families.setdefault(spec.family.name, spec)
     for name in (s.name for s in families.values()):
         cfg = resolve_config(overrides={"strategy": name, "dataset": "digits"})
         weights = get_weights(make_model(cfg.model_spec, test))

@@ -152,7 +152,7 @@ def test_under_secagg_a_fit_outside_the_protocol_is_refused_and_sends_nothing(st
     if strategy == "dp-ftrl":
         overrides.update({"ftrl-bands": 2})
     ctx = client_context(0, 4, run_id=0, node_id=1)
-    client = get_spec(strategy).client_factory()(ctx, overrides).numpy_client  # type: ignore[attr-defined]
+    client = get_spec(strategy).client(ctx, overrides).numpy_client  # type: ignore[attr-defined]
     params = client.get_parameters({})
     arrays, n, metrics = client.fit(params, {"server-round": 1, CFG_SIGMA: client_sigma(overrides)})
     assert (arrays, n, metrics["status"], metrics["reason"]) == ([], 0, "refused", OUTSIDE_SECAGG)

@@ -127,7 +127,7 @@ def test_unknown_strategy_lists_valid_names():
 def test_batch_larger_than_local_dataset_fails_before_round_one():
     cfg = resolve_config(overrides={"batch-size": 500})
     with pytest.raises(ConfigError, match="batch-size 500 > its dataset size"):
-        make_prevalidate(cfg.general, cfg.data, cfg.training, cfg.client_dp)(4)
+        make_prevalidate(cfg)(4)
 
 
 @pytest.mark.parametrize("node_config,needle", [

@@ -67,7 +67,7 @@ def test_a_dp_ftrl_stream_drawn_from_the_csprng_survives_its_context():
 
 def test_the_servers_client_sampling_draws_from_the_csprng_and_never_checkpoints_its_key():
     sampler = ClientSampler(5, "poisson", None, csprng())
-    sampler.fixed_rate = 0.25
+    sampler.fix_rate(0.25)
     chosen = [len(sampler.sample(t, list(range(20)))) for t in range(1, 400)]
     assert 4.5 < np.mean(chosen) < 5.5 and sampler.state() == {}
     sampler.load({"rng": {"bit_generator": "PCG64"}})  # an old checkpoint's PCG64 state is not forced onto it
