@@ -79,6 +79,22 @@ SURFACE: tuple[Symbol, ...] = (
            "secagg.shamir", "replaced in the client mod's namespace by fedapp.privacy.shamir.create_shares"),
     Symbol(f"{_SECAGG_WORKFLOW}.combine_shares", "(share_list: list[bytes]) -> bytes",
            "secagg.shamir", "replaced in the workflow's namespace by fedapp.privacy.shamir.combine_shares"),
+    # fedapp.compat.secagg: Flower's SecAgg+ agrees keys with fedapp.privacy.key_agreement (X25519, raw keys)
+    Symbol(f"{_SECAGG_MOD}.generate_key_pairs", "() -> tuple[cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePrivateKey, cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePublicKey]",
+           "secagg.keys", "replaced in the client mod's namespace by fedapp.privacy.key_agreement.generate_key_pairs"),
+    Symbol(f"{_SECAGG_MOD}.private_key_to_bytes", "(private_key: cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePrivateKey) -> bytes",
+           "secagg.keys", "replaced in the client mod's namespace by fedapp.privacy.key_agreement.private_key_to_bytes"),
+    Symbol(f"{_SECAGG_MOD}.public_key_to_bytes", "(public_key: cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePublicKey) -> bytes",
+           "secagg.keys", "replaced in the client mod's namespace by fedapp.privacy.key_agreement.public_key_to_bytes"),
+    *(Symbol(f"{module}.bytes_to_private_key", "(private_key_bytes: bytes) -> cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePrivateKey", "secagg.keys",
+             f"replaced in the {where}'s namespace by fedapp.privacy.key_agreement.bytes_to_private_key")
+      for module, where in ((_SECAGG_MOD, "client mod"), (_SECAGG_WORKFLOW, "workflow"))),
+    *(Symbol(f"{module}.bytes_to_public_key", "(public_key_bytes: bytes) -> cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePublicKey", "secagg.keys",
+             f"replaced in the {where}'s namespace by fedapp.privacy.key_agreement.bytes_to_public_key")
+      for module, where in ((_SECAGG_MOD, "client mod"), (_SECAGG_WORKFLOW, "workflow"))),
+    *(Symbol(f"{module}.generate_shared_key", "(private_key: cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePrivateKey, public_key: cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePublicKey) -> bytes",
+             "secagg.keys", f"replaced in the {where}'s namespace by fedapp.privacy.key_agreement.generate_shared_key")
+      for module, where in ((_SECAGG_MOD, "client mod"), (_SECAGG_WORKFLOW, "workflow"))),
     # fedapp.privacy.secure_aggregation.DPSecAggPlusWorkflow: the project's SecAgg+ adapter
     Symbol(f"{_SECAGG_WORKFLOW}.SecAggPlusWorkflow",
            "(num_shares: int | float, reconstruction_threshold: int | float, *, max_weight: float = 1000.0, "

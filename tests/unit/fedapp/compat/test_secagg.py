@@ -58,3 +58,45 @@ def test_a_replacement_with_other_parameters_is_refused(flowers_own) -> None:
                                            r"flwr\.client\.mod\.secure_aggregation\.secaggplus_mod\.create_shares"):
         secagg.use_shamir(create_shares, shamir.combine_shares)
     assert [surface.resolve(p) for p in secagg.SHAMIR_CALLERS] == list(flowers_own.values())
+
+
+@pytest.fixture
+def flowers_own_keys(monkeypatch) -> dict[str, object]:
+    """Flower's own key-agreement functions back in place for the test."""
+    originals = {}
+    for path in secagg.KEY_CALLERS:
+        owner = surface.resolve(path.rpartition(".")[0])
+        originals[path] = surface.library_object(path)
+        monkeypatch.setattr(owner, path.rpartition(".")[2], originals[path])
+    return originals
+
+
+def test_the_key_patch_points_both_ends_at_x25519_once(flowers_own_keys) -> None:
+    from fedapp.privacy import key_agreement
+
+    secagg.use_key_agreement(key_agreement)
+    assert all(surface.resolve(p) is getattr(key_agreement, p.rpartition(".")[2]) for p in secagg.KEY_CALLERS)
+    assert [surface.library_object(p) for p in secagg.KEY_CALLERS] == list(flowers_own_keys.values())
+    secagg.use_key_agreement(key_agreement)  # idempotent
+    assert surface.problems(secagg.KEYS) == []
+    # the client mod's names and the workflow's agree: a key pair made by one end is usable by the other
+    mod, workflow = (sys.modules[m] for m in (secagg._MOD, secagg._WORKFLOW))
+    sk_a, pk_a = mod.generate_key_pairs()
+    sk_b, pk_b = mod.generate_key_pairs()
+    a_side = mod.generate_shared_key(sk_a, mod.bytes_to_public_key(mod.public_key_to_bytes(pk_b)))
+    b_side = workflow.generate_shared_key(workflow.bytes_to_private_key(mod.private_key_to_bytes(sk_b)),
+                                          workflow.bytes_to_public_key(mod.public_key_to_bytes(pk_a)))
+    assert a_side == b_side
+
+
+def test_a_key_replacement_with_other_parameters_is_refused(flowers_own_keys) -> None:
+    import types
+
+    from fedapp.privacy import key_agreement
+
+    broken = types.SimpleNamespace(**{n: getattr(key_agreement, n) for n in dir(key_agreement) if not n.startswith("_")})
+    broken.generate_shared_key = lambda sk, pk: b""
+    with pytest.raises(RuntimeError, match=r"cannot replace flwr\.client\.mod\.secure_aggregation\.secaggplus_mod\."
+                                           r"generate_shared_key"):
+        secagg.use_key_agreement(broken)  # type: ignore[arg-type]
+    assert [surface.resolve(p) for p in secagg.KEY_CALLERS] == list(flowers_own_keys.values())

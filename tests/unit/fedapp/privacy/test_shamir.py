@@ -22,6 +22,26 @@ def test_the_field_product_is_pycryptodomes():
             assert shamir.gf_mul(a, b) == int(_Element(a) * _Element(b)), (a, b)
 
 
+@pytest.mark.parametrize(("degree", "num", "polys"), [(0, 1, 1), (1, 3, 2), (6, 130, 3), (30, 1000, 1)])
+def test_the_vectorized_evaluation_is_pycryptodomes_horner(degree, num, polys):
+    """evaluate(), every point and polynomial at once in 64-bit words, against Horner's rule in pycryptodome's field,
+    with elements that set the top bits (the fold above 2^128) and indices past 2^8 (more shifted words)."""
+    import numpy as np
+
+    rng = random.Random(degree * 7 + num)
+    coefficients = [[rng.choice([(1 << 128) - 1, 1 << 127, rng.getrandbits(128)]) for _ in range(polys)]
+                    for _ in range(degree + 1)]
+    hi = np.array([[c >> 64 for c in row] for row in coefficients], dtype=np.uint64)
+    lo = np.array([[c & ((1 << 64) - 1) for c in row] for row in coefficients], dtype=np.uint64)
+    values = shamir.evaluate(hi, lo, num)
+    for x in sorted({1, min(2, num), num, *rng.sample(range(1, num + 1), min(num, 20))}):
+        for k in range(polys):
+            expected = _Element(0)
+            for row in coefficients:
+                expected = expected * _Element(x) + _Element(row[k])
+            assert (int(values[x - 1, k, 0]) << 64) | int(values[x - 1, k, 1]) == int(expected), (x, k)
+
+
 @pytest.mark.parametrize(("threshold", "num"), [(1, 1), (2, 2), (2, 3), (3, 7), (25, 50)])
 @pytest.mark.parametrize("size", [0, 15, 16, 32, 41])
 def test_shares_combine_across_both_implementations(threshold, num, size):
