@@ -6,7 +6,7 @@ Alg. 2 line 51) so that the **sum** of the r_t sampled updates carries N(0, C²�
 transmitted coordinate. Sampling, accounting and the two ε (aggregate, individual update) are
 those of :mod:`strategies.client_level`; the aggregate ε assumes secure aggregation (Alg. 1 line 23).
 
-Registry strategies (all share :class:`ClientLevelStrategy`):
+Registry strategies (all share :class:`FedSMPStrategy`):
 
 * ``dp-fedavg``      Alg. 1: clip the dense update to C, add N(0, C²σ²/r), server averages with 1/r.
 * ``fed-smp-randk``  Alg. 2 with rand_k: the server draws k = p·d coordinates from a seed and sends
@@ -22,7 +22,7 @@ sparsifies *first* and clips the k transmitted values (rand_k: after the d/k sca
 at C_t and noised with z_Δ·C_t/√r, and each client's bit is b_i = 1[‖Δ'‖ ≤ C_t] of that sparsified Δ', not of the
 full Δ (whose norm may lie on the other side of C_t): the count then estimates the quantile of the norms the clip
 actually acts on, and its sensitivity stays ½ per client whatever Δ is. Under SecAgg+ (continuous Gaussian shares)
-the payload is the k mask values plus the count coordinate (:meth:`ClientLevelStrategy.payload_dim`).
+the payload is the k mask values plus the count coordinate (:meth:`FedSMPStrategy.payload_dim`).
 
 Wire format of a sparse update: a single float32 array of the k kept values in mask order
 (ascending coordinate index) — no zeros and no index list; the server knows the mask.
@@ -137,7 +137,7 @@ def theorem1_noise_multiplier(epsilon: float, delta: float, sample_rate: float, 
 PublicUpdateFn = Callable[[list[np.ndarray], int], np.ndarray]
 
 
-class ClientLevelStrategy(ClientLevelDPStrategy):
+class FedSMPStrategy(ClientLevelDPStrategy):
     """DP-FedAvg / Fed-SMP / FedAvg-randk/topk server: the round mask and (1/r_t) Σ Δ_i aggregation."""
 
     name = "dp-fedavg"

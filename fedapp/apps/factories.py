@@ -51,7 +51,7 @@ from fedapp.registry import Feature, get_spec
 from strategies.aggregate import flatten
 from strategies.base import StrategyContext
 from strategies.dp_ftrl import DPFTRLStrategy
-from strategies.fed_smp import ClientLevelStrategy, PublicUpdateFn, mask_seed
+from strategies.fed_smp import FedSMPStrategy, PublicUpdateFn, mask_seed
 from strategies.fedavg import DPSGDFedAvg, FedAvg
 from strategies.robust_hdp import PFA, MinEpsilon, RobustHDP, WeiAvg
 
@@ -209,9 +209,9 @@ def _client_level_kwargs(ctx: StrategyContext, engine: EngineSettings, general: 
 
 def _fed_smp(ctx: StrategyContext, engine: EngineSettings, *, general: GeneralConfig, data: DataConfig,
              training: TrainingConfig, client_dp: ClientDPConfig, model_spec: ModelSpec, name: str, sparsifier: str,
-             private: bool) -> ClientLevelStrategy:
+             private: bool) -> FedSMPStrategy:
     kwargs = _client_level_kwargs(ctx, engine, general, training, client_dp, private, name)
-    return ClientLevelStrategy(
+    return FedSMPStrategy(
         sparsifier=sparsifier, compression_ratio=client_dp.compression_ratio if sparsifier != "none" else 1.0,
         public_update_fn=public_update_fn(general, data, training, client_dp, model_spec) if sparsifier == "topk"
         else None, name=name, **kwargs)

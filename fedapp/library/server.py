@@ -40,7 +40,7 @@ from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant, shared_mask
 from strategies.dp_ftrl import DPFTRLStrategy
 from strategies.engine import EvaluateFn
 from strategies.errors import ConfigError
-from strategies.fed_smp import ClientLevelStrategy, PublicUpdateFn, mask_seed
+from strategies.fed_smp import FedSMPStrategy, PublicUpdateFn, mask_seed
 from strategies.fedavg import DPSGDFedAvg, FedAvg
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ftrl_accounting import FTRLMechanism
@@ -208,8 +208,8 @@ def _client_level_factory(rounds: Rounds, mechanism: ClientLevelDP, secagg: SecA
     return factory
 
 
-class SecureClientLevelStrategy(ClientLevelStrategy):
-    """:class:`~strategies.fed_smp.ClientLevelStrategy` built for SecAgg+ (``secure_aggregation = True``, the secure
+class SecureClientLevelStrategy(FedSMPStrategy):
+    """:class:`~strategies.fed_smp.FedSMPStrategy` built for SecAgg+ (``secure_aggregation = True``, the secure
     sum of ``secagg``), unchanged except that it refuses to configure a round outside
     :func:`run_secure_aggregation`: run by ``start_grid`` it would receive every update in the clear, each with noise
     sized for a sum of r_t (the ε would not hold)."""
@@ -229,11 +229,11 @@ class SecureClientLevelStrategy(ClientLevelStrategy):
 
 def _client_level_strategy(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, secagg: SecAggSettings | None,
                            evaluate_fn: EvaluateFn | None, recorder: RoundRecorder | None,
-                           **kwargs: Any) -> ClientLevelStrategy:
+                           **kwargs: Any) -> FedSMPStrategy:
     factory = _client_level_factory(rounds, mechanism, secagg)
     engine = _engine(initial, rounds, evaluate_fn, recorder, mechanism.accountant)
     if secagg is None:
-        return ClientLevelStrategy(mechanism_factory=factory, clip=mechanism.clip, secure_aggregation=False,
+        return FedSMPStrategy(mechanism_factory=factory, clip=mechanism.clip, secure_aggregation=False,
                                    **kwargs, **engine)
     client_dp = secagg_client_dp(secagg)
     return SecureClientLevelStrategy(
@@ -242,7 +242,7 @@ def _client_level_strategy(initial: Weights, rounds: Rounds, mechanism: ClientLe
 
 
 def dp_fedavg(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, secagg: SecAggSettings | None = None,
-              evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+              evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> FedSMPStrategy:
     """DP-FedAvg with client-level DP (McMahan et al. 2018; Fed-SMP's dense case): clients clip their update to C and
     add their noise share; the server samples clients by secret Poisson sampling at q = r/n, averages and keeps its own
     ledger of each client's ε. ``rounds.clients_per_round`` must equal the mechanism's r (0 when r = n).
@@ -254,7 +254,7 @@ def dp_fedavg(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, sec
     return _client_level_strategy(initial, rounds, mechanism, secagg, evaluate_fn, recorder, name="dp-fedavg")
 
 
-def run_secure_aggregation(grid: Grid, context: Context, strategy: ClientLevelStrategy, *,
+def run_secure_aggregation(grid: Grid, context: Context, strategy: FedSMPStrategy, *,
                            num_rounds: int | None = None, secagg: SecAggSettings | None = None) -> None:
     """Run a strategy built with ``secagg=`` (:func:`dp_fedavg`, :func:`fed_smp`) from a ``ServerApp``'s
     ``@app.main()``: the project's SecAgg+ round loop (:func:`fedapp.privacy.secure_aggregation.
@@ -293,7 +293,7 @@ def _sparsifier(sparsifier: str, public_update: PublicUpdateFn | None) -> None:
 def fed_smp(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, sparsifier: str = "randk",
             compression_ratio: float = 0.01, public_update: PublicUpdateFn | None = None,
             secagg: SecAggSettings | None = None, evaluate_fn: EvaluateFn | None = None,
-            recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+            recorder: RoundRecorder | None = None) -> FedSMPStrategy:
     """Fed-SMP (Hu, Guo & Gong; Alg. 2): client-level DP on a sparsified update. Each round the server picks a mask
     of k = round(``compression_ratio``·d) coordinates and sends it in the fit config; the clients
     (:func:`~fedapp.library.clients.client_level_client`, unchanged: the mask comes with the round) sparsify (rand-k:
@@ -309,14 +309,14 @@ def fed_smp(initial: Weights, rounds: Rounds, mechanism: ClientLevelDP, *, spars
 
 def sparse_fedavg(initial: Weights, rounds: Rounds, *, clip: float, sparsifier: str = "randk",
                   compression_ratio: float = 0.01, public_update: PublicUpdateFn | None = None,
-                  evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> ClientLevelStrategy:
+                  evaluate_fn: EvaluateFn | None = None, recorder: RoundRecorder | None = None) -> FedSMPStrategy:
     """FedAvg-randk / FedAvg-topk: Fed-SMP's sparsify-and-clip without noise (no privacy; the baselines of Fed-SMP
     Sec. 6.3.2). Clients: ``client_level_client(..., mechanism=None, clip=clip)``; an update above ``clip`` is
     rejected."""
     _sparsifier(sparsifier, public_update)
     if not (math.isfinite(clip) and clip > 0):
         raise ValueError(f"clip = {clip} must be a finite number > 0")
-    return ClientLevelStrategy(clip=clip, sparsifier=sparsifier, compression_ratio=compression_ratio,
+    return FedSMPStrategy(clip=clip, sparsifier=sparsifier, compression_ratio=compression_ratio,
                                public_update_fn=public_update, name=f"fedavg-{sparsifier}",
                                **_engine(initial, rounds, evaluate_fn, recorder, "rdp"))
 

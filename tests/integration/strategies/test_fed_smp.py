@@ -16,7 +16,7 @@ from fedapp.config import ConfigError, resolve_config
 from fedapp.models.zoo import FmnistCNN
 from strategies.base import StrategyContext
 from strategies.compression import check_indices, decode_sparse, encode_sparse, num_kept, rand_k_indices, top_k_indices
-from strategies.fed_smp import CFG_MASK, ClientLevelStrategy, dp_spar, mask_from_config
+from strategies.fed_smp import CFG_MASK, FedSMPStrategy, dp_spar, mask_from_config
 from strategies.privacy.accountants import DPAccountingRDP, epsilon_of
 from strategies.privacy.mechanisms import ClientLevelDP
 
@@ -25,14 +25,14 @@ D = sum(int(np.prod(s)) for s in SHAPES)
 
 
 def strategy(sparsifier="randk", private=True, ratio=0.2, clip=1.0, sigma=1.0, r=3, n=4, secagg=False,
-             adversary="release", **kw) -> ClientLevelStrategy:
+             adversary="release", **kw) -> FedSMPStrategy:
     """A server strategy fed plain replies (``secagg=True`` pretends they came through SecAgg+). The arithmetic
     tests account as the papers do (amplified by sampling, ``adversary="release"``) unless they say otherwise."""
     weights = [np.zeros(s, dtype=np.float32) for s in SHAPES]
     factory = (lambda n_: ClientLevelDP(sigma, clip, r, n_, 5, 1e-3, secure_aggregation=secagg,
                                         adversary=adversary)) if private else None
     kw.setdefault("sampling", "fixed")  # exact r per round: these tests check the server's arithmetic
-    s = ClientLevelStrategy(initial_weights=weights, num_rounds=5, seed=0, clients_per_round=r,
+    s = FedSMPStrategy(initial_weights=weights, num_rounds=5, seed=0, clients_per_round=r,
                             sparsifier=sparsifier, compression_ratio=ratio, clip=clip,
                             mechanism_factory=factory, secure_aggregation=secagg, **kw)
     return s

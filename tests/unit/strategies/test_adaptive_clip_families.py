@@ -25,7 +25,7 @@ from strategies.aggregate import flatten, unflatten
 from strategies.client_level import CFG_CLIP, CFG_ROUND_CLIENTS, CFG_SIGMA, METRIC_UNCLIPPED_SHARE
 from strategies.compression import encode_sparse, rand_k_indices
 from strategies.dp2_fedsam import DP2FedSAMStrategy, get_variant
-from strategies.fed_smp import CFG_K, CFG_MASK, CFG_SEED, CFG_SPARSIFIER, ClientLevelStrategy
+from strategies.fed_smp import CFG_K, CFG_MASK, CFG_SEED, CFG_SPARSIFIER, FedSMPStrategy
 from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, update_noise_multiplier
 from strategies.privacy.mechanisms import ClientLevelDP
 
@@ -268,7 +268,7 @@ def family_strategy(family: str, adaptive: bool, secure: bool = False):
     if adaptive:
         kwargs["adaptive_clip_factory"] = lambda dp: ADAPTIVE
     if family == "fed-smp":
-        return ClientLevelStrategy(sparsifier="randk", compression_ratio=0.2, name="fed-smp-randk", **kwargs)
+        return FedSMPStrategy(sparsifier="randk", compression_ratio=0.2, name="fed-smp-randk", **kwargs)
     return DP2FedSAMStrategy(name="dp2-fedsam", **kwargs)
 
 
@@ -279,7 +279,7 @@ def plain_round(s, rnd: int, shares: list[float]):
     results = []
     for i, (p, _) in enumerate(ins):
         values = np.full(k, 0.01, dtype=np.float64)
-        arrays = encode_sparse(values) if isinstance(s, ClientLevelStrategy) else unflatten(values, SHAPES)
+        arrays = encode_sparse(values) if isinstance(s, FedSMPStrategy) else unflatten(values, SHAPES)
         metrics = {"client_id": i, "status": "ok", "noise_multiplier": Z, "clip_norm": clip,
                    METRIC_UNCLIPPED_SHARE: shares[i]}
         results.append((p, FitRes(Status(Code.OK, ""), ndarrays_to_parameters(arrays), 1, metrics)))

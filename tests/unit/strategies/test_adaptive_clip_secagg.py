@@ -18,7 +18,7 @@ from fedapp.config import ConfigError, resolve_config
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism
 from strategies.client_level import CFG_CLIP, CFG_ROUND_CLIENTS, CFG_SIGMA, METRIC_UNCLIPPED_SHARE
 from strategies.errors import ConfigError as StrategyConfigError
-from strategies.fed_smp import ClientLevelStrategy
+from strategies.fed_smp import FedSMPStrategy
 from strategies.privacy.accountants import epsilon_of
 from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, round_mechanism, update_noise_multiplier
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
@@ -30,9 +30,9 @@ Z, R, N, DELTA = 1.0, 4, 4, 1e-3
 ADAPTIVE = AdaptiveClipConfig(target_quantile=0.5, learning_rate=0.2, count_noise_std=1.0, initial_clip=2.0)
 
 
-def strategy(ddg: bool = False) -> ClientLevelStrategy:
+def strategy(ddg: bool = False) -> FedSMPStrategy:
     weights = [np.zeros(s, dtype=np.float32) for s in SHAPES]
-    return ClientLevelStrategy(
+    return FedSMPStrategy(
         initial_weights=weights, num_rounds=5, seed=0, clients_per_round=R, sparsifier="none", compression_ratio=1.0,
         clip=ADAPTIVE.initial_clip, sampling="fixed", secure_aggregation=True,
         mechanism_factory=lambda n: ClientLevelDP(Z, ADAPTIVE.initial_clip, R, n, 5, DELTA, secure_aggregation=True,
@@ -48,7 +48,7 @@ def stated_scale(clip: float, r_t: int) -> float:
     return (clip + 12 * z_delta * clip / math.sqrt(r_t)) / (0.5 + 12 * ADAPTIVE.count_noise_std / math.sqrt(r_t))
 
 
-def secure_round(s: ClientLevelStrategy, rnd: int, shares: list[float], arrays_of=None):
+def secure_round(s: FedSMPStrategy, rnd: int, shares: list[float], arrays_of=None):
     """A round as Flower's SecAgg+ hands it to aggregate_fit: every survivor's reply carries the dequantized mean of
     the survivors' vectors (update arrays, then the scaled count share); ``len(shares)`` survivors."""
     ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(N))

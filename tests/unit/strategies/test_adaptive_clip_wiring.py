@@ -19,7 +19,7 @@ from fedapp.config import ConfigError, resolve_config
 from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism
 from fedapp.state.checkpoint import load_checkpoint, save_checkpoint
 from strategies.client_level import CFG_CLIP, CFG_SIGMA, METRIC_UNCLIPPED_SHARE
-from strategies.fed_smp import ClientLevelStrategy
+from strategies.fed_smp import FedSMPStrategy
 from strategies.privacy.accountants import epsilon_of
 from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, update_noise_multiplier
 from strategies.privacy.mechanisms import ClientLevelDP
@@ -29,9 +29,9 @@ Z, R, N, DELTA = 1.0, 4, 4, 1e-3
 ADAPTIVE = AdaptiveClipConfig(target_quantile=0.5, learning_rate=0.2, count_noise_std=1.0, initial_clip=2.0)
 
 
-def strategy(adaptive: AdaptiveClipConfig | None = ADAPTIVE) -> ClientLevelStrategy:
+def strategy(adaptive: AdaptiveClipConfig | None = ADAPTIVE) -> FedSMPStrategy:
     weights = [np.zeros(s, dtype=np.float32) for s in SHAPES]
-    return ClientLevelStrategy(
+    return FedSMPStrategy(
         initial_weights=weights, num_rounds=5, seed=0, clients_per_round=R, sparsifier="none", compression_ratio=1.0,
         clip=ADAPTIVE.initial_clip, sampling="fixed", secure_aggregation=False,
         mechanism_factory=lambda n: ClientLevelDP(Z, ADAPTIVE.initial_clip, R, n, 5, DELTA, secure_aggregation=False,
@@ -46,7 +46,7 @@ def reply(cid: int, clip: float, share: float, norm: float = 0.1) -> FitRes:
     return FitRes(Status(Code.OK, ""), ndarrays_to_parameters(update), 1, metrics)
 
 
-def run_round(s: ClientLevelStrategy, rnd: int, shares: list[float], clip: float | None = None):
+def run_round(s: FedSMPStrategy, rnd: int, shares: list[float], clip: float | None = None):
     ins = s.configure_fit(rnd, ndarrays_to_parameters(s.current_weights), client_manager(N))
     sent = ins[0][1].config[CFG_CLIP]
     results = [(p, reply(i, sent if clip is None else clip, shares[i])) for i, (p, _) in enumerate(ins)]

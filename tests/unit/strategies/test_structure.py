@@ -60,9 +60,9 @@ def test_every_strategy_is_at_most_four_classes_below_the_engine() -> None:
 def test_dp_ftrl_is_its_own_family_not_a_fed_smp_subclass() -> None:
     from fedapp.registry import get_spec
     from strategies.dp_ftrl import DPFTRLStrategy
-    from strategies.fed_smp import ClientLevelStrategy
+    from strategies.fed_smp import FedSMPStrategy
 
-    assert not issubclass(DPFTRLStrategy, ClientLevelStrategy)
+    assert not issubclass(DPFTRLStrategy, FedSMPStrategy)
     assert get_spec("dp-ftrl").family.name == "dp-ftrl"
 
 

@@ -15,7 +15,7 @@ from conftest import client_manager
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 
 from fedapp.config import ConfigError, resolve_config
-from strategies.fed_smp import ClientLevelStrategy
+from strategies.fed_smp import FedSMPStrategy
 from strategies.privacy.accountants import epsilon_of
 from strategies.privacy.mechanisms import ClientLevelDP
 
@@ -24,10 +24,10 @@ D = 1000
 SIGMA, CLIP, DELTA = 1.0, 1.0, 1e-3
 
 
-def secure_strategy(r: int, n: int, sampling: str = "poisson", adversary: str = "release") -> ClientLevelStrategy:
+def secure_strategy(r: int, n: int, sampling: str = "poisson", adversary: str = "release") -> FedSMPStrategy:
     """DP-FedAvg (dense) fed replies as Flower's SecAgg+ hands them over: each carries the survivors' mean."""
     dp = ClientLevelDP(SIGMA, CLIP, r, n, 50, DELTA, secure_aggregation=True, adversary=adversary)
-    return ClientLevelStrategy(initial_weights=[np.zeros(s, np.float32) for s in SHAPES], num_rounds=50, seed=3,
+    return FedSMPStrategy(initial_weights=[np.zeros(s, np.float32) for s in SHAPES], num_rounds=50, seed=3,
                                clients_per_round=r, sparsifier="none", clip=CLIP, mechanism_factory=lambda _n: dp,
                                secure_aggregation=True, sampling=sampling)
 
@@ -38,7 +38,7 @@ def mean_reply(mean: np.ndarray, cid: int) -> FitRes:
                   metrics)
 
 
-def run_secure_round(s: ClientLevelStrategy, rnd: int, n: int, rng: np.random.Generator,
+def run_secure_round(s: FedSMPStrategy, rnd: int, n: int, rng: np.random.Generator,
                      survivors: int | None = None) -> tuple[int, np.ndarray | None, str | None]:
     """One round of zero updates: r_t sampled clients each add N(0, C²σ²/r_t), the server reconstructs the sum and
     Flower divides it by the r' survivors. Returns (r_t, the released model change or None, the refusal)."""
@@ -132,7 +132,7 @@ def test_a_two_survivor_secure_sum_is_withheld_before_unmasking_and_charged_noth
 
 def test_secure_aggregation_with_fewer_than_three_clients_a_round_is_refused_before_the_run():
     dp = ClientLevelDP(SIGMA, CLIP, 2, 2, 5, 0.01, secure_aggregation=True, adversary="server")
-    s = ClientLevelStrategy(initial_weights=[np.zeros(s, np.float32) for s in SHAPES], num_rounds=5, seed=0,
+    s = FedSMPStrategy(initial_weights=[np.zeros(s, np.float32) for s in SHAPES], num_rounds=5, seed=0,
                             clients_per_round=2, sparsifier="none", clip=CLIP, mechanism_factory=lambda _n: dp,
                             secure_aggregation=True)
     with pytest.raises(ConfigError, match="fewer than 3"):

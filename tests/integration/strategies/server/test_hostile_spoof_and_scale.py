@@ -17,7 +17,7 @@ from test_hostile_payloads import proxy
 from strategies.aggregate import flatten, unflatten
 from strategies.base import DPFLStrategy
 from strategies.dp2_fedsam import DP2FedSAMStrategy
-from strategies.fed_smp import ClientLevelStrategy
+from strategies.fed_smp import FedSMPStrategy
 from strategies.fedavg import DPSGDFedAvg, FedAvg
 from strategies.privacy.mechanisms import ClientLevelDP
 from strategies.robust_hdp import RobustHDP
@@ -28,10 +28,10 @@ SIGMA = 1.0  # client-level noise multiplier σ
 CLIP = 3.0
 
 
-def _client_level(cls: type[ClientLevelStrategy] | type[DP2FedSAMStrategy], name: str) -> DPFLStrategy:
+def _client_level(cls: type[FedSMPStrategy] | type[DP2FedSAMStrategy], name: str) -> DPFLStrategy:
     mechanism = ClientLevelDP(SIGMA, CLIP, clients_per_round=4, num_clients=5, rounds=10, delta=1e-3,
                               secure_aggregation=False)
-    extra = {"sparsifier": "none"} if cls is ClientLevelStrategy else {}
+    extra = {"sparsifier": "none"} if cls is FedSMPStrategy else {}
     s = cls(name=name, initial_weights=[np.zeros(P, np.float32)], num_rounds=10, clip=CLIP,
             mechanism_factory=lambda n: mechanism, **extra)
     s.prepare_round(5)
@@ -43,7 +43,7 @@ BUILDERS: dict[str, Callable[[], DPFLStrategy]] = {
                                     lr_schedule=lambda rnd: 1.0),
     "fedavg": lambda: FedAvg(initial_weights=[np.zeros(P, np.float32)], num_rounds=10),
     "dp2-fedsam": lambda: _client_level(DP2FedSAMStrategy, "dp2-fedsam"),
-    "dp-fedavg": lambda: _client_level(ClientLevelStrategy, "dp-fedavg"),
+    "dp-fedavg": lambda: _client_level(FedSMPStrategy, "dp-fedavg"),
 }
 
 

@@ -15,7 +15,7 @@ from test_hostile_payloads import proxy
 from strategies.aggregate import flatten
 from strategies.client_level import ClientLevelDPStrategy
 from strategies.dp2_fedsam import DP2FedSAMStrategy
-from strategies.fed_smp import ClientLevelStrategy
+from strategies.fed_smp import FedSMPStrategy
 from strategies.privacy.mechanisms import ClientLevelDP
 
 P, N, CLIP, SIGMA = 3000, 10, 3.0, 2.0
@@ -26,7 +26,7 @@ def _strategy(name: str) -> ClientLevelDPStrategy:
                               secure_aggregation=False)
     kwargs = dict(name=name, initial_weights=[np.zeros(P, np.float32)], num_rounds=5, clip=CLIP,
                   mechanism_factory=lambda n: mechanism)
-    s = ClientLevelStrategy(sparsifier="none", **kwargs) if name == "dp-fedavg" else DP2FedSAMStrategy(**kwargs)
+    s = FedSMPStrategy(sparsifier="none", **kwargs) if name == "dp-fedavg" else DP2FedSAMStrategy(**kwargs)
     s.prepare_round(N)
     return s
 

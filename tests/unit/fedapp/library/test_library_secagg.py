@@ -33,7 +33,7 @@ from fedapp.privacy.secure_aggregation import MAX_WEIGHT, OUTSIDE_SECAGG
 from fedapp.privacy.secure_aggregation import secagg_mod as project_secagg_mod
 from strategies.client_level import CFG_ROTATION_SEED, CFG_ROUND_CLIENTS, CFG_SIGMA
 from strategies.compression import num_kept
-from strategies.fed_smp import ClientLevelStrategy
+from strategies.fed_smp import FedSMPStrategy
 from strategies.privacy.mechanisms import cached_epsilon
 
 N = 5
@@ -117,7 +117,7 @@ def test_dp_fedavg_with_secagg_builds_the_projects_secure_strategy_and_refuses_m
     plain = client_level_mechanism(num_clients=N, rounds=3, clip=1.0, target_epsilon=4.0)
     with pytest.raises(ValueError, match="secagg given but mechanism.secure_aggregation = False"):
         dp_fedavg(model, Rounds(num_rounds=3), plain, secagg=secagg)
-    assert type(dp_fedavg(model, Rounds(num_rounds=3), plain)) is ClientLevelStrategy  # unchanged without SecAgg+
+    assert type(dp_fedavg(model, Rounds(num_rounds=3), plain)) is FedSMPStrategy  # unchanged without SecAgg+
     two = client_level_mechanism(num_clients=N, rounds=3, clip=1.0, target_epsilon=4.0, clients_per_round=2,
                                  secure_aggregation=True)
     with pytest.raises(ValueError, match="fewer than 3 survivors"):
