@@ -140,7 +140,7 @@ def our_cohort_sizes(cfg: Any, n: int = NUM_CLIENTS) -> list[int]:
 
     r = int(cfg["clients-per-round"])
     sampler = ClientSampler(r, "poisson", int(cfg["seed"]))
-    sampler.fixed_rate = r / n
+    sampler.fix_rate(r / n)
     return [len(sampler.sample(t, list(range(n)))) for t in range(1, int(cfg["num-server-rounds"]) + 1)]
 
 

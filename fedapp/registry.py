@@ -102,11 +102,18 @@ class _Registry(MutableMapping[str, StrategySpec]):
     def __init__(self) -> None:
         self._specs: dict[str, StrategySpec] = {}
         self._loaded = False
+        self._loading = False
 
     def _load(self) -> None:
-        if not self._loaded:
-            self._loaded = True
+        """Register the built-in families once (a failed import is raised, and retried on the next read)."""
+        if self._loaded or self._loading:
+            return
+        self._loading = True
+        try:
             importlib.import_module(BUILTIN_FAMILIES)
+            self._loaded = True
+        finally:
+            self._loading = False
 
     def __getitem__(self, name: str) -> StrategySpec:
         self._load()
@@ -138,7 +145,9 @@ _version = [0]  # bumped by every (un)registration: the run-config schema and it
 
 
 def register_family(family: Family) -> Family:
-    """Add ``family`` and its strategies (built-ins, plugins, notebooks, tests); a name may be registered once."""
+    """Add ``family`` and its strategies (built-ins, plugins, notebooks, tests); a name may be registered once (the
+    built-ins register first, so a plugin cannot take one of their names)."""
+    REGISTRY._load()
     taken = [s.name for s in family.strategies
              if s.name in REGISTRY._specs and REGISTRY._specs[s.name].family is not family]
     if taken or (family.name in FAMILIES and FAMILIES[family.name] is not family):
