@@ -16,8 +16,9 @@
   of 0" (> 0, or < 0 with ``lower-is-better``), its p-values Holm-corrected across every claim × setting of the
   report (one report is one paper's claims at one scale). The verdict is read from that test alone: **holds**
   when the Holm-adjusted p is below 0.05, else **not shown**; a claim with fewer pairs than the sweep file
-  planned (its seeds, fixed before the runs) gets no verdict. The mean of d ± its 95 % t half-width is shown as
-  the effect's size, not as a second test.
+  planned (its seeds, fixed before the runs) gets no verdict, and so does a claim with a side whose tuned choice sits
+  on the edge of the values its grid offers (the better setting may lie beyond: the grid is extended first). The
+  mean of d ± its 95 % t half-width is shown as the effect's size, not as a second test.
 * The ``index.json`` written beside the report holds, per cell, its assignments, resolved run-config,
   ``summary.json`` and the per-round metrics the plots read (``ROUND_METRICS``; no per-client records), so
   ``python -m fedapp.experiments.report <that index.json>`` rewrites the same tables with no results folders present.
@@ -132,15 +133,18 @@ def paired_test(diffs: Sequence[float], lower_is_better: bool = False) -> Paired
     return Paired(n, mean, half, one_sided_p(d, lower_is_better), n > 0 and sign * mean > 0)
 
 
-def verdict(paired: Paired, adjusted: float, planned: int) -> str:
+def verdict(paired: Paired, adjusted: float, planned: int, edge: str = "") -> str:
     """The claim's verdict from its Holm-adjusted p-value; none with fewer pairs than the ``planned`` ones (0: the
-    sweep planned none, a report of cells without a grid)."""
+    sweep planned none, a report of cells without a grid), and none while a side's tuned choice sits on its grid's
+    ``edge`` (the better setting may lie beyond it: the grid is extended first)."""
     if paired.n == 0:
         return "no paired seeds"
     if paired.n < 2:
         return "fewer than 2 pairs: no test"
     if paired.n < planned:
         return f"incomplete: {paired.n} of {planned} planned pairs, no verdict"
+    if edge:
+        return f"no verdict: {edge}; extend the grid"
     if adjusted < ALPHA:
         return "holds"
     return "not shown" if paired.claimed_side else "not shown (mean on the other side)"
@@ -223,6 +227,30 @@ def tuned_groups(doc: Mapping[str, Any]) -> tuple[dict[tuple, list[dict]], dict[
     return groups, choices
 
 
+def edge_of(choice: Mapping[str, Any]) -> str:
+    """Where a tuned choice sits on the edge of the values its candidates offer ('' when inside for every numeric
+    key, or with one candidate): e.g. ``lr=0.25 at the top of 0.0625-0.25``."""
+    if choice.get("candidates", 1) < 2:
+        return ""
+    offered: dict[str, list[float]] = defaultdict(list)
+    for label in choice.get("scores", {}):
+        for part in label.split(", "):
+            key, _, value = part.partition("=")
+            try:
+                offered[key].append(float(value))
+            except ValueError:
+                continue
+    out = []
+    for key, values in offered.items():
+        chosen = choice.get(key)
+        if isinstance(chosen, (int, float)) and len(set(values)) > 1:
+            low, high = min(values), max(values)
+            where = "bottom" if chosen == low else "top" if chosen == high else ""
+            if where:
+                out.append(f"{key}={chosen:g} at the {where} of {low:g}-{high:g}")
+    return ", ".join(out)
+
+
 def _value_order(assignments: tuple) -> tuple:
     """Sort key of a candidate's assignments: numbers by value, anything else by text after them."""
     return tuple((0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v)) for _, v in assignments)
@@ -272,15 +300,19 @@ def planned_pairs(doc: Mapping[str, Any], setting: Mapping[str, Any], better: Ma
     return len(seeds(better) & seeds(worse))
 
 
-def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> list[str]:
+def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]],
+               choices: Mapping[tuple, Mapping[str, Any]] | None = None) -> list[str]:
     """One table row per claim and setting (:func:`claim_table`)."""
-    return claim_table(doc, groups)[0]
+    return claim_table(doc, groups, choices)[0]
 
 
-def claim_table(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> tuple[list[str], int]:
+def claim_table(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]],
+                choices: Mapping[tuple, Mapping[str, Any]] | None = None) -> tuple[list[str], int]:
     """(one table row per claim and setting, the number of tests Holm's correction counts); the verdicts from the
-    one-sided tests, Holm-corrected over the rows."""
-    tests: list[tuple[Paired, int] | None] = []
+    one-sided tests, Holm-corrected over the rows; none for a side whose tuned choice (``choices``, from
+    :func:`tuned_groups`) sits on its grid's edge."""
+    edges = {s: e for s, c in (choices or {}).items() if (e := edge_of(c))}
+    tests: list[tuple[Paired, int, str] | None] = []
     cols: list[list[str]] = []
     for claim in doc.get("claims", []):
         metric = claim.get("metric", "final_accuracy")
@@ -290,15 +322,18 @@ def claim_table(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> t
         contexts = sorted({tuple((k, v) for k, v in s if k not in named) for s in groups}, key=str)
         before = len(cols)
         for ctx in contexts:
-            gb = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **better})]
-            gw = [g for s, g in groups.items() if _matches(s, {**dict(ctx), **worse})]
-            if not gb or not gw:
+            sb = [s for s in groups if _matches(s, {**dict(ctx), **better})]
+            sw = [s for s in groups if _matches(s, {**dict(ctx), **worse})]
+            if not sb or not sw:
                 continue
+            gb, gw = [groups[sb[0]]], [groups[sw[0]]]
+            edge = "; ".join(f"{side} tuned at {edges[s]}" for side, s in (("better", sb[0]), ("worse", sw[0]))
+                             if s in edges)
             ib = interval([c["summary"].get(metric) for c in gb[0]])
             iw = interval([c["summary"].get(metric) for c in gw[0]])
             paired = paired_test([d for _, d in pair_by_seed(gb[0], gw[0], metric)],
                                  bool(claim.get("lower-is-better")))
-            tests.append((paired, planned_pairs(doc, dict(ctx), better, worse)))
+            tests.append((paired, planned_pairs(doc, dict(ctx), better, worse), edge))
             cols.append([claim.get("text", ""), _label(ctx), metric, f"{_fmt(*ib, metric)} (n={ib[2]})",
                          f"{_fmt(*iw, metric)} (n={iw[2]})", _fmt_paired(paired, metric)])
         if len(cols) == before:  # never drop a claim silently: a side was not run, or the sides differ elsewhere
@@ -312,10 +347,10 @@ def claim_table(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]) -> t
     rows = []
     for test, col, adj in zip(tests, cols, adjusted):
         if test is not None:
-            paired, planned = test
+            paired, planned, edge = test
             col = [*col, f"{paired.n} of {planned}" if planned else str(paired.n),
                    "–" if math.isnan(paired.p) else f"{paired.p:.3g}", "–" if math.isnan(adj) else f"{adj:.3g}",
-                   f"**{verdict(paired, adj, planned)}**"]
+                   f"**{verdict(paired, adj, planned, edge)}**"]
         rows.append("| " + " | ".join(col) + " |")
     return rows, sum(1 for a in adjusted if not math.isnan(a))
 
@@ -328,6 +363,10 @@ CLAIMS_NOTE = (
     "lower-is-better metric), with the pairs the sweep file planned; its p-values Holm-corrected across the "
     "{tests} claim × setting rows of this report. **holds** when the Holm-adjusted p is below {alpha}, else **not "
     "shown**; fewer pairs than planned: no verdict. Accuracy differences are in percentage points.")
+
+
+EDGE_NOTE = (" A side whose tuned choice sits on the edge of the values its grid offers gets no verdict: the better "
+             "setting may lie beyond the grid, which is extended until the choice is inside.")
 
 
 def compact_rounds(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -523,11 +562,14 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
         for setting, choice in sorted(chosen_here.items(), key=lambda kv: str(kv[0])):
             chosen = {k: v for k, v in choice.items() if k not in ("candidates", "scores")}
             scores = "; ".join(f"{t}: {_fmt(v, math.nan, 1, metric)}" for t, v in choice["scores"].items())
-            lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))} | {scores} |")
-    rows, tests = claim_table(doc, groups)
+            edge = edge_of(choice)
+            lines.append(f"| {_label(setting)} | {_label(tuple(chosen.items()))}"
+                         f"{f' (**edge**: {edge})' if edge else ''} | {scores} |")
+    rows, tests = claim_table(doc, groups, choices)
     if rows:
         crn = ", and with `seeded-noise` the same noise and sampling seeds" if seeded else ""
-        lines += ["", "## Claims", "", CLAIMS_NOTE.format(crn=crn, tests=tests, alpha=ALPHA), "",
+        edge_note = EDGE_NOTE if any("tuned at" in row for row in rows) else ""
+        lines += ["", "## Claims", "", CLAIMS_NOTE.format(crn=crn, tests=tests, alpha=ALPHA) + edge_note, "",
                   "| claim | setting | metric | better | worse | better − worse (paired) | pairs (of planned) "
                   "| p (one-sided t) | p (Holm) | verdict |", "|---|---|---|---|---|---|---|---|---|---|", *rows]
     plot_rounds(groups, out / "accuracy_rounds.png")

@@ -200,7 +200,10 @@ def test_the_index_beside_a_report_rebuilds_its_tables_without_results_folders(t
 
     index = _fabricate_sweep(tmp_path / "sweep")
     first = write_report(index).read_text()
-    assert "| strategy=fedavg | lr=0.05 |" in first and "**holds**" in first  # paired, at the tuned lr
+    # paired, at the tuned lr; both lrs of a two-value grid are edges, so the claim waits for a wider grid
+    assert "| strategy=fedavg | lr=0.05 (**edge**: lr=0.05 at the bottom of 0.05-0.5) |" in first
+    assert "**no verdict: better tuned at lr=0.05 at the bottom of 0.05-0.5; worse tuned at lr=0.05 at the bottom " \
+           "of 0.05-0.5; extend the grid**" in first
     assert "No privacy guarantee" not in first
     doc = json.loads(index.read_text())  # the sweep's index now holds every cell's config and round metrics
     for cell in doc["cells"].values():

@@ -166,3 +166,24 @@ def test_a_claim_is_judged_per_setting_of_the_keys_it_does_not_name():
     assert len(rows) == 2
     assert "target-epsilon=1.0" in rows[0] and "**holds**" in rows[0]
     assert "target-epsilon=2.0" in rows[1] and "**not shown (mean on the other side)**" in rows[1]
+
+
+def test_a_side_tuned_at_its_grids_edge_gets_no_verdict():
+    """lr 0.1 wins a's validation among 0.01, 0.1 and 1.0 (inside the grid): the claim holds. Without the 0.01
+    cells 0.1 is the grid's bottom: a better lr may lie below it, so the claim waits for the grid to be extended."""
+    from fedapp.experiments.report import edge_of
+
+    cells = [_cell("a", s, b + 0.02, lr=0.1, val=0.9) for s, b in enumerate(BASE, 1)]
+    cells += [_cell("a", s, b - 0.2, lr=lr, val=0.1) for s, b in enumerate(BASE, 1) for lr in (0.01, 1.0)]
+    cells += [_cell("b", s, b, lr=0.1, val=0.5) for s, b in enumerate(BASE, 1)]
+    doc = _doc(cells, tune=["lr"])
+    groups, choices = tuned_groups(doc)
+    (row,) = claim_rows(doc, groups, choices)
+    assert "**holds**" in row and not any(edge_of(c) for c in choices.values())
+    doc = _doc([c for c in cells if c["assignments"]["lr"] != 0.01], tune=["lr"])
+    groups, choices = tuned_groups(doc)
+    (row,) = claim_rows(doc, groups, choices)
+    assert "**no verdict: better tuned at lr=0.1 at the bottom of 0.1-1; extend the grid**" in row
+    assert edge_of({"lr": 0.25, "candidates": 3, "scores": {"lr=0.0625": 0.9, "lr=0.125": 0.91, "lr=0.25": 0.95}}) \
+        == "lr=0.25 at the top of 0.0625-0.25"
+    assert edge_of({"lr": 0.25, "candidates": 1, "scores": {"lr=0.25": 0.95}}) == ""  # set by the sweep file
