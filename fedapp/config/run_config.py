@@ -113,8 +113,7 @@ class RunConfig(Mapping[str, Any]):
     def sections_for(self, fn: Callable[..., Any]) -> dict[str, Any]:
         """The sections ``fn`` declares by parameter name (``general``, ``data``, ``training``, ``client_dp``,
         ``robust_hdp``, ``soteriafl``, ``dp2_fedsam``, ``deployment``, a registered family's own section, and
-        ``model_spec``): how a composition root
-        hands a builder what it reads and nothing more."""
+        ``model_spec``): how a composition root hands a builder what it reads and nothing more."""
         params = inspect.signature(fn).parameters
         out: dict[str, Any] = {name: getattr(self, name) for name in SCHEMA.classes() if name in params}
         if "model_spec" in params:
