@@ -39,10 +39,10 @@ class Feature(StrEnum):
 
 class Mechanism(Protocol):
     """The run-time side of a family's privacy (implemented in :mod:`fedapp.apps.mechanisms`). ``cfg`` is a resolved
-    :class:`~fedapp.config.RunConfig`; ``sizes`` the clients' dataset sizes (None: node-local data, each N_i known to
-    its node only)."""
+    :class:`~fedapp.config.RunConfig`; ``profiles`` the federation's client profiles; ``sizes`` the clients' dataset
+    sizes (None: node-local data, each N_i known to its node only)."""
 
-    def check(self, cfg: Any, num_clients: int, sizes: list[int] | None) -> None:
+    def check(self, cfg: Any, num_clients: int, profiles: list[Any], sizes: list[int] | None) -> None:
         """Refuse (``ConfigError``) what would fail or void the guarantee, before round 1."""
 
     def plan(self, cfg: Any, num_clients: int, payload_dim: int | None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -18,12 +18,15 @@ from fedapp.config.run_config import RunConfig, record_canaries
 from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 from strategies.privacy.threat_models import ROUNDED_SUM_CAVEAT
 
+if TYPE_CHECKING:
+    from fedapp.privacy.profiles import ClientProfile
+
 
 @dataclass(frozen=True)
 class NoPrivacy:
     """A non-private baseline: nothing to check, plan or claim."""
 
-    def check(self, cfg: RunConfig, num_clients: int, sizes: list[int] | None) -> None:
+    def check(self, cfg: RunConfig, num_clients: int, profiles: list[ClientProfile], sizes: list[int] | None) -> None:
         return None
 
     def plan(self, cfg: RunConfig, num_clients: int, payload_dim: int | None) -> dict[str, Any]:
@@ -43,11 +46,10 @@ class RecordLevel:
 
     dpsgd: bool = True
 
-    def check(self, cfg: RunConfig, num_clients: int, sizes: list[int] | None) -> None:
-        from fedapp.privacy.profiles import check_record_delta, federation_profiles
+    def check(self, cfg: RunConfig, num_clients: int, profiles: list[ClientProfile], sizes: list[int] | None) -> None:
+        from fedapp.privacy.profiles import check_record_delta
 
         if sizes is not None:  # node-local data: every node checks its δ_i against its own N_i
-            profiles = federation_profiles(cfg.general, cfg.training, cfg.data, num_clients)
             check_record_delta(cfg.general, cfg.training, profiles, sizes)
 
     def plan(self, cfg: RunConfig, num_clients: int, payload_dim: int | None) -> dict[str, Any]:
@@ -67,7 +69,7 @@ class ClientLevel:
     """Client-level DP: each sampled client clips its update and adds its share of independent Gaussian (or, under
     SecAgg+, distributed discrete Gaussian) noise on the round's sum."""
 
-    def check(self, cfg: RunConfig, num_clients: int, sizes: list[int] | None) -> None:
+    def check(self, cfg: RunConfig, num_clients: int, profiles: list[ClientProfile], sizes: list[int] | None) -> None:
         from fedapp.privacy.profiles import client_level_mechanism
 
         client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, num_clients)  # δ, σ calibration
@@ -120,7 +122,7 @@ class CorrelatedNoise:
     """DP-FTRL: clipped updates plus the correlated noise of a tree or banded factorization, no sampling assumption;
     under SecAgg+ each client adds its own stream, without it the (trusted) server adds the noise."""
 
-    def check(self, cfg: RunConfig, num_clients: int, sizes: list[int] | None) -> None:
+    def check(self, cfg: RunConfig, num_clients: int, profiles: list[ClientProfile], sizes: list[int] | None) -> None:
         from fedapp.privacy.profiles import ftrl_mechanism
 
         ftrl_mechanism(cfg.general, cfg.training, cfg.client_dp, num_clients)  # factorization, z calibration

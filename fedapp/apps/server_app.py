@@ -133,14 +133,14 @@ def make_prevalidate(cfg: RunConfig):
         mechanism = get_spec(general.strategy).mechanism  # fedapp.apps.mechanisms
         profiles = federation_profiles(general, training, data, num_clients)
         if is_node_local(data):  # N_i is each node's own: every node checks its batch size and δ_i itself
-            mechanism.check(cfg, n, None)
+            mechanism.check(cfg, n, profiles, None)
             return
         sizes = list(client_train_sizes(data, general.seed, num_clients, record_canaries(general)))
         for profile, n_i in zip(profiles, sizes):
             if profile.batch_size > n_i:
                 raise ConfigError(f"client {profile.client_id}: batch-size {profile.batch_size} > its dataset size "
                                   f"N_i = {n_i}")
-        mechanism.check(cfg, n, sizes)  # σ, δ, the factorization: fail early
+        mechanism.check(cfg, n, profiles, sizes)  # σ, δ, the factorization: fail early
 
     return prevalidate
 

@@ -114,7 +114,7 @@ def make_toy_client(context, overrides=None):
 class UniformPlan:
     """No noise: nothing to check; the plan says how updates are weighted."""
 
-    def check(self, cfg, num_clients, sizes):
+    def check(self, cfg, num_clients, profiles, sizes):
         return None
 
     def plan(self, cfg, num_clients, payload_dim):

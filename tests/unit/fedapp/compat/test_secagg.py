@@ -10,15 +10,19 @@ from fedapp.compat import secagg, surface
 from fedapp.privacy import shamir
 
 
-@pytest.fixture
-def flowers_own(monkeypatch) -> dict[str, object]:
-    """Flower's own functions back in place (restored after the test, whatever it leaves)."""
+def _flowers_own(monkeypatch, paths: tuple[str, ...]) -> dict[str, object]:
+    """Flower's own functions at ``paths`` back in place (restored after the test, whatever it leaves)."""
     originals = {}
-    for path in secagg.SHAMIR_CALLERS:
+    for path in paths:
         owner = surface.resolve(path.rpartition(".")[0])
         originals[path] = surface.library_object(path)
         monkeypatch.setattr(owner, path.rpartition(".")[2], originals[path])
     return originals
+
+
+@pytest.fixture
+def flowers_own(monkeypatch) -> dict[str, object]:
+    return _flowers_own(monkeypatch, secagg.SHAMIR_CALLERS)
 
 
 def test_the_patch_points_flowers_secagg_at_the_replacements_once(flowers_own) -> None:
@@ -62,13 +66,7 @@ def test_a_replacement_with_other_parameters_is_refused(flowers_own) -> None:
 
 @pytest.fixture
 def flowers_own_keys(monkeypatch) -> dict[str, object]:
-    """Flower's own key-agreement functions back in place for the test."""
-    originals = {}
-    for path in secagg.KEY_CALLERS:
-        owner = surface.resolve(path.rpartition(".")[0])
-        originals[path] = surface.library_object(path)
-        monkeypatch.setattr(owner, path.rpartition(".")[2], originals[path])
-    return originals
+    return _flowers_own(monkeypatch, secagg.KEY_CALLERS)
 
 
 def test_the_key_patch_points_both_ends_at_x25519_once(flowers_own_keys) -> None:
