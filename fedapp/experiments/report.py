@@ -40,13 +40,16 @@ from typing import Any
 
 #: ``max_epsilon`` is what the run's budget is for; ``max_epsilon_vs_release`` (client-level runs) is the ε of the
 #: released model, the one equal across methods that add the same noise to the sum, shown where the cells have it
-METRICS = ("final_accuracy", "best_accuracy", "final_client_accuracy", "final_loss", "max_epsilon",
-           "max_epsilon_vs_release", "total_uplink_bytes", "wall_seconds")
-OPTIONAL_METRICS = ("max_epsilon_vs_release",)
+METRICS = ("final_accuracy", "best_accuracy", "final_client_accuracy", "final_loss", "final_train_loss",
+           "final_utility", "max_epsilon", "max_epsilon_vs_release", "total_uplink_bytes", "wall_seconds")
+OPTIONAL_METRICS = ("max_epsilon_vs_release", "final_train_loss", "final_utility")
 TUNING_METRICS = {"final_client_val_accuracy": "higher", "final_client_val_loss": "lower"}
 DEFAULT_TUNING_METRIC = "final_client_val_accuracy"
 PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
-ROUND_METRICS = ("accuracy", "client_accuracy", "loss", "epsilon", "client_val_accuracy", "client_val_loss")
+ROUND_METRICS = ("accuracy", "client_accuracy", "loss", "epsilon", "client_val_accuracy", "client_val_loss",
+                 "train_loss", "grad_norm_sq", "grad_norm_sq_avg", "payload_bits_total")
+#: SoteriaFL's figures (Sec. 6): utility (running mean of ‖∇f(x_t)‖²) and training loss against rounds and bits
+PAPER_AXES = (("grad_norm_sq_avg", "utility: mean of ‖∇f(x_t)‖² over rounds"), ("train_loss", "training loss f(x_t)"))
 ALPHA = 0.05  # the claims' family-wise error rate (Holm)
 
 
@@ -183,6 +186,21 @@ def scale_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return grid_cells(doc.get("grid") or {}, doc.get("variants") or [])
 
 
+def evaluation_plan(doc: Mapping[str, Any], choices: Mapping[tuple, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """With ``tune-seeds``: each setting of the grid at its chosen tune values (which may lie beyond the file's grid,
+    an extension), on the grid's seeds: the evaluation cells, in grid order."""
+    tune = list(doc.get("tune", []))
+    out: list[dict[str, Any]] = []
+    for cell in scale_cells(doc):
+        setting = _key(cell, ["seed", *tune])
+        if setting in choices:
+            chosen = {**dict(setting), **{t: choices[setting][t] for t in tune if t in choices[setting]},
+                      "seed": cell.get("seed")}
+            if chosen not in out:
+                out.append(chosen)
+    return out
+
+
 def _setting_id(assignments: Mapping[str, Any], tune: Sequence[str]) -> str:
     return json.dumps({k: v for k, v in assignments.items() if k not in ("seed", *tune)}, sort_keys=True)
 
@@ -199,19 +217,34 @@ def finished_cells(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [c for c in doc["cells"].values() if c.get("status") == "finished" and c.get("summary")]
 
 
+def tune_seeds(doc: Mapping[str, Any]) -> list[Any]:
+    """The seeds a sweep spends on choosing its ``tune`` keys only (``[sweep] tune-seeds``; none: every seed both
+    chooses and evaluates)."""
+    return list(doc.get("meta", {}).get("tune-seeds", []) or [])
+
+
+def _tune_key(assignments: Mapping[str, Any], tune: Sequence[str]) -> tuple[tuple[str, Any], ...]:
+    return _key({k: assignments[k] for k in tune if k in assignments}, [])
+
+
 def tuned_groups(doc: Mapping[str, Any]) -> tuple[dict[tuple, list[dict]], dict[tuple, dict[str, Any]]]:
     """Seed groups after choosing each ``tune`` key per group on the validation metric; (groups, choices).
 
-    A choice among several candidates needs the validation metric in every candidate's cells; a
-    candidate without it is never chosen, and a group where no candidate has it is a :class:`ReportError`
-    (falling back to a test metric would tune on the test set)."""
+    With ``tune-seeds`` the choice is made on those seeds' cells alone and a group holds the other seeds' cells
+    at the chosen values (tuning seeds are never evaluation seeds); without, every seed does both. A choice
+    among several candidates needs the validation metric in every candidate's cells; a candidate without it is
+    never chosen, and a group where no candidate has it is a :class:`ReportError` (falling back to a test metric
+    would tune on the test set)."""
     tune = list(doc.get("tune", []))
     metric = tuning_metric(doc)
     sign = 1.0 if TUNING_METRICS[metric] == "higher" else -1.0
+    held = {json.dumps(s) for s in tune_seeds(doc)}
     by_setting: dict[tuple, dict[tuple, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    evaluation: dict[tuple, dict[tuple, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for cell in finished_cells(doc):
         a = cell["assignments"]
-        by_setting[_key(a, ["seed", *tune])][_key({k: a[k] for k in tune if k in a}, [])].append(cell)
+        tuning = not held or json.dumps(a.get("seed")) in held
+        (by_setting if tuning else evaluation)[_key(a, ["seed", *tune])][_tune_key(a, tune)].append(cell)
     groups: dict[tuple, list[dict]] = {}
     choices: dict[tuple, dict[str, Any]] = {}
     for setting, candidates in by_setting.items():
@@ -220,18 +253,17 @@ def tuned_groups(doc: Mapping[str, Any]) -> tuple[dict[tuple, list[dict]], dict[
             raise ReportError(f"{_label(setting)}: {len(candidates)} candidates of {tune} but no cell has "
                               f"{metric!r} (run with validation-fraction > 0 and fraction-evaluate > 0)")
         best = max(candidates, key=lambda t: _nan_low(sign * scores[t]))
-        groups[setting] = candidates[best]
+        chosen = evaluation[setting][best] if held else candidates[best]
+        if chosen:
+            groups[setting] = chosen
         if tune:
             choices[setting] = {**dict(best), "candidates": len(candidates),
                                 "scores": {_label(t): scores[t] for t in sorted(candidates, key=_value_order)}}
     return groups, choices
 
 
-def edge_of(choice: Mapping[str, Any]) -> str:
-    """Where a tuned choice sits on the edge of the values its candidates offer ('' when inside for every numeric
-    key, or with one candidate): e.g. ``lr=0.25 at the top of 0.0625-0.25``."""
-    if choice.get("candidates", 1) < 2:
-        return ""
+def _offered(choice: Mapping[str, Any]) -> dict[str, list[float]]:
+    """Per tune key, the numeric values the choice's candidates offered."""
     offered: dict[str, list[float]] = defaultdict(list)
     for label in choice.get("scores", {}):
         for part in label.split(", "):
@@ -240,15 +272,42 @@ def edge_of(choice: Mapping[str, Any]) -> str:
                 offered[key].append(float(value))
             except ValueError:
                 continue
-    out = []
-    for key, values in offered.items():
+    return {k: sorted(set(v)) for k, v in offered.items()}
+
+
+def _edges(choice: Mapping[str, Any]) -> dict[str, tuple[str, list[float]]]:
+    """Per numeric tune key whose chosen value is the lowest or highest of several offered: (side, values)."""
+    if choice.get("candidates", 1) < 2:
+        return {}
+    out = {}
+    for key, values in _offered(choice).items():
         chosen = choice.get(key)
-        if isinstance(chosen, (int, float)) and len(set(values)) > 1:
-            low, high = min(values), max(values)
-            where = "bottom" if chosen == low else "top" if chosen == high else ""
+        if isinstance(chosen, (int, float)) and not isinstance(chosen, bool) and len(values) > 1:
+            where = "bottom" if chosen == values[0] else "top" if chosen == values[-1] else ""
             if where:
-                out.append(f"{key}={chosen:g} at the {where} of {low:g}-{high:g}")
-    return ", ".join(out)
+                out[key] = (where, values)
+    return out
+
+
+def edge_of(choice: Mapping[str, Any]) -> str:
+    """Where a tuned choice sits on the edge of the values its candidates offer ('' when inside for every numeric
+    key, or with one candidate): e.g. ``lr=0.25 at the top of 0.0625-0.25``."""
+    return ", ".join(f"{key}={choice[key]:g} at the {where} of {values[0]:g}-{values[-1]:g}"
+                     for key, (where, values) in _edges(choice).items())
+
+
+def extension(choice: Mapping[str, Any]) -> dict[str, float | int]:
+    """The next value beyond each edge the choice sits on, one grid step further: the ratio of the two outermost
+    values when they are positive (a geometric grid such as 0.01, 0.03, 0.1 goes on to 0.3), else their difference;
+    3 significant digits (integers stay integers). Empty when the choice is inside its grid."""
+    out: dict[str, float | int] = {}
+    for key, (where, values) in _edges(choice).items():
+        edge, inner = (values[-1], values[-2]) if where == "top" else (values[0], values[1])
+        nxt = edge * (edge / inner) if edge > 0 and inner > 0 else edge + (edge - inner)
+        value: float | int = round(nxt) if isinstance(choice[key], int) else float(f"{nxt:.3g}")
+        if value not in values:
+            out[key] = value
+    return out
 
 
 def _value_order(assignments: tuple) -> tuple:
@@ -494,19 +553,80 @@ def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
     _save(fig, ax, "round", "accuracy (mean, 95 % interval over seeds)", path)
 
 
-def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path) -> None:
+def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path, metric: str = "final_accuracy") -> None:
+    """``metric`` (mean and 95 % interval over seeds) against the privacy ``key``, one line per method."""
     lines: dict[tuple, list[tuple[Any, tuple[float, float, int]]]] = defaultdict(list)
     for setting, cells in groups.items():
         d = dict(setting)
         lines[tuple((k, v) for k, v in setting if k != key)].append(
-            (d.get(key), interval([c["summary"].get("final_accuracy") for c in cells])))
+            (d.get(key), interval([c["summary"].get(metric) for c in cells])))
     fig, ax = _axes()
     for rest, pts in sorted(lines.items(), key=lambda kv: str(kv[0])):
         pts.sort(key=lambda p: str(p[0]) if not isinstance(p[0], (int, float)) else f"{p[0]:020.6f}")
         xs = [str(p[0]) for p in pts]
         ax.errorbar(xs, [p[1][0] for p in pts], yerr=[0 if math.isnan(p[1][1]) else p[1][1] for p in pts],
                     marker="o", capsize=3, label=_label(rest))
-    _save(fig, ax, key, "final test accuracy (mean, 95 % interval)", path)
+    what = {"final_accuracy": "final test accuracy", "final_train_loss": "final training loss f(x_T)",
+            "final_utility": "utility: mean ‖∇f(x_t)‖²"}.get(metric, metric)
+    _save(fig, ax, key, f"{what} (mean, 95 % interval)", path)
+
+
+def _curve(cells: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(rounds, mean cumulative uplink bits, mean, 95 % half-width) of a per-round ``metric`` over ``cells``."""
+    values: dict[int, list[float]] = defaultdict(list)
+    bits: dict[int, list[float]] = defaultdict(list)
+    for cell in cells:
+        for r in _rounds(cell):
+            if r.get(metric) is not None:
+                values[int(r["round"])].append(float(r[metric]))
+                bits[int(r["round"])].append(float(r.get("payload_bits_total") or math.nan))
+    xs = sorted(values)
+    stats = [interval(values[x]) for x in xs]
+    return ([float(x) for x in xs], [interval(bits[x])[0] for x in xs], [s[0] for s in stats],
+            [0.0 if math.isnan(s[1]) else s[1] for s in stats])
+
+
+def plot_paper_axes(groups: Mapping[tuple, list[dict]], key: str | None, out: Path) -> list[tuple[str, str]]:
+    """SoteriaFL's figure layout (Figures 1-3): utility (top) and training loss (bottom) against rounds (left) and
+    uplink bits (right), one line per method with its 95 % band over seeds, one figure per value of the privacy
+    ``key``; [(file name, title)] of the figures written (none when no cell records the training loss)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict[Any, dict[tuple, list[dict]]] = defaultdict(dict)
+    for setting, cells in groups.items():
+        if any(r.get("train_loss") is not None for c in cells for r in _rounds(c)):
+            value = dict(setting).get(key) if key else None
+            panels[value][tuple((k, v) for k, v in setting if k != key)] = cells
+    written = []
+    for value, lines in sorted(panels.items(), key=lambda kv: str(kv[0])):
+        fig, axes = plt.subplots(2, 2, figsize=(10, 7), sharey="row")
+        for (metric, ylabel), row in zip(PAPER_AXES, axes):
+            for rest, cells in sorted(lines.items(), key=lambda kv: str(kv[0])):
+                rounds, bits, mean, half = _curve(cells, metric)
+                for ax, xs in zip(row, (rounds, bits)):
+                    (line,) = ax.plot(xs, mean, label=f"{_label(rest)} (n={len(cells)})")
+                    ax.fill_between(xs, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
+                                    color=line.get_color(), alpha=0.2)
+            row[0].set_ylabel(ylabel)
+            row[0].set_yscale("log" if metric.startswith("grad_norm") else "linear")
+        for ax, xlabel in zip(axes[1], ("round", "uplink bits (all clients, cumulative)")):
+            ax.set_xlabel(xlabel)
+        axes[1][1].set_xscale("log")
+        axes[0][1].set_xscale("log")
+        for ax in axes.flat:
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=7)
+        title = f"{key} = {value}" if key else "all cells"
+        fig.suptitle(f"{title}: mean and 95 % interval over seeds")
+        fig.tight_layout()
+        name = f"paper_axes_{key}_{value}.png" if key else "paper_axes.png"
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        written.append((name, title))
+    return written
 
 
 # ----------------------------------------------------------------------------- the report
@@ -535,10 +655,23 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
                  f"max-samples {cfg.get('max-samples', 0) or 'all'} on {cfg.get('dataset', 'digits')}"
                  + (f"; the paper: {meta['paper-scale']}." if meta.get("paper-scale") else "."))
     planned = scale_cells(doc)
-    finished = [c.get("assignments") in planned for c in doc["cells"].values() if c.get("status") == "finished"]
-    extra = f" (and {finished.count(False)} outside its grid, reported too)" if False in finished else ""
-    lines.append(f"Cells: {finished.count(True)} finished of the scale's {len(planned)}{extra}; "
-                 f"sweep file `{doc.get('file')}`; intervals are 95 % confidence intervals of the mean over seeds.")
+    held = tune_seeds(doc)
+    if held:  # the evaluation cells are each setting's grid seeds at its choice; the tuning cells choose only
+        tune = list(doc.get("tune", []))
+        planned_eval = evaluation_plan(doc, choices)
+        tuning = [c for c in finished_cells(doc) if json.dumps(c["assignments"].get("seed")) in
+                  {json.dumps(x) for x in held}]
+        done = sum(c.get("assignments") in planned_eval for c in finished_cells(doc))
+        lines.append(f"Cells: {done} evaluation cells finished of the {len(planned_eval)} planned (the grid's seeds at "
+                     f"each setting's chosen {', '.join(tune)}); {len(tuning)} tuning cells on seeds "
+                     f"{', '.join(map(str, held))} chose them and are not evaluated (tuning seeds are not evaluation "
+                     f"seeds); sweep file `{doc.get('file')}`; intervals are 95 % confidence intervals of the mean "
+                     "over seeds.")
+    else:
+        finished = [c.get("assignments") in planned for c in doc["cells"].values() if c.get("status") == "finished"]
+        extra = f" (and {finished.count(False)} outside its grid, reported too)" if False in finished else ""
+        lines.append(f"Cells: {finished.count(True)} finished of the scale's {len(planned)}{extra}; "
+                     f"sweep file `{doc.get('file')}`; intervals are 95 % confidence intervals of the mean over seeds.")
     metrics = [m for m in METRICS if m not in OPTIONAL_METRICS
                or any(c["summary"].get(m) is not None for g in groups.values() for c in g)]
     lines += ["", "## Results", "", "| group | n | " + " | ".join(metrics) + " |",
@@ -575,9 +708,16 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
     plot_rounds(groups, out / "accuracy_rounds.png")
     lines += ["", "![accuracy over rounds](accuracy_rounds.png)"]
     varied = [k for k in PRIVACY_KEYS if len(doc.get("grid", {}).get(k, [])) > 1]
+    has = {"final_accuracy"} | {m for g in groups.values() for c in g for m in ("final_train_loss",)
+                                if c["summary"].get(m) is not None}
     if varied:
-        plot_epsilon(groups, varied[0], out / "accuracy_epsilon.png")
-        lines += ["", f"![accuracy vs {varied[0]}](accuracy_epsilon.png)"]
+        for metric, what, name in (("final_accuracy", "accuracy", "accuracy_epsilon.png"),
+                                   ("final_train_loss", "training loss", "train_loss_epsilon.png")):
+            if metric in has:
+                plot_epsilon(groups, varied[0], out / name, metric)
+                lines += ["", f"![{what} vs {varied[0]}]({name})"]
+    for name, title in plot_paper_axes(groups, varied[0] if varied else None, out):
+        lines += ["", f"![utility and training loss against rounds and uplink bits, {title}]({name})"]
     failed = [(cid, c.get("error", c.get("status"))) for cid, c in doc["cells"].items() if c.get("status") != "finished"]
     if failed:
         lines += ["", "## Cells that did not finish", ""] + [f"* `{cid}`: {why}" for cid, why in failed]

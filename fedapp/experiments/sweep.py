@@ -11,6 +11,8 @@ A sweep file (TOML, e.g. ``configs/papers/*.toml``)::
     base = "configs/main.toml"              # optional run-config file the cells start from
     tune = ["lr"]                           # keys chosen per group on the clients' validation split
     tune-metric = "final_client_val_accuracy"  # or final_client_val_loss (needs validation-fraction > 0)
+    tune-seeds = [101]                      # optional: seeds that only choose the tune keys (never evaluated)
+    tune-extend = 2                         # optional, with tune-seeds: extend a grid whose choice is on its edge
     common-random-numbers = false           # true: seeded-noise = true in every cell (no privacy guarantee)
 
     [sweep.config]                          # run-config shared by every cell
@@ -48,6 +50,11 @@ metrics, so the index alone rebuilds the report's tables). A finished cell is sk
 interrupted sweep resumes; a finished cell's entry alone also counts, so a sweep resumes from an ``index.json`` copied
 into a fresh ``--out``. A cell interrupted mid-run (its process killed) continues from its newest checkpoint
 (``resume-from``, :mod:`fedapp.state.checkpoint`) instead of starting again at round 1.
+
+With ``tune-seeds`` a sweep runs in stages: every candidate of the ``tune`` keys on the tuning seeds; then, up to
+``tune-extend`` times, one value beyond each edge a setting's choice sits on (the grid's step continued,
+:func:`fedapp.experiments.report.extension`) on those seeds again; then each setting at its choice on the grid's
+``seed`` list alone, the evaluation seeds. The report chooses on the tuning seeds and judges on the others.
 
 ``common-random-numbers = true`` sets ``seeded-noise = true`` in every cell: DP noise, Poisson batch sampling
 and client sampling then derive from the run seed, so two methods compared on one seed also draw from the same
@@ -107,9 +114,20 @@ class Sweep:
     meta: dict[str, Any] = field(default_factory=dict)
     variants: list[dict[str, Any]] = field(default_factory=list)
 
+    @property
+    def tune_seeds(self) -> list[Any]:
+        return list(self.meta.get("tune-seeds", []))
+
+    def tuning_cells(self) -> list[dict[str, Any]]:
+        """With ``tune-seeds``: every candidate of the tune keys on each tuning seed (else none)."""
+        if not self.tune_seeds:
+            return []
+        return grid_cells({**self.grid, "seed": self.tune_seeds}, self.variants)
+
     def cells(self) -> list[dict[str, Any]]:
-        """Every combination of the grid, each once per variant (when there are variants), in file order."""
-        return grid_cells(self.grid, self.variants)
+        """Every combination of the grid, each once per variant (when there are variants), in file order; with
+        ``tune-seeds`` also the tuning cells (the evaluation stage then runs only each setting's choice)."""
+        return grid_cells(self.grid, self.variants) + self.tuning_cells()
 
 
 def cell_id(assignments: Mapping[str, Any]) -> str:
@@ -164,6 +182,7 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
     for t in sweep.tune:
         if t not in grid and not any(t in v for v in variants):
             raise ConfigError(f"{path}: tune key {t!r} must be a [sweep.grid] or variant key")
+    _check_tune_stages(path, sweep)
     try:
         tuning_metric({"meta": sweep.meta})
     except ValueError as exc:
@@ -178,6 +197,25 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
                 f"cell {cell} has validation-fraction = {resolved['validation-fraction']}, "
                 f"fraction-evaluate = {resolved['fraction-evaluate']}")
     return sweep
+
+
+def _check_tune_stages(path: Path, sweep: Sweep) -> None:
+    """``tune-seeds`` and ``tune-extend``: lists and counts that make sense together, before anything runs."""
+    seeds, extend = sweep.meta.get("tune-seeds", []), sweep.meta.get("tune-extend", 0)
+    if not isinstance(seeds, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in seeds):
+        raise ConfigError(f"{path}: [sweep] tune-seeds must be a list of integer seeds, got {seeds!r}")
+    if not isinstance(extend, int) or isinstance(extend, bool) or extend < 0:
+        raise ConfigError(f"{path}: [sweep] tune-extend must be an integer >= 0, got {extend!r}")
+    if seeds and not sweep.tune:
+        raise ConfigError(f"{path}: [sweep] tune-seeds = {seeds} but no tune keys to choose with them")
+    if seeds and "seed" not in sweep.grid:
+        raise ConfigError(f"{path}: [sweep] tune-seeds needs a [sweep.grid] seed list (the evaluation seeds)")
+    both = sorted(set(seeds) & set(sweep.grid.get("seed", [])))
+    if both:
+        raise ConfigError(f"{path}: seeds {both} are both tune-seeds and evaluation seeds ([sweep.grid] seed); "
+                          "tuning seeds are never evaluation seeds")
+    if extend and not seeds:
+        raise ConfigError(f"{path}: [sweep] tune-extend = {extend} needs tune-seeds (the extension runs on them)")
 
 
 def _common_random_numbers(path: Path, crn: Any, config: dict[str, Any], grid: dict[str, list[Any]]) -> dict[str, Any]:
@@ -291,9 +329,15 @@ def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
     out.mkdir(parents=True, exist_ok=True)
     index = Index(out, sweep)
-    todo = [c for c in sweep.cells() if not index.done(cell_id(c))
-            and all(c.get(k) == v for k, v in (only or {}).items())]
-    print(f"[sweep] {sweep.name}: {len(sweep.cells())} cells, {len(todo)} to run, {parallel} at a time", flush=True)
+
+    def pending(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [c for c in cells if not index.done(cell_id(c)) and all(c.get(k) == v for k, v in (only or {}).items())]
+
+    def run_all(cells: list[dict[str, Any]], stage: str) -> None:
+        todo = pending(cells)
+        print(f"[sweep] {sweep.name}{stage}: {len(cells)} cells, {len(todo)} to run, {parallel} at a time", flush=True)
+        with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+            list(pool.map(one, todo))
 
     def one(cell: dict[str, Any]) -> None:
         cid, start = cell_id(cell), time.time()
@@ -314,9 +358,48 @@ def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr
                            **run_record(run_dir)})
         print(f"[sweep] {cid}: final accuracy {summary.get('final_accuracy')} ({time.time() - start:.0f}s)", flush=True)
 
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        list(pool.map(one, todo))
+    if not sweep.tune_seeds:
+        run_all(sweep.cells(), "")
+        return index.path
+    tuning = sweep.tuning_cells()
+    run_all(tuning, " (tuning seeds)")
+    for step in range(int(sweep.meta.get("tune-extend", 0))):
+        beyond = _extensions(sweep, index.doc)
+        if not beyond:
+            break
+        tuning += beyond
+        run_all(beyond, f" (tuning seeds, grid extension {step + 1})")
+    run_all(_evaluation_cells(sweep, index.doc), " (evaluation seeds, each setting at its choice)")
     return index.path
+
+
+def _choices(doc: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
+    from fedapp.experiments.report import ReportError, tuned_groups
+
+    try:
+        return tuned_groups(doc)[1]
+    except ReportError as exc:
+        raise ConfigError(f"the tuning cells cannot choose: {exc}") from None
+
+
+def _extensions(sweep: Sweep, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Tuning cells one grid step beyond every setting whose choice sits on its grid's edge."""
+    from fedapp.experiments.report import extension
+
+    out = []
+    for setting, choice in _choices(doc).items():
+        beyond = extension(choice)
+        if beyond:
+            chosen = {t: choice[t] for t in sweep.tune if t in choice}
+            out += [{**dict(setting), **chosen, **beyond, "seed": s} for s in sweep.tune_seeds]
+    return out
+
+
+def _evaluation_cells(sweep: Sweep, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each setting of the grid at its chosen tune values, on the evaluation seeds (the grid's ``seed`` list)."""
+    from fedapp.experiments.report import evaluation_plan
+
+    return evaluation_plan(doc, _choices(doc))
 
 
 def parse_only(sweep: Sweep, items: list[str]) -> dict[str, Any]:

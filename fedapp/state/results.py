@@ -188,6 +188,9 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
         "final_client_accuracy": last.get("client_accuracy"),
         "final_client_val_accuracy": last.get("client_val_accuracy"),
         "final_client_val_loss": last.get("client_val_loss"),
+        # SoteriaFL's own axes (Sec. 6): f(x_T) on the training data and the running mean of ‖∇f(x_t)‖²
+        **({"final_train_loss": last["train_loss"], "final_utility": last.get("grad_norm_sq_avg")}
+           if last.get("train_loss") is not None else {}),
         "best_accuracy": best[1], "best_round": best[0],
         "max_epsilon_per_client": dict(sorted(max_eps.items(), key=lambda kv: int(kv[0]))),
         "max_epsilon": max(max_eps.values()) if max_eps else None,

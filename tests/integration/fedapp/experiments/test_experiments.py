@@ -93,6 +93,51 @@ def test_sweep_file_is_validated_before_anything_runs(tmp_path: Path):
         load_sweep(bad_metric)
 
 
+def test_tuning_stage_keys_are_checked_before_anything_runs(tmp_path: Path):
+    path = tmp_path / "t.toml"
+    for extra, error in (("tune-seeds = [2]", "both tune-seeds and evaluation seeds"),
+                         ('tune-seeds = ["9"]', "list of integer seeds"),
+                         ("tune-extend = 1", "needs tune-seeds"),
+                         ("tune-seeds = [9]\ntune-extend = -1", "integer >= 0")):
+        path.write_text(SWEEP.replace('tune = ["lr"]', f'tune = ["lr"]\n{extra}'))
+        with pytest.raises(ConfigError, match=error):
+            load_sweep(path)
+    path.write_text(SWEEP.replace('tune = ["lr"]', "tune-seeds = [9]"))
+    with pytest.raises(ConfigError, match="no tune keys"):
+        load_sweep(path)
+    path.write_text(SWEEP.replace('tune = ["lr"]', 'tune = ["lr"]\ntune-seeds = [9]'))
+    assert len(load_sweep(path).cells()) == 8 + 4  # the evaluation grid and the tuning seed's candidates
+
+
+def test_a_staged_sweep_tunes_on_its_own_seeds_extends_an_edge_and_evaluates_the_choice(tmp_path: Path):
+    """tune-seeds = [9]: seed 9 runs both lrs of each method; with two values the choice is always on an edge, so
+    tune-extend = 1 runs one value beyond it (0.005 or 5.0) on seed 9; then seeds 1 and 2 run each method at its
+    final choice only. The report chooses on seed 9 and pairs seeds 1-2."""
+    path = tmp_path / "s.toml"
+    path.write_text(SWEEP.replace('tune = ["lr"]', 'tune = ["lr"]\ntune-seeds = [9]\ntune-extend = 1'))
+    sweep = load_sweep(path)
+    index = run_sweep(sweep, tmp_path / "out", engine="inprocess")
+    doc = json.loads(index.read_text())
+    assert all(c["status"] == "finished" for c in doc["cells"].values())
+    by_seed: dict[int, list[dict]] = {}
+    for c in doc["cells"].values():
+        by_seed.setdefault(c["assignments"]["seed"], []).append(c["assignments"])
+    tuning = by_seed.pop(9)
+    assert sorted(by_seed) == [1, 2] and len(tuning) == 6  # 2 methods × (2 lrs + 1 extension)
+    extended = [a["lr"] for a in tuning if a["lr"] not in (0.05, 0.5)]
+    assert len(extended) == 2 and set(extended) <= {0.005, 5.0}
+    groups, choices = tuned_groups(doc)
+    for cells in by_seed.values():  # each evaluation seed runs each method once, at the tuning seed's choice
+        assert len(cells) == 2
+        for a in cells:
+            assert a["lr"] == choices[(("strategy", a["strategy"]),)]["lr"]
+    assert sorted(c["assignments"]["seed"] for g in groups.values() for c in g) == [1, 1, 2, 2]
+    report = write_report(index).read_text()
+    assert "4 evaluation cells finished of the 4 planned" in report and "6 tuning cells on seeds 9" in report
+    again = run_sweep(sweep, tmp_path / "out", engine="inprocess")  # resumes: nothing left to run
+    assert json.loads(again.read_text())["cells"].keys() == doc["cells"].keys()
+
+
 def test_variants_multiply_the_grid_and_never_overlap_it(tmp_path: Path):
     path = tmp_path / "v.toml"
     path.write_text(SWEEP + '\n[[sweep.variants]]\nsecagg-mechanism = "gaussian"\n'

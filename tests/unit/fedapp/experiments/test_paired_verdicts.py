@@ -187,3 +187,36 @@ def test_a_side_tuned_at_its_grids_edge_gets_no_verdict():
     assert edge_of({"lr": 0.25, "candidates": 3, "scores": {"lr=0.0625": 0.9, "lr=0.125": 0.91, "lr=0.25": 0.95}}) \
         == "lr=0.25 at the top of 0.0625-0.25"
     assert edge_of({"lr": 0.25, "candidates": 1, "scores": {"lr=0.25": 0.95}}) == ""  # set by the sweep file
+
+
+def test_tuning_seeds_choose_and_the_other_seeds_are_judged():
+    """With tune-seeds, seed 9 alone chooses a's lr (0.1 wins its validation there) and the groups hold seeds 1-5 at
+    that lr only: the evaluation cells at the lr the tuning seed lost are never compared, whatever their scores."""
+    cells = [_cell("a", 9, 0.9, lr=0.1, val=0.9), _cell("a", 9, 0.2, lr=1.0, val=0.1)]
+    cells += [_cell("a", s, b + 0.02, lr=0.1, val=0.1) for s, b in enumerate(BASE, 1)]  # val on eval seeds: unused
+    cells += [_cell("a", s, b + 0.30, lr=1.0, val=0.9) for s, b in enumerate(BASE, 1)]
+    cells += [_cell("b", s, b, lr=0.1, val=0.5) for s, b in enumerate(BASE + [0.5], 1) if s != 6]
+    cells += [_cell("b", 9, 0.5, lr=0.1, val=0.5)]
+    doc = {**_doc(cells, tune=["lr"]), "meta": {"tune-seeds": [9]}}
+    groups, choices = tuned_groups(doc)
+    a = next(g for s, g in groups.items() if ("strategy", "a") in s)
+    assert choices[(("strategy", "a"),)]["lr"] == 0.1
+    assert sorted(c["assignments"]["seed"] for c in a) == [1, 2, 3, 4, 5]
+    assert {c["assignments"]["lr"] for c in a} == {0.1}
+    plain = tuned_groups(_doc(cells, tune=["lr"]))[1]  # without tune-seeds every seed votes: lr 1.0 wins
+    assert plain[(("strategy", "a"),)]["lr"] == 1.0
+
+
+def test_a_grid_is_extended_one_step_beyond_the_edge_its_choice_sits_on():
+    from fedapp.experiments.report import extension
+
+    def choice(chosen: float, *offered: float, key: str = "lr") -> dict[str, Any]:
+        return {key: chosen, "candidates": len(offered), "scores": {f"{key}={v}": 0.0 for v in offered}}
+
+    assert extension(choice(0.1, 0.01, 0.03, 0.1)) == {"lr": pytest.approx(0.333)}  # geometric step ×10/3
+    assert extension(choice(0.01, 0.01, 0.03, 0.1)) == {"lr": pytest.approx(0.00333)}
+    assert extension(choice(0.03, 0.01, 0.03, 0.1)) == {}  # inside
+    assert extension(choice(0.0, 0.0, 0.5, 1.0)) == {"lr": -0.5}  # not positive: the arithmetic step
+    assert extension({"local-steps": 8, "candidates": 2, "scores": {"local-steps=4": 0, "local-steps=8": 0}}) \
+        == {"local-steps": 16}
+    assert extension(choice(0.1, 0.1)) == {}  # one candidate: set by the file, nothing to extend
