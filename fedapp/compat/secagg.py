@@ -14,6 +14,10 @@ otherwise. Switched on by the SecAgg+ code paths only, before either handles a m
 pointed at :mod:`fedapp.privacy.key_agreement` (X25519 with raw 32-byte keys instead of P-384 with PEM keys; the
 same derivation). Both ends must run it, so the same two code paths switch it on.
 
+:func:`use_masks` does the same for the mask generator both ends call (group ``secagg.masks``): the client mod's and
+the workflow's ``pseudo_rand_gen``, pointed at :func:`fedapp.privacy.masks.pseudo_rand_gen` (AES-256-CTR keyed by the
+whole secret instead of MT19937 seeded with a 32-bit fold of it).
+
 What the project's SecAgg+ adapter (``fedapp.privacy.secure_aggregation.DPSecAggPlusWorkflow``) overrides and the DDG
 transport relies on is registered in the surface too (groups ``secagg.workflow``, ``secagg.transport``) and checked by
 ``tests/unit/fedapp/compat/test_surface.py``; they are subclassed and called, not patched.
@@ -25,6 +29,7 @@ import inspect
 import threading
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 from fedapp.compat import surface
 
@@ -43,6 +48,10 @@ KEY_CALLERS = tuple(f"{_MOD}.{name}" for name in ("generate_key_pairs", "private
                                                   "bytes_to_private_key", "bytes_to_public_key",
                                                   "generate_shared_key")) + \
     tuple(f"{_WORKFLOW}.{name}" for name in ("bytes_to_private_key", "bytes_to_public_key", "generate_shared_key"))
+
+MASKS = "secagg.masks"
+#: where Flower's SecAgg+ draws its private and pairwise masks: the client mod masks, the workflow unmasks
+MASK_CALLERS = (f"{_MOD}.pseudo_rand_gen", f"{_WORKFLOW}.pseudo_rand_gen")
 
 _lock = threading.Lock()
 
@@ -79,3 +88,8 @@ def use_key_agreement(module: ModuleType) -> None:
     """Make Flower's SecAgg+ (client mod and server workflow) generate, encode and agree keys with ``module``'s
     functions of the same names (:mod:`fedapp.privacy.key_agreement`)."""
     _use(KEYS, "key-agreement functions", {path: getattr(module, path.rsplit(".", 1)[1]) for path in KEY_CALLERS})
+
+
+def use_masks(pseudo_rand_gen: Callable[[bytes, int, list[tuple[int, ...]]], list[Any]]) -> None:
+    """Make Flower's SecAgg+ (client mod and server workflow) draw its masks with ``pseudo_rand_gen``."""
+    _use(MASKS, "mask generator", dict.fromkeys(MASK_CALLERS, pseudo_rand_gen))

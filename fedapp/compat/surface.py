@@ -95,6 +95,10 @@ SURFACE: tuple[Symbol, ...] = (
     *(Symbol(f"{module}.generate_shared_key", "(private_key: cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePrivateKey, public_key: cryptography.hazmat.primitives.asymmetric.ec.EllipticCurvePublicKey) -> bytes",
              "secagg.keys", f"replaced in the {where}'s namespace by fedapp.privacy.key_agreement.generate_shared_key")
       for module, where in ((_SECAGG_MOD, "client mod"), (_SECAGG_WORKFLOW, "workflow"))),
+    # fedapp.compat.secagg: Flower's SecAgg+ draws its masks with fedapp.privacy.masks (AES-256-CTR)
+    *(Symbol(f"{module}.pseudo_rand_gen", "(seed: bytes, num_range: int, dimensions_list: list[tuple[int, ...]]) -> list[numpy.ndarray[tuple[typing.Any, ...], numpy.dtype[numpy.int64]]]",
+             "secagg.masks", f"replaced in the {where}'s namespace by fedapp.privacy.masks.pseudo_rand_gen")
+      for module, where in ((_SECAGG_MOD, "client mod"), (_SECAGG_WORKFLOW, "workflow"))),
     # fedapp.privacy.secure_aggregation.DPSecAggPlusWorkflow: the project's SecAgg+ adapter
     Symbol(f"{_SECAGG_WORKFLOW}.SecAggPlusWorkflow",
            "(num_shares: int | float, reconstruction_threshold: int | float, *, max_weight: float = 1000.0, "

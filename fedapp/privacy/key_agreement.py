@@ -9,8 +9,8 @@ SecAgg+ round after Shamir's (docs/benchmarks.md, "10,000 clients").
 These functions keep Flower's signatures and output (a 32-byte key from HKDF-SHA256 with no salt or info, urlsafe
 base64 for Fernet) and swap the group: X25519 (RFC 7748) with raw 32-byte keys, ~0.05 ms an exchange and no
 parsing. The security level stays that of the scheme: X25519 gives ~128-bit security, which is what the rest of
-Flower's SecAgg+ already provides (Fernet's AES-128 encrypts the shares; the masks' PRG is seeded by the derived
-key), so P-384's ~192 bits bought nothing end to end. An agreement with an all-zero result (a small-order public
+SecAgg+ provides (Fernet's AES-128 encrypts the shares; the masks come from AES-256-CTR keyed by the derived key,
+:mod:`fedapp.privacy.masks`), so P-384's ~192 bits bought nothing end to end. An agreement with an all-zero result (a small-order public
 key, which only a malicious neighbour sends) raises, as the ``cryptography`` library does for X25519.
 
 Both ends must use them: the client mod creates and agrees keys, and the server workflow agrees a dropped client's

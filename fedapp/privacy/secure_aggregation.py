@@ -62,9 +62,9 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp.grid import Grid
 
-from fedapp.compat.secagg import use_key_agreement, use_shamir
+from fedapp.compat.secagg import use_key_agreement, use_masks, use_shamir
 from fedapp.config import ClientDPConfig, DeploymentConfig
-from fedapp.privacy import key_agreement, shamir
+from fedapp.privacy import key_agreement, masks, shamir
 from strategies.client_level import CFG_ROUND_CLIENTS
 
 #: SecAgg+ weights each masked update by num_examples / max_weight; clients send 1 (a uniform sum)
@@ -242,6 +242,7 @@ def secagg_mod(msg: Message, ctxt: Context, call_next: Callable[[Message, Contex
         return call_next(msg, ctxt)
     use_shamir(shamir.create_shares, shamir.combine_shares)  # the patches of Flower's SecAgg+ (fedapp.compat.secagg)
     use_key_agreement(key_agreement)
+    use_masks(masks.pseudo_rand_gen)
     out = secaggplus_mod(msg, ctxt, _contribution_or_dropout(call_next))
     if out.has_error() or RECORD_KEY_CONFIGS not in out.content.config_records:
         return out
@@ -343,6 +344,7 @@ def run_with_secure_aggregation(grid: Grid, context: Context, strategy: Any, con
     """Flower's default workflow with SecAgg+ as the fit step (evaluation unchanged)."""
     use_shamir(shamir.create_shares, shamir.combine_shares)  # the patches of Flower's SecAgg+ (fedapp.compat.secagg)
     use_key_agreement(key_agreement)
+    use_masks(masks.pseudo_rand_gen)
     shares = client_dp.secagg_num_shares
     workflow = DefaultWorkflow(fit_workflow=DPSecAggPlusWorkflow(
         strategy, num_shares=int(shares) if shares > 1 else shares,

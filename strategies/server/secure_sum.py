@@ -32,8 +32,8 @@ from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.server.identity import IdentityBinding
 from strategies.server.validation import RejectedUpdate, StrikeRecord, metric_problem, parse_client_id
 
-#: the fewest survivors whose secure sum is unmasked: with two, the server holds one survivor's self-mask seed after
-#: unmasking and the one pairwise seed between them is 32 bits in Flower's mask PRG (MT19937), a feasible search
+#: the fewest survivors whose secure sum is unmasked: with two, either survivor (or a server colluding with it) reads
+#: the other's update off the sum
 MIN_SECURE_SURVIVORS = 3
 
 SecureResults = list[tuple[ClientProxy, FitRes]]
@@ -129,8 +129,8 @@ class SecureSumAdapter:
                 return f"secure aggregation: node {int(proxy.node_id)}'s reply is unusable ({problem})"
         if results and len(results) < MIN_SECURE_SURVIVORS:
             return (f"secure aggregation: only {len(results)} survivor(s); a sum of fewer than {MIN_SECURE_SURVIVORS} "
-                    "is never unmasked (with two, the server that holds the self-mask seeds after unmasking could "
-                    "search the one 32-bit pairwise mask seed of Flower's PRG and read a share)")
+                    "is never unmasked (with two, either survivor, or a server colluding with it, learns the "
+                    "other's update from the sum)")
         return None
 
     @staticmethod

@@ -98,3 +98,24 @@ def test_a_key_replacement_with_other_parameters_is_refused(flowers_own_keys) ->
                                            r"generate_shared_key"):
         secagg.use_key_agreement(broken)  # type: ignore[arg-type]
     assert [surface.resolve(p) for p in secagg.KEY_CALLERS] == list(flowers_own_keys.values())
+
+
+@pytest.fixture
+def flowers_own_masks(monkeypatch) -> dict[str, object]:
+    return _flowers_own(monkeypatch, secagg.MASK_CALLERS)
+
+
+def test_the_mask_patch_points_both_ends_at_the_aes_generator_once(flowers_own_masks) -> None:
+    from fedapp.privacy import masks
+
+    secagg.use_masks(masks.pseudo_rand_gen)
+    assert [surface.resolve(p) for p in secagg.MASK_CALLERS] == [masks.pseudo_rand_gen] * 2
+    assert [surface.library_object(p) for p in secagg.MASK_CALLERS] == list(flowers_own_masks.values())
+    secagg.use_masks(masks.pseudo_rand_gen)  # idempotent
+    assert surface.problems(secagg.MASKS) == []
+
+    def other(seed, num_range, dims):  # type: ignore[no-untyped-def]
+        return []
+
+    with pytest.raises(RuntimeError, match=r"other\(seed, num_range, dims\) cannot replace"):
+        secagg.use_masks(other)
