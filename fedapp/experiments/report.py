@@ -128,6 +128,24 @@ def holm(p_values: Sequence[float]) -> list[float]:
     return out
 
 
+def seeds_for(sd: float, effect: float, alpha: float = ALPHA, power: float = 0.8, most: int = 1000) -> int:
+    """The fewest pairs n at which the one-sided paired t-test at level ``alpha`` detects a true mean difference of
+    ``effect`` with probability ``power``, when the differences spread with standard deviation ``sd`` (a pilot's):
+    P(T'_{n−1}(δ) > t_{1−α, n−1}) ≥ power with noncentrality δ = √n·effect/sd (noncentral t). Declared before
+    the runs, from the pilot's spread and the effect the claim is about (e.g. the paper's), never from the runs it
+    plans. ``most`` when no n up to it suffices."""
+    from scipy import stats
+
+    if not (sd > 0 and effect > 0 and 0 < alpha < 1 and 0 < power < 1):
+        raise ValueError(f"seeds_for needs sd > 0, effect > 0, alpha and power in (0, 1); got {sd}, {effect}, "
+                         f"{alpha}, {power}")
+    for n in range(2, most + 1):
+        critical = float(stats.t.ppf(1 - alpha, n - 1))
+        if float(stats.nct.sf(critical, n - 1, math.sqrt(n) * effect / sd)) >= power:
+            return n
+    return most
+
+
 def paired_test(diffs: Sequence[float], lower_is_better: bool = False) -> Paired:
     """The paired summary and one-sided test of a claim from its per-seed differences better − worse."""
     d = _finite(diffs)
@@ -359,6 +377,43 @@ def planned_pairs(doc: Mapping[str, Any], setting: Mapping[str, Any], better: Ma
     return len(seeds(better) & seeds(worse))
 
 
+def claim_settings(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]]
+                   ) -> list[tuple[Mapping[str, Any], list[tuple[tuple, tuple, tuple]]]]:
+    """Per claim of ``doc``: the settings of the keys it does not name (e.g. per privacy distribution) where both
+    sides have a group, as (setting, better group's key, worse group's key)."""
+    out = []
+    for claim in doc.get("claims", []):
+        better, worse = dict(claim["better"]), dict(claim["worse"])
+        named = set(better) | set(worse)
+        found = []
+        for ctx in sorted({tuple((k, v) for k, v in s if k not in named) for s in groups}, key=str):
+            sb = [s for s in groups if _matches(s, {**dict(ctx), **better})]
+            sw = [s for s in groups if _matches(s, {**dict(ctx), **worse})]
+            if sb and sw:
+                found.append((ctx, sb[0], sw[0]))
+        out.append((claim, found))
+    return out
+
+
+def seed_plan(doc: Mapping[str, Any], effect: float, power: float = 0.8) -> list[str]:
+    """Markdown rows planning a sweep's seeds from a pilot's index: per claim and setting, the pilot's pairs, the sd of
+    its paired differences, and :func:`seeds_for` at ``effect`` with level ALPHA / (the rows), Holm's first step,
+    the strictest any row of the planned report can meet."""
+    groups = tuned_groups(doc)[0]
+    rows = [(claim, ctx, [d for _, d in pair_by_seed(groups[sb], groups[sw], claim.get("metric", "final_accuracy"))])
+            for claim, found in claim_settings(doc, groups) for ctx, sb, sw in found]
+    alpha = ALPHA / max(1, len(rows))
+    out = [f"| claim | setting | metric | pilot pairs | sd of d | seeds for {effect:g} at α = {alpha:.3g}, "
+           f"power {power:g} |", "|---|---|---|---|---|---|"]
+    for claim, ctx, diffs in rows:
+        d = _finite(diffs)
+        sd = _sd(d, sum(d) / len(d)) if len(d) > 1 else math.nan
+        need = seeds_for(sd, effect, alpha, power) if sd > 0 else "–"
+        out.append(f"| {claim.get('text', '')} | {_label(ctx)} | {claim.get('metric', 'final_accuracy')} | {len(d)} | "
+                   f"{sd:.4g} | {need} |")
+    return out
+
+
 def claim_rows(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]],
                choices: Mapping[tuple, Mapping[str, Any]] | None = None) -> list[str]:
     """One table row per claim and setting (:func:`claim_table`)."""
@@ -373,29 +428,19 @@ def claim_table(doc: Mapping[str, Any], groups: Mapping[tuple, list[dict]],
     edges = {s: e for s, c in (choices or {}).items() if (e := edge_of(c))}
     tests: list[tuple[Paired, int, str] | None] = []
     cols: list[list[str]] = []
-    for claim in doc.get("claims", []):
+    for claim, found in claim_settings(doc, groups):
         metric = claim.get("metric", "final_accuracy")
         better, worse = dict(claim["better"]), dict(claim["worse"])
-        # compare within every setting of the keys the claim does not name (e.g. per privacy distribution)
-        named = set(better) | set(worse)
-        contexts = sorted({tuple((k, v) for k, v in s if k not in named) for s in groups}, key=str)
-        before = len(cols)
-        for ctx in contexts:
-            sb = [s for s in groups if _matches(s, {**dict(ctx), **better})]
-            sw = [s for s in groups if _matches(s, {**dict(ctx), **worse})]
-            if not sb or not sw:
-                continue
-            gb, gw = [groups[sb[0]]], [groups[sw[0]]]
-            edge = "; ".join(f"{side} tuned at {edges[s]}" for side, s in (("better", sb[0]), ("worse", sw[0]))
-                             if s in edges)
-            ib = interval([c["summary"].get(metric) for c in gb[0]])
-            iw = interval([c["summary"].get(metric) for c in gw[0]])
-            paired = paired_test([d for _, d in pair_by_seed(gb[0], gw[0], metric)],
+        for ctx, sb, sw in found:
+            edge = "; ".join(f"{side} tuned at {edges[s]}" for side, s in (("better", sb), ("worse", sw)) if s in edges)
+            ib = interval([c["summary"].get(metric) for c in groups[sb]])
+            iw = interval([c["summary"].get(metric) for c in groups[sw]])
+            paired = paired_test([d for _, d in pair_by_seed(groups[sb], groups[sw], metric)],
                                  bool(claim.get("lower-is-better")))
             tests.append((paired, planned_pairs(doc, dict(ctx), better, worse), edge))
             cols.append([claim.get("text", ""), _label(ctx), metric, f"{_fmt(*ib, metric)} (n={ib[2]})",
                          f"{_fmt(*iw, metric)} (n={iw[2]})", _fmt_paired(paired, metric)])
-        if len(cols) == before:  # never drop a claim silently: a side was not run, or the sides differ elsewhere
+        if not found:  # never drop a claim silently: a side was not run, or the sides differ elsewhere
             missing = [name for name, side in (("better", better), ("worse", worse))
                        if not any(_matches(s, side) for s in groups)]
             why = (f"not run: no cell matches its {' and '.join(missing)} side" if missing else
@@ -690,7 +735,8 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
         lines += ["", f"Set by the sweep file, one value a group (no choice made here): {given}."]
     if chosen_here:
         metric = tuning_metric(doc)
-        lines += ["", f"## Tuned on the clients' validation split ({metric}, mean over seeds)", "",
+        over = f"on tuning seed(s) {', '.join(map(str, held))} only" if held else "mean over seeds"
+        lines += ["", f"## Tuned on the clients' validation split ({metric}, {over})", "",
                   "| group | chosen | candidates |", "|---|---|---|"]
         for setting, choice in sorted(chosen_here.items(), key=lambda kv: str(kv[0])):
             chosen = {k: v for k, v in choice.items() if k not in ("candidates", "scores")}
@@ -734,8 +780,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("index", type=Path, help="index.json of a sweep, or one written beside a report (or its folder)")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder for report.md, its plots and a self-contained index.json (default: the index's)")
+    parser.add_argument("--seeds-for", type=float, default=None, metavar="EFFECT",
+                        help="instead of a report: plan the seeds a sweep needs, from this index as a pilot, to detect "
+                             "a paired difference of EFFECT (in the claim's metric) with --power")
+    parser.add_argument("--power", type=float, default=0.8)
     args = parser.parse_args(argv)
     try:
+        if args.seeds_for is not None:
+            index = args.index / "index.json" if args.index.is_dir() else args.index
+            print("\n".join(seed_plan(json.loads(index.read_text(encoding="utf-8")), args.seeds_for, args.power)))
+            return 0
         print(write_report(args.index, args.out))
     except ReportError as exc:
         print(f"[report] {exc}", file=sys.stderr)

@@ -220,3 +220,23 @@ def test_a_grid_is_extended_one_step_beyond_the_edge_its_choice_sits_on():
     assert extension({"local-steps": 8, "candidates": 2, "scores": {"local-steps=4": 0, "local-steps=8": 0}}) \
         == {"local-steps": 16}
     assert extension(choice(0.1, 0.1)) == {}  # one candidate: set by the file, nothing to extend
+
+
+def test_seeds_are_planned_from_a_pilots_spread_by_the_power_of_the_one_sided_t_test():
+    """Effect = sd (Cohen's d = 1), one-sided α = 0.05, power 0.8: 8 pairs (the paired t-test's textbook n; the
+    normal approximation (1.645 + 0.842)² = 6.2 is too few). Halving the effect or α only raises n."""
+    from fedapp.experiments.report import seed_plan, seeds_for
+
+    assert seeds_for(1.0, 1.0) == 8
+    assert seeds_for(1.0, 0.5) > seeds_for(1.0, 1.0) < seeds_for(1.0, 1.0, alpha=0.01)
+    n = seeds_for(0.2, 0.3, alpha=0.05 / 3)
+    crit = stats.t.ppf(1 - 0.05 / 3, n - 1)
+    assert stats.nct.sf(crit, n - 1, math.sqrt(n) * 1.5) >= 0.8 > stats.nct.sf(
+        stats.t.ppf(1 - 0.05 / 3, n - 2), n - 2, math.sqrt(n - 1) * 1.5)
+    with pytest.raises(ValueError, match="sd > 0"):
+        seeds_for(0.0, 1.0)
+    cells = [_cell("a", s, b + d, val=0.5) for s, (b, d) in enumerate(zip(BASE, [0.01, 0.03, 0.02, 0.04, 0.0]), 1)]
+    cells += [_cell("b", s, b, val=0.5) for s, b in enumerate(BASE, 1)]
+    (_, _, row) = seed_plan(_doc(cells), effect=0.02)
+    sd = float(stats.tstd([0.01, 0.03, 0.02, 0.04, 0.0]))
+    assert f"| 5 | {sd:.4g} | {seeds_for(sd, 0.02)} |" in row
