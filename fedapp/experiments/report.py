@@ -316,7 +316,7 @@ def edge_of(choice: Mapping[str, Any]) -> str:
 
 def extension(choice: Mapping[str, Any]) -> dict[str, float | int]:
     """The next value beyond each edge the choice sits on, one grid step further: the ratio of the two outermost
-    values when they are positive (a geometric grid such as 0.01, 0.03, 0.1 goes on to 0.3), else their difference;
+    values when they are positive (a geometric grid such as 0.01, 0.03, 0.1 goes on to 0.333), else their difference;
     3 significant digits (integers stay integers). Empty when the choice is inside its grid."""
     out: dict[str, float | int] = {}
     for key, (where, values) in _edges(choice).items():

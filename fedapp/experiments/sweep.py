@@ -361,13 +361,11 @@ def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr
     if not sweep.tune_seeds:
         run_all(sweep.cells(), "")
         return index.path
-    tuning = sweep.tuning_cells()
-    run_all(tuning, " (tuning seeds)")
+    run_all(sweep.tuning_cells(), " (tuning seeds)")
     for step in range(int(sweep.meta.get("tune-extend", 0))):
         beyond = _extensions(sweep, index.doc)
         if not beyond:
             break
-        tuning += beyond
         run_all(beyond, f" (tuning seeds, grid extension {step + 1})")
     run_all(_evaluation_cells(sweep, index.doc), " (evaluation seeds, each setting at its choice)")
     return index.path
