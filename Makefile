@@ -47,7 +47,7 @@ $(NEXT_VENV)/.installed: $(STAMP)
 test-flwr-next: $(NEXT_VENV)/.installed
 	$(NEXT_VENV)/bin/python -c 'import flwr; assert flwr.__version__.startswith("1.42."), flwr.__version__'
 	$(NEXT_VENV)/bin/python -m pytest -q -ra -p no:cacheprovider tests/unit/fedapp/compat \
-		tests/unit/fedapp/privacy/test_secure_sum_safety.py tests/unit/fedapp/library/test_message_api.py \
+		tests/unit/fedapp/privacy/test_secure_sum_safety.py tests/unit/fedapp/privacy/test_masks.py tests/unit/fedapp/library/test_message_api.py \
 		tests/integration/fedapp/privacy/test_ddg_secure_sum.py tests/integration/fedapp/privacy/test_secure_aggregation.py \
 		"tests/integration/fedapp/run/test_deploy.py::test_tls_authenticated_federation_of_three_supernodes"
 
