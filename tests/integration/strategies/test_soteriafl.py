@@ -323,6 +323,9 @@ def test_flower_simulation_bits_state_and_refusal(tmp_path):
         assert r["metrics"]["grad_norm_sq"] > 0 and r["metrics"]["train_loss"] > 0
     assert rounds[1]["metrics"]["payload_bits_total"] == 2 * rounds[0]["metrics"]["payload_bits"]
     assert rounds[0]["metrics"]["train_loss"] > rounds[1]["metrics"]["train_loss"]
+    summary = json.loads(open(f"{run_dir}/summary.json").read())  # the paper's axes, as the sweep report reads them
+    assert summary["final_train_loss"] == rounds[-1]["metrics"]["train_loss"]
+    assert summary["final_utility"] == rounds[-1]["metrics"]["grad_norm_sq_avg"]
     assert all(c["status"] == "refused" for c in rounds[2]["clients"])  # dp-rounds = 2 exhausted
     assert max(c["epsilon_spent"] for c in rounds[1]["clients"]) <= 5.0
     for r in rounds:  # the server composed each client's ε itself, and it agrees with the client's accountant
