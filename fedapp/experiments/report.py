@@ -558,25 +558,28 @@ def _rounds(cell: Mapping[str, Any]) -> list[dict[str, Any]]:
     return compact_rounds(run_dir) if run_dir and (Path(run_dir) / "rounds.jsonl").is_file() else []
 
 
-def _axes() -> tuple[Any, Any]:
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(7, 4.5))
+    return plt
+
+
+def _axes() -> tuple[Any, Any]:
+    return _pyplot().subplots(figsize=(7, 4.5))
 
 
 def _save(fig: Any, ax: Any, xlabel: str, ylabel: str, path: Path) -> None:
-    import matplotlib.pyplot as plt
-
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _pyplot().close(fig)
 
 
 def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
@@ -635,11 +638,7 @@ def plot_paper_axes(groups: Mapping[tuple, list[dict]], key: str | None, out: Pa
     """SoteriaFL's figure layout (Figures 1-3): utility (top) and training loss (bottom) against rounds (left) and
     uplink bits (right), one line per method with its 95 % band over seeds, one figure per value of the privacy
     ``key``; [(file name, title)] of the figures written (none when no cell records the training loss)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     panels: dict[Any, dict[tuple, list[dict]]] = defaultdict(dict)
     for setting, cells in groups.items():
         if any(r.get("train_loss") is not None for c in cells for r in _rounds(c)):
@@ -704,8 +703,8 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
     if held:  # the evaluation cells are each setting's grid seeds at its choice; the tuning cells choose only
         tune = list(doc.get("tune", []))
         planned_eval = evaluation_plan(doc, choices)
-        tuning = [c for c in finished_cells(doc) if json.dumps(c["assignments"].get("seed")) in
-                  {json.dumps(x) for x in held}]
+        held_ids = {json.dumps(x) for x in held}
+        tuning = [c for c in finished_cells(doc) if json.dumps(c["assignments"].get("seed")) in held_ids]
         done = sum(c.get("assignments") in planned_eval for c in finished_cells(doc))
         lines.append(f"Cells: {done} evaluation cells finished of the {len(planned_eval)} planned (the grid's seeds at "
                      f"each setting's chosen {', '.join(tune)}); {len(tuning)} tuning cells on seeds "
