@@ -198,7 +198,8 @@ def wait_https_health(port: int, ca: Path | None, proc: subprocess.Popen, timeou
 
 def start_supernode(work: Path, env: dict[str, str], superlink: str, node: Mapping[str, Any], name: str, *,
                     ca: Path | None, key: Path | None, max_wait: float = 60.0) -> subprocess.Popen:
-    cmd = [venv_bin("flower-supernode"), "--superlink", superlink, "--port", str(free_port()),
+    # Flower's flower-supernode, whose fleet connection retries a TLS handshake cut short (fedapp.run.supernode)
+    cmd = [sys.executable, "-m", "fedapp.run.supernode", "--superlink", superlink, "--port", str(free_port()),
            "--node-config", node_config_arg(node), "--max-wait-time", str(max_wait)]
     cmd += ["--root-certificates", str(ca)] if ca else ["--insecure"]
     if key is not None:
@@ -280,6 +281,94 @@ def _make_certs():
     return module.make_all
 
 
+#: how long ``flwr run`` may take to get a ServerApp process started (Flower's SuperExec picks a pending run up)
+SERVER_START_TIMEOUT_S = 180.0
+#: how long ``flwr run --stream`` may keep streaming after the run's summary.json said it ended
+STREAM_END_WAIT_S = 15.0
+#: lines of each log quoted when a deployment fails
+TAIL_LINES = 15
+
+
+def await_run(runner: subprocess.Popen, watched: Mapping[str, subprocess.Popen], procs: Processes, output_dir: Path,
+              before: set[Path], timeout: float | None, *, poll: float = 0.5,
+              start_timeout: float = SERVER_START_TIMEOUT_S, end_wait: float = STREAM_END_WAIT_S) -> int:
+    """Wait for ``runner`` (``flwr run --stream``) and return its exit code, watching what a silent wait would miss:
+
+    * a process in ``watched`` (SuperLink, gateway, SuperNodes) that exits while the run goes on: the server would
+      wait for its replies for ever (``RuntimeError`` naming it);
+    * no ``flwr-serverapp`` process among ``procs``' descendants ``start_timeout`` seconds after ``flwr run``: the
+      run stayed pending (``RuntimeError``);
+    * a new run folder under ``output_dir`` (not in ``before``) whose summary.json says the run ended while the
+      stream goes on ``end_wait`` seconds more: the stream is stopped and 0 returned (the results decide);
+    * ``timeout`` seconds in all: ``TimeoutError``."""
+    start = time.monotonic()
+    server_started = False
+    ended_at: float | None = None
+    while True:
+        code = runner.poll()
+        if code is not None:
+            return code
+        for name, proc in watched.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} (pid {proc.pid}) exited with code {proc.returncode} during the run; "
+                                   "the server would wait for its replies for ever")
+        now = time.monotonic()
+        if not server_started:
+            procs.snapshot()
+            server_started = any("flwr-serverapp" in _cmdline(p) for p in list(procs.seen.values()))
+            if not server_started and now - start > start_timeout:
+                raise RuntimeError(f"no ServerApp process started within {start_timeout:.0f} s of flwr run: the run "
+                                   "stayed pending on the SuperLink")
+        if ended_at is None and _run_ended(output_dir, before):
+            ended_at = now
+        if ended_at is not None and now - ended_at > end_wait:
+            runner.terminate()
+            try:
+                runner.wait(10)
+            except subprocess.TimeoutExpired:
+                runner.kill()
+            return 0
+        if timeout is not None and now - start > timeout:
+            raise TimeoutError(f"the run did not end within {timeout:.0f} s")
+        time.sleep(poll)
+
+
+def _cmdline(proc: Any) -> str:
+    try:
+        return " ".join(proc.cmdline())
+    except Exception:  # noqa: BLE001 - psutil: gone, zombie, or denied
+        return ""
+
+
+def _run_ended(output_dir: Path, before: set[Path]) -> bool:
+    """Whether a run folder new since ``before`` has a summary.json saying the run finished or stopped."""
+    import json
+
+    for folder in list_runs(output_dir) - before:
+        try:
+            summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if summary.get("finished") or summary.get("stopped_reason"):
+            return True
+    return False
+
+
+def log_tails(work: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of every log a deployment in ``work`` writes (``flwr run``, SuperLink, gateway,
+    SuperNodes), for an error message that says what happened without a trip to the work folder."""
+    paths = sorted(work.glob("*.log")) + sorted((work / "flwr-home").glob("superlink-*.out"))
+    parts = [f"logs in {work}:"]
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        except OSError:
+            continue
+        tail = [line for line in text if line.strip()][-lines:]
+        parts.append(f"--- {path.name} (last {len(tail)} lines)\n" + "\n".join(tail))
+    return "\n".join(parts)
+
+
 @dataclass
 class DeployResult:
     run_dir: Path
@@ -355,9 +444,11 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
             if auth:
                 for i in range(num_supernodes):
                     register_supernode(env, key_paths[i][1])
+            supernodes: list[subprocess.Popen] = []
             for i, node in enumerate(nodes):
                 key = key_paths[i][0] if auth else None
                 p = procs.add(start_supernode(work, env, public, node, f"supernode-{i}", ca=ca, key=key))
+                supernodes.append(p)
                 log(f"[deploy] SuperNode {i} pid {p.pid}: --node-config '{node_config_arg(node)}'")
             intruders = []
             for j in range(unauthorized):
@@ -374,8 +465,14 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
                    "--run-config", to_toml_assignments(overrides)]
             log(f"[deploy] flwr run {app.name} {CONNECTION} --stream --run-config '{to_toml_assignments(overrides)}'")
             with open(work / "flwr-run.log", "w") as out:
-                result = subprocess.run(cmd, env=env, cwd=str(app), timeout=timeout, stdout=out,
-                                        stderr=subprocess.STDOUT)
+                runner = procs.add(subprocess.Popen(cmd, env=env, cwd=str(app), stdout=out,
+                                                    stderr=subprocess.STDOUT, start_new_session=True))
+            watched = {"the SuperLink": superlink, "the fleet gateway": gateway,
+                       **{f"SuperNode {i}": p for i, p in enumerate(supernodes)}}
+            try:
+                returncode = await_run(runner, watched, procs, output_dir, before, timeout)
+            except (RuntimeError, TimeoutError) as exc:
+                raise type(exc)(f"{exc}\n{log_tails(work)}") from None
             for j, p in enumerate(intruders):
                 try:
                     code = p.wait(timeout=30)
@@ -384,8 +481,8 @@ def deploy(num_supernodes: int = 3, run_config: str | None = None, *, node_overr
                 text = (work / f"unauthorized-{j}.log").read_text(errors="replace")
                 if code in (AUTH_REFUSED_EXIT, AUTH_REFUSED_EXIT % 256) or "Failed to activate SuperNode" in text:
                     refused.append(f"unauthorized-{j}")
-            if result.returncode != 0:
-                raise RuntimeError(f"flwr run exited with code {result.returncode}; see {work / 'flwr-run.log'}")
+            if returncode != 0:
+                raise RuntimeError(f"flwr run exited with code {returncode}\n{log_tails(work)}")
         finally:
             leftovers = procs.stop_all()
             if leftovers:

@@ -88,7 +88,7 @@ def test_tls_authenticated_federation_of_three_supernodes(tmp_path) -> None:
     res = deploy(3, f"strategy='robust-hdp' num-server-rounds=2 max-samples=300 batch-size=16 "
                     f"fraction-evaluate=0.0 output-dir='{out}'",
                  node_overrides=["0:epsilon=0.8 dataset='digits'"], unauthorized=1, work_dir=tmp_path / "work",
-                 timeout=900, outsider=True, log=lambda *_: None)
+                 timeout=480, outsider=True, log=lambda *_: None)
     # the outsider holds only ca.crt and the public (gateway) address: each Control API action is refused ...
     # ... and so is the Control API reached by path traversal through the gateway
     assert res.outsider == {"register": "refused", "ls": "refused", "run": "refused", "traversal-dots": "refused",
@@ -134,7 +134,7 @@ def test_dp_ftrl_under_secagg_in_a_deployment_spends_the_recomputed_epsilon(tmp_
           "privacy-dist": "fixed", "batch-size": 16, "local-steps": 2, "clip-norm": 1.0, "target-epsilon": 4.0,
           "fraction-evaluate": 0.0, "max-samples": 400, "ftrl-bands": 2}
     res = deploy(3, to_toml_assignments({**ov, "output-dir": str(tmp_path / "results")}), work_dir=tmp_path / "work",
-                 timeout=900, log=lambda *_: None)
+                 timeout=480, log=lambda *_: None)
     summary = json.loads((res.run_dir / "summary.json").read_text())
     assert summary["finished"] and summary["rounds_completed"] == 3 and res.leftover_pids == []
     cfg = resolve_config({}, ov)
@@ -159,7 +159,7 @@ def test_supernodes_enforce_their_own_privacy_policy_whatever_the_run_config_say
 
     res = deploy(3, f"strategy='dpsgd-fedavg' seeded-noise=true num-server-rounds=2 max-samples=300 batch-size=16 "
                     f"fraction-evaluate=0.0 output-dir='{tmp_path / 'results'}'",
-                 node_overrides=["0:allow-seeded-noise=true"], work_dir=tmp_path / "work", timeout=900,
+                 node_overrides=["0:allow-seeded-noise=true"], work_dir=tmp_path / "work", timeout=480,
                  log=lambda *_: None, check_policies=False)
     summary = json.loads((res.run_dir / "summary.json").read_text())
     assert summary["finished"] and summary["rounds_completed"] == 2 and res.leftover_pids == []

@@ -50,7 +50,7 @@ def test_robust_hdp_trains_each_supernode_on_its_own_file_and_a_bad_node_refuses
     run = {"strategy": "robust-hdp", "num-server-rounds": 3, "dataset": "node-local", "model": f"{module}:make",
            "input-shape": "[16]", "num-classes": 3, "output-dir": str(tmp_path / "results")}
     res = deploy(4, to_toml_assignments(run), node_overrides=[f"{i}:data-path={p}" for i, p in enumerate(paths)],
-                 work_dir=tmp_path / "work", timeout=900, log=lambda *_: None, check_data=False)
+                 work_dir=tmp_path / "work", timeout=480, log=lambda *_: None, check_data=False)
     summary = json.loads((res.run_dir / "summary.json").read_text())
     assert summary["finished"] and summary["rounds_trained"] == 3 and res.leftover_pids == []
     assert summary["final_accuracy"] is None and summary["evaluation"].startswith("federated only")
@@ -78,7 +78,7 @@ def test_dp_fedavg_under_secagg_trains_each_supernode_on_its_own_file(tmp_path, 
     run = {"strategy": "dp-fedavg", "num-server-rounds": 3, "dataset": "node-local", "model": f"{module}:make",
            "input-shape": "[16]", "num-classes": 3, "output-dir": str(tmp_path / "results")}
     res = deploy(3, to_toml_assignments(run), node_overrides=[f"{i}:data-path={p}" for i, p in enumerate(paths)],
-                 work_dir=tmp_path / "work", timeout=900, log=lambda *_: None)
+                 work_dir=tmp_path / "work", timeout=480, log=lambda *_: None)
     summary = json.loads((res.run_dir / "summary.json").read_text())
     assert summary["finished"] and summary["rounds_trained"] == 3 and res.leftover_pids == []
     assert summary["evaluation"].startswith("federated only") and summary["epsilon_vs_server_proven"] is True
