@@ -21,6 +21,7 @@ from fedapp.apps.privacy_plan import privacy_plan
 from fedapp.clients.common import make_model, model_for_shape
 from fedapp.clients.training import evaluate_model, get_weights, resolve_device, set_weights
 from fedapp.compat.heap import return_freed_memory
+from fedapp.compat.http_retry import retry_grid_tls_eof
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, log_to_file_from_env
 from fedapp.compat.wakeups import wake_grid
 from fedapp.config import (
@@ -264,6 +265,7 @@ def run_server(grid: Grid, context: Context, overrides: dict[str, Any] | None = 
     components = build_components(cfg)
     strategy = components.strategy
     wake_grid(grid)  # in the simulation runtime: replies wake the round loop instead of its 0.1 s poll
+    retry_grid_tls_eof(grid)  # deployed: a TLS handshake the SuperLink cut short costs no client its round
     if getattr(strategy, "secure_aggregation", False):
         log(INFO, "secure aggregation (SecAgg+) on: the server sees only the sum of each round's updates")
         run_with_secure_aggregation(grid, context, strategy, components.config, cfg.client_dp, cfg.deployment)

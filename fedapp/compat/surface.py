@@ -164,6 +164,20 @@ SURFACE: tuple[Symbol, ...] = (
     Symbol(f"{_GRIDS}.http_grid.HttpGrid.send_and_receive", _EXCHANGE, "wakeups.http-grid", "replaced on the instance"),
     Symbol(f"{_GRIDS}.http_grid.HttpGrid.push_messages", _PUSH, "wakeups.http-grid", "called by the replacement"),
     Symbol(f"{_GRIDS}.http_grid.HttpGrid.pull_messages", _PULL, "wakeups.http-grid", "called by the replacement"),
+    # fedapp.compat.http_retry: a TLS handshake the peer cut short is retried (ServerApp grid, SuperNode connection)
+    Symbol("flwr.supercore.retry.retry_invoker.RetryInvoker", None, "http-retry",
+           "an instance's should_giveup and invoke are wrapped", attributes=("should_giveup", "invoke")),
+    Symbol("flwr.supercore.retry.retry_invoker.RetryInvoker.invoke",
+           "(self, target: collections.abc.Callable[..., typing.Any], *args: Any, **kwargs: Any) -> Any",
+           "http-retry", "wrapped on the instance: handshakes cut short are counted per call"),
+    Symbol(f"{_GRIDS}.http_grid.HttpGrid", "(runtime_api_address: str = '127.0.0.1:8000', insecure: bool = False, "
+           "root_certificates: bytes | None = None, *, token: str) -> None", "http-retry",
+           "its retry invoker is wrapped", attributes=("_retry_invoker",)),
+    Symbol("flwr.supernode.fleet_http_connection.make_simple_http_retry_invoker",
+           "() -> flwr.supercore.retry.retry_invoker.RetryInvoker", "http-retry",
+           "replaced in the SuperNode's fleet connection's namespace by a factory whose invokers are wrapped"),
+    Symbol("flwr.supernode.cli.flower_supernode.flower_supernode", "() -> None", "http-retry",
+           "the SuperNode's entry point, called by fedapp.run.supernode"),
     # fedapp.compat.early_ray
     Symbol(_RAY_BACKEND, f"({_BACKEND_CONFIG}) -> None",
            "early-ray", "its init_ray finds the early Ray head", attributes=("init_args_key",)),

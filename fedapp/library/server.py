@@ -27,6 +27,7 @@ from torch import nn
 
 from fedapp.clients.soteriafl import soteriafl_params
 from fedapp.clients.training import LocalTraining, get_weights, local_train, resolve_device, set_weights
+from fedapp.compat.http_retry import retry_grid_tls_eof
 from fedapp.compat.wakeups import wake_grid
 from fedapp.config import ClientDPConfig, DeploymentConfig, SoteriaFLConfig
 from fedapp.library.data import UserData, as_array_dataset
@@ -272,6 +273,7 @@ def run_secure_aggregation(grid: Grid, context: Context, strategy: FedSMPStrateg
     rounds = strategy.num_rounds if num_rounds is None else int(num_rounds)
     config = ServerConfig(num_rounds=rounds, round_timeout=settings.round_timeout or None)
     wake_grid(grid)  # in Flower's simulation runtime: replies wake the round loop instead of its 0.1 s poll
+    retry_grid_tls_eof(grid)  # deployed: a TLS handshake the SuperLink cut short costs no client its round
     strategy.under_secure_aggregation = True
     try:
         run_with_secure_aggregation(grid, context, strategy, config, secagg_client_dp(settings),
