@@ -47,7 +47,10 @@ TUNING_METRICS = {"final_client_val_accuracy": "higher", "final_client_val_loss"
 DEFAULT_TUNING_METRIC = "final_client_val_accuracy"
 PRIVACY_KEYS = ("epsilon", "target-epsilon", "privacy-dist", "noise-multiplier")
 ROUND_METRICS = ("accuracy", "client_accuracy", "loss", "epsilon", "client_val_accuracy", "client_val_loss",
-                 "train_loss", "grad_norm_sq", "grad_norm_sq_avg", "payload_bits_total")
+                 "train_loss", "grad_norm_sq", "grad_norm_sq_avg", "payload_bits_total", "uplink_bytes")
+#: keys other than the privacy keys that a figure puts on its x axis when the cells vary them: Fed-SMP's compression
+#: ratio p = k/d (its Fig. 3)
+FIGURE_KEYS = ("compression-ratio",)
 #: SoteriaFL's figures (Sec. 6): utility (running mean of ‖∇f(x_t)‖²) and training loss against rounds and bits
 PAPER_AXES = (("grad_norm_sq_avg", "utility: mean of ‖∇f(x_t)‖² over rounds"), ("train_loss", "training loss f(x_t)"))
 ALPHA = 0.05  # the claims' family-wise error rate (Holm)
@@ -634,6 +637,62 @@ def _curve(cells: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[float]
             [0.0 if math.isnan(s[1]) else s[1] for s in stats])
 
 
+def _uplink_curve(cells: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[float], list[float]]:
+    """(mean cumulative uplink bits, mean accuracy, 95 % half-width) at the rounds where ``cells`` were evaluated."""
+    acc: dict[int, list[float]] = defaultdict(list)
+    bits: dict[int, list[float]] = defaultdict(list)
+    for cell in cells:
+        total = 0.0
+        for r in _rounds(cell):
+            total += 8.0 * float(r.get("uplink_bytes") or 0)
+            if r.get("accuracy") is not None:
+                acc[int(r["round"])].append(float(r["accuracy"]))
+                bits[int(r["round"])].append(total)
+    xs = sorted(acc)
+    stats = [interval(acc[x]) for x in xs]
+    return [interval(bits[x])[0] for x in xs], [s[0] for s in stats], [0.0 if math.isnan(s[1]) else s[1] for s in stats]
+
+
+def has_uplink(groups: Mapping[tuple, list[dict]]) -> bool:
+    return any(r.get("uplink_bytes") for cells in groups.values() for c in cells for r in _rounds(c))
+
+
+def plot_uplink(groups: Mapping[tuple, list[dict]], path: Path) -> None:
+    """Fed-SMP's Fig. 2 (right): test accuracy against the uplink bits all clients sent so far, one line per group
+    with its 95 % band over seeds."""
+    fig, ax = _axes()
+    for setting, cells in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        xs, mean, half = _uplink_curve(cells)
+        (line,) = ax.plot(xs, mean, label=f"{_label(setting)} (n={len(cells)})")
+        ax.fill_between(xs, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
+                        color=line.get_color(), alpha=0.2)
+    ax.set_xscale("log")
+    _save(fig, ax, "uplink bits (all clients, cumulative)", "accuracy (mean, 95 % interval over seeds)", path)
+
+
+def to_target(cell: Mapping[str, Any], target: float) -> tuple[int, float] | None:
+    """(round, cumulative uplink bits) when ``cell``'s test accuracy first reached ``target``; None if it never did."""
+    total = 0.0
+    for r in _rounds(cell):
+        total += 8.0 * float(r.get("uplink_bytes") or 0)
+        if r.get("accuracy") is not None and float(r["accuracy"]) >= target:
+            return int(r["round"]), total
+    return None
+
+
+def target_table(groups: Mapping[tuple, list[dict]], target: float) -> list[str]:
+    """Rows of the uplink-to-target table (Fed-SMP Sec. 6.2: the uplink a method spends to reach a test accuracy)."""
+    rows = []
+    for setting, cells in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        hits = [h for h in (to_target(c, target) for c in cells) if h is not None]
+        r = interval([float(h[0]) for h in hits]) if hits else (math.nan, math.nan, 0)
+        rounds = "–" if not hits else f"{r[0]:.1f}" + ("" if math.isnan(r[1]) else f" ± {r[1]:.1f}")
+        bits = interval([h[1] for h in hits]) if hits else (math.nan, math.nan, 0)
+        shown = f"{bits[0]:.3g} ± {bits[1]:.2g}" if len(hits) > 1 else (f"{bits[0]:.3g}" if hits else "–")
+        rows.append(f"| {_label(setting)} | {len(hits)} of {len(cells)} | {rounds} | {shown} |")
+    return rows
+
+
 def plot_paper_axes(groups: Mapping[tuple, list[dict]], key: str | None, out: Path) -> list[tuple[str, str]]:
     """SoteriaFL's figure layout (Figures 1-3): utility (top) and training loss (bottom) against rounds (left) and
     uplink bits (right), one line per method with its 95 % band over seeds, one figure per value of the privacy
@@ -761,6 +820,19 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
             if metric in has:
                 plot_epsilon(groups, varied[0], out / name, metric)
                 lines += ["", f"![{what} vs {varied[0]}]({name})"]
+    for key in (k for k in FIGURE_KEYS if len({dict(g).get(k) for g in groups}) > 1):
+        name = f"accuracy_{key}.png"
+        plot_epsilon(groups, key, out / name, "final_accuracy")
+        lines += ["", f"![accuracy vs {key}]({name})"]
+    if has_uplink(groups):
+        plot_uplink(groups, out / "accuracy_uplink.png")
+        lines += ["", "![accuracy against uplink bits](accuracy_uplink.png)"]
+        target = meta.get("target-accuracy")
+        if target is not None:
+            lines += ["", f"Uplink to reach {float(target):.0%} test accuracy (the first evaluated round at or above it; "
+                      "means over the seeds that reached it, 95 % intervals):", "",
+                      "| group | reached | rounds | uplink bits (all clients) |", "|---|---|---|---|",
+                      *target_table(groups, float(target))]
     for name, title in plot_paper_axes(groups, varied[0] if varied else None, out):
         lines += ["", f"![utility and training loss against rounds and uplink bits, {title}]({name})"]
     failed = [(cid, c.get("error", c.get("status"))) for cid, c in doc["cells"].items() if c.get("status") != "finished"]

@@ -155,12 +155,14 @@ def load_sweep(path: str | Path, scale: str | None = None) -> Sweep:
         config.update(over.pop("config", {}))
         grid.update(over.pop("grid", {}))
         sw.update(over.pop("sweep", {}))  # [scales.x] sweep = {...} overrides [sweep] keys
+        if "claims" in over:  # the scale's own claims replace the file's (a scale that tests another claim)
+            claims = [dict(c) for c in over.pop("claims")]
         if "variants" in over:  # the scale's own variants replace the file's; the grid stops varying their keys
             variants = [dict(v) for v in over.pop("variants")]
             grid = {k: v for k, v in grid.items() if not any(k in variant for variant in variants)}
         unknown = sorted(over)
         if unknown:
-            raise ConfigError(f"{path}: [scales.{scale}] takes config, grid, sweep and variants, not {unknown}")
+            raise ConfigError(f"{path}: [scales.{scale}] takes config, grid, sweep, variants and claims, not {unknown}")
     base = sw.pop("base", "")
     if base:
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)

@@ -552,5 +552,9 @@ variants = [{ strategy = "fedavg", lr = 0.5 }, { strategy = "dpsgd-fedavg", lr =
     assert "| FedAvg beats SCAFFOLD | – | final_accuracy | – | – | – | – | – | – | **not run: no cell matches its worse side** |" \
         in report
     path.write_text(SWEEP + '\n[scales.odd]\nvariant = [{ lr = 0.5 }]\n')
-    with pytest.raises(ConfigError, match=r"takes config, grid, sweep and variants, not \['variant'\]"):
+    with pytest.raises(ConfigError, match=r"takes config, grid, sweep, variants and claims, not \['variant'\]"):
         load_sweep(path, "odd")
+    path.write_text(SWEEP + '\n[scales.own]\nclaims = [{ text = "lr 0.5 beats 0.1", metric = "final_accuracy", '
+                    'better = { lr = 0.5 }, worse = { lr = 0.1 } }]\n')
+    assert [c["text"] for c in load_sweep(path, "own").claims] == ["lr 0.5 beats 0.1"]  # the scale's replace the file's
+    assert [c["text"] for c in load_sweep(path).claims] != ["lr 0.5 beats 0.1"]

@@ -1,0 +1,45 @@
+"""Fed-SMP's figures in a sweep report: accuracy against the compression ratio p, against cumulative uplink bits, and
+the uplink each setting spends to first reach a target accuracy, checked by hand on fabricated cells."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from fedapp.experiments.report import to_target, write_report
+
+
+def _cell(p: float, seed: int, accuracies: list[float | None], bytes_a_round: int) -> dict[str, Any]:
+    rounds = [{"round": t, "uplink_bytes": bytes_a_round, **({"accuracy": a} if a is not None else {})}
+              for t, a in enumerate(accuracies, start=1)]
+    final = [a for a in accuracies if a is not None][-1]
+    return {"assignments": {"strategy": "fed-smp-randk", "seed": seed, "compression-ratio": p}, "status": "finished",
+            "config": {}, "rounds": rounds, "summary": {"finished": True, "final_accuracy": final}}
+
+
+def test_the_first_evaluated_round_at_the_target_and_the_bits_sent_until_then() -> None:
+    cell = _cell(0.4, 1, [None, 0.5, None, 0.91, 0.95], 1000)
+    assert to_target(cell, 0.9) == (4, 4 * 8 * 1000.0)
+    assert to_target(cell, 0.95) == (5, 5 * 8 * 1000.0)
+    assert to_target(cell, 0.96) is None
+
+
+def test_a_sweep_over_p_gets_accuracy_against_p_and_uplink_and_the_uplink_to_its_target(tmp_path: Path) -> None:
+    cells = {}
+    for seed in (1, 2):
+        cells[f"small-{seed}"] = _cell(0.05, seed, [0.5, 0.7, 0.8, 0.85], 100)  # never reaches 0.9
+        cells[f"mid-{seed}"] = _cell(0.4, seed, [0.6, 0.9 if seed == 1 else 0.8, 0.92, 0.93], 800)
+    doc = {"sweep": "fed-smp-table1", "file": "f.toml", "meta": {"scale": "mid-ratio", "target-accuracy": 0.9},
+           "num_supernodes": 10, "config": {}, "grid": {"strategy": ["fed-smp-randk"], "seed": [1, 2]}, "tune": [], "claims": [], "cells": cells,
+           "variants": [{"compression-ratio": 0.05}, {"compression-ratio": 0.4}]}
+    (tmp_path / "index.json").write_text(json.dumps(doc))
+    report = write_report(tmp_path / "index.json").read_text()
+    assert "Cells: 4 finished of the scale's 4;" in report
+    assert (tmp_path / "accuracy_compression-ratio.png").stat().st_size > 0
+    assert (tmp_path / "accuracy_uplink.png").stat().st_size > 0
+    assert "![accuracy vs compression-ratio](accuracy_compression-ratio.png)" in report
+    assert "| strategy=fed-smp-randk, compression-ratio=0.05 | 0 of 2 | – | – |" in report
+    # seed 1 at round 2 (2 rounds × 800 bytes × 8 bits = 12,800), seed 2 at round 3 (19,200): mean 16,000
+    row = next(line for line in report.splitlines() if line.startswith("| strategy=fed-smp-randk, compression-ratio=0.4 | 2 of"))
+    assert row == "| strategy=fed-smp-randk, compression-ratio=0.4 | 2 of 2 | 2.5 ± 6.4 | 1.6e+04 ± 4.1e+04 |"
