@@ -237,6 +237,13 @@ class ClientLevelDPStrategy(DPFLStrategy):
         chosen = super().sample_clients(server_round, nodes)
         self.sampled[server_round] = len(chosen)
         self.round_log.add_metrics({"clients_sampled": len(chosen)})  # also when too few to run the round
+        if self.secure_aggregation and 0 < len(chosen) < MIN_SECURE_SURVIVORS:
+            # a sum of fewer than MIN_SECURE_SURVIVORS is never unmasked: the round could release nothing, so its
+            # clients are not asked to train (what is released, nothing, is the same either way)
+            log(WARNING, "round %d: client sampling drew %d client(s); a secure sum of fewer than %d is never "
+                "unmasked, so none is contacted", server_round, len(chosen), MIN_SECURE_SURVIVORS)
+            self.round_log.add_metrics({"below_secure_minimum": True})
+            return []
         return chosen
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:

@@ -299,10 +299,13 @@ def _budget_round(record: dict[str, Any]) -> bool:
 
 
 def _unsampled_round(record: dict[str, Any]) -> bool:
-    """A round whose Poisson sample had too few clients to run (none, or one under SecAgg+, which needs two):
-    nothing was sent, nothing released, by the sampling design rather than by a failure."""
+    """A round whose Poisson sample had too few clients to run (none or one; under SecAgg+ fewer than a secure sum is
+    ever unmasked for, ``below_secure_minimum``): nothing was sent, nothing released, by the sampling design rather
+    than by a failure."""
     sampled = record["metrics"].get("clients_sampled")
-    return not record["clients"] and sampled is not None and int(sampled) < 2
+    if record["clients"] or sampled is None:
+        return False
+    return int(sampled) < 2 or bool(record["metrics"].get("below_secure_minimum"))
 
 
 def _stopped_reason(done: bool, trained: int, untrained: list[int], budget_stopped: list[int],
@@ -319,7 +322,7 @@ def _stopped_reason(done: bool, trained: int, untrained: list[int], budget_stopp
         reasons.append(f"the privacy budget refused {len(budget_stopped)} of {completed} rounds "
                        f"(rounds {_rounds(budget_stopped)})")
     if unsampled:
-        reasons.append(f"client sampling drew fewer than 2 clients in {len(unsampled)} of {completed} rounds "
+        reasons.append(f"client sampling drew too few clients to run {len(unsampled)} of {completed} rounds "
                        f"(rounds {_rounds(unsampled)})")
     return "; ".join(reasons) or None
 

@@ -33,7 +33,18 @@ def test_a_round_poisson_sampling_left_with_fewer_than_two_clients_is_named_not_
     rounds = [_round(1, 3), _round(2, 0, [], clients_sampled=1), _round(3, 0, [], clients_sampled=0), _round(4, 2)]
     s = summarize(rounds, 1.0, done=True)
     assert s["finished"] and s["rounds_unsampled"] == [2, 3] and s["rounds_untrained"] == []
-    assert "client sampling drew fewer than 2 clients in 2 of 4 rounds (rounds 2, 3)" in s["stopped_reason"]
+    assert "client sampling drew too few clients to run 2 of 4 rounds (rounds 2, 3)" in s["stopped_reason"]
+
+
+def test_a_secure_round_sampled_below_the_unmasking_minimum_is_named_not_failed() -> None:
+    """Under SecAgg+ a Poisson sample of 2 is never unmasked: the strategy contacts nobody and says why; a round whose
+    two clients were contacted and rejected still counts as untrained."""
+    rounds = [_round(1, 3), _round(2, 0, [], clients_sampled=2, below_secure_minimum=True), _round(3, 3)]
+    s = summarize(rounds, 1.0, done=True)
+    assert s["finished"] and s["rounds_unsampled"] == [2] and s["rounds_untrained"] == []
+    rejected = [{"status": "rejected", "client_id": i} for i in (0, 1)]
+    s = summarize([_round(1, 3), _round(2, 0, rejected, clients_sampled=2), _round(3, 3)], 1.0, done=True)
+    assert not s["finished"] and s["rounds_untrained"] == [2]
 
 
 def test_the_final_summary_is_the_last_file_a_run_writes(tmp_path, monkeypatch) -> None:
