@@ -638,23 +638,31 @@ def _curve(cells: Sequence[Mapping[str, Any]], metric: str) -> tuple[list[float]
 
 
 def _uplink_curve(cells: Sequence[Mapping[str, Any]]) -> tuple[list[float], list[float], list[float]]:
-    """(mean cumulative uplink bits, mean accuracy, 95 % half-width) at the rounds where ``cells`` were evaluated."""
+    """(mean cumulative uplink bits, mean accuracy, 95 % half-width) at the rounds where ``cells`` were evaluated
+    (:func:`_accuracy`)."""
     acc: dict[int, list[float]] = defaultdict(list)
     bits: dict[int, list[float]] = defaultdict(list)
     for cell in cells:
         total = 0.0
         for r in _rounds(cell):
             total += 8.0 * float(r.get("uplink_bytes") or 0)
-            if r.get("accuracy") is not None:
-                acc[int(r["round"])].append(float(r["accuracy"]))
+            if _accuracy(r) is not None:
+                acc[int(r["round"])].append(float(_accuracy(r)))
                 bits[int(r["round"])].append(total)
     xs = sorted(acc)
     stats = [interval(acc[x]) for x in xs]
     return [interval(bits[x])[0] for x in xs], [s[0] for s in stats], [0.0 if math.isnan(s[1]) else s[1] for s in stats]
 
 
+def _accuracy(record: Mapping[str, Any]) -> Any:
+    """A round's test accuracy: the global model's, else the clients' mean (personalized methods), as
+    :func:`plot_rounds`."""
+    return record.get("accuracy", record.get("client_accuracy"))
+
+
 def has_uplink(groups: Mapping[tuple, list[dict]]) -> bool:
-    return any(r.get("uplink_bytes") for cells in groups.values() for c in cells for r in _rounds(c))
+    """Whether some cell sent uplink bytes before a round it was evaluated in (a curve to draw)."""
+    return any(bits > 0 for cells in groups.values() for bits in _uplink_curve(cells)[0])
 
 
 def plot_uplink(groups: Mapping[tuple, list[dict]], path: Path) -> None:
@@ -663,6 +671,8 @@ def plot_uplink(groups: Mapping[tuple, list[dict]], path: Path) -> None:
     fig, ax = _axes()
     for setting, cells in sorted(groups.items(), key=lambda kv: str(kv[0])):
         xs, mean, half = _uplink_curve(cells)
+        if not any(x > 0 for x in xs):
+            continue
         (line,) = ax.plot(xs, mean, label=f"{_label(setting)} (n={len(cells)})")
         ax.fill_between(xs, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                         color=line.get_color(), alpha=0.2)
@@ -675,7 +685,7 @@ def to_target(cell: Mapping[str, Any], target: float) -> tuple[int, float] | Non
     total = 0.0
     for r in _rounds(cell):
         total += 8.0 * float(r.get("uplink_bytes") or 0)
-        if r.get("accuracy") is not None and float(r["accuracy"]) >= target:
+        if _accuracy(r) is not None and float(_accuracy(r)) >= target:
             return int(r["round"]), total
     return None
 

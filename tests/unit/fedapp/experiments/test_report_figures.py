@@ -43,3 +43,17 @@ def test_a_sweep_over_p_gets_accuracy_against_p_and_uplink_and_the_uplink_to_its
     # seed 1 at round 2 (2 rounds × 800 bytes × 8 bits = 12,800), seed 2 at round 3 (19,200): mean 16,000
     row = next(line for line in report.splitlines() if line.startswith("| strategy=fed-smp-randk, compression-ratio=0.4 | 2 of"))
     assert row == "| strategy=fed-smp-randk, compression-ratio=0.4 | 2 of 2 | 2.5 ± 6.4 | 1.6e+04 ± 4.1e+04 |"
+
+
+def test_personalized_cells_use_the_clients_accuracy_and_cells_never_evaluated_draw_no_uplink_curve(tmp_path):
+    """DP2-FedSAM evaluates on the clients (``client_accuracy``); a sweep whose rounds carry bytes but no accuracy at
+    all gets no uplink figure rather than an empty log axis."""
+    personal = {"rounds": [{"round": t, "uplink_bytes": 500, "client_accuracy": a} for t, a in ((1, 0.8), (2, 0.92))]}
+    assert to_target(personal, 0.9) == (2, 2 * 8 * 500.0)
+    silent = {"cells": {"a": _cell(0.4, 1, [None, 0.5], 500)}}
+    silent["cells"]["a"]["rounds"] = [{"round": 1, "uplink_bytes": 500}, {"round": 2, "uplink_bytes": 500}]
+    doc = {"sweep": "s", "file": "f.toml", "meta": {"scale": "x"}, "num_supernodes": 2, "config": {},
+           "grid": {"seed": [1]}, "tune": [], "claims": [], **silent}
+    (tmp_path / "index.json").write_text(json.dumps(doc))
+    report = write_report(tmp_path / "index.json").read_text()
+    assert "accuracy_uplink.png" not in report and not (tmp_path / "accuracy_uplink.png").exists()
