@@ -9,10 +9,13 @@
    Fleet, Control and runtime APIs on one port, so the Control API is reachable only from this
    host) and :mod:`fedapp.run.fleet_gateway` on ``--public-host``, which forwards only the Fleet API;
    registers each SuperNode's
-   public key with ``flwr supernode register`` (unless ``--no-auth``), starts the SuperNodes,
+   public key with ``flwr supernode register`` (unless ``--no-auth``), starts the SuperNodes
+   (:mod:`fedapp.run.supernode`: Flower's ``flower-supernode`` retrying TLS handshakes cut short),
    each with its own ``--node-config`` (partition-id, num-partitions, and per-node epsilon,
    delta, batch-size, local-epochs, data-path, label-column … from ``--node-config i:key=value ...``);
-4. runs ``flwr run <app> dpfl --stream`` and prints the new results folder;
+4. runs ``flwr run <app> dpfl --stream``, watching the processes (:func:`await_run`: a SuperLink, gateway or
+   SuperNode that exits mid-run, or a run no ServerApp picks up, ends it with the logs' tails), and prints the new
+   results folder;
 5. stops *every* process it started and every descendant it saw (SIGTERM, then SIGKILL, by PID),
    also on Ctrl-C, SIGTERM, SIGHUP or failure.
 
