@@ -116,6 +116,18 @@ def uplink_metrics(updates: list[ClientUpdate], cumulative: int, k: int, dim: in
                         "uplink_bytes_per_client": round_bytes / max(len(updates), 1)}
 
 
+def drawn_round(server_round: int, chosen: list[int], secure: bool) -> tuple[list[int], dict[str, Any]]:
+    """The nodes a round contacts, and its sampling metrics, from the nodes its sampler drew. Under secure aggregation a
+    draw of fewer than :data:`MIN_SECURE_SURVIVORS` contacts nobody (``below_secure_minimum``): such a sum is never
+    unmasked, so the round could release nothing, and what is released (nothing) is the same either way."""
+    metrics: dict[str, Any] = {"clients_sampled": len(chosen)}
+    if secure and 0 < len(chosen) < MIN_SECURE_SURVIVORS:
+        log(WARNING, "round %d: client sampling drew %d client(s); a secure sum of fewer than %d is never unmasked, "
+            "so none is contacted", server_round, len(chosen), MIN_SECURE_SURVIVORS)
+        return [], {**metrics, "below_secure_minimum": True}
+    return chosen, metrics
+
+
 class ClientLevelDPStrategy(DPFLStrategy):
     """Client-level DP server: Poisson sampling, σ cross-check, noise-aware norm bound; composes the accounting
     (:class:`~strategies.server.client_accounting.ClientLevelAccounting`), the SecAgg+ messages (:class:`SecureSumAdapter`)
@@ -234,16 +246,9 @@ class ClientLevelDPStrategy(DPFLStrategy):
             self.sampled[server_round] = 0
             self.round_log.add_metrics({"budget_exhausted": True})
             return []
-        chosen = super().sample_clients(server_round, nodes)
-        self.sampled[server_round] = len(chosen)
-        self.round_log.add_metrics({"clients_sampled": len(chosen)})  # also when too few to run the round
-        if self.secure_aggregation and 0 < len(chosen) < MIN_SECURE_SURVIVORS:
-            # a sum of fewer than MIN_SECURE_SURVIVORS is never unmasked: the round could release nothing, so its
-            # clients are not asked to train (what is released, nothing, is the same either way)
-            log(WARNING, "round %d: client sampling drew %d client(s); a secure sum of fewer than %d is never "
-                "unmasked, so none is contacted", server_round, len(chosen), MIN_SECURE_SURVIVORS)
-            self.round_log.add_metrics({"below_secure_minimum": True})
-            return []
+        chosen, metrics = drawn_round(server_round, super().sample_clients(server_round, nodes), self.secure_aggregation)
+        self.sampled[server_round] = metrics["clients_sampled"]
+        self.round_log.add_metrics(metrics)  # also when too few to run the round
         return chosen
 
     def fit_config(self, server_round: int) -> dict[str, Scalar]:

@@ -14,7 +14,11 @@ def test_the_supernode_clientapp_module_is_flowers_clientapp_runtime():
     module = importlib.import_module(SUPERNODE_CLIENTAPP_MODULE)
     assert callable(module.run_clientapp)
     cli = importlib.import_module("flwr.supernode.cli.flwr_clientapp")
-    assert cli.run_clientapp is module.run_clientapp  # the process flower-supernode spawns for every ClientApp
+    # the process flower-supernode spawns for every ClientApp runs this module's function (compared by name: the
+    # conftest drops this module from sys.modules before each test, so an earlier import of the cli module may hold
+    # the function of an earlier instance of it)
+    ran = cli.run_clientapp
+    assert (ran.__module__, ran.__qualname__) == (SUPERNODE_CLIENTAPP_MODULE, "run_clientapp")
 
 
 def test_a_simulation_process_is_not_a_supernode():
