@@ -33,7 +33,7 @@ import math
 import os
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -591,7 +591,7 @@ def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
         per_round: dict[int, list[float]] = defaultdict(list)
         for cell in cells:
             for r in _rounds(cell):
-                acc = r.get("accuracy", r.get("client_accuracy"))
+                acc = _accuracy(r)
                 if acc is not None:
                     per_round[int(r["round"])].append(float(acc))
         xs = sorted(per_round)
@@ -643,21 +643,26 @@ def _uplink_curve(cells: Sequence[Mapping[str, Any]]) -> tuple[list[float], list
     acc: dict[int, list[float]] = defaultdict(list)
     bits: dict[int, list[float]] = defaultdict(list)
     for cell in cells:
-        total = 0.0
-        for r in _rounds(cell):
-            total += 8.0 * float(r.get("uplink_bytes") or 0)
-            if _accuracy(r) is not None:
-                acc[int(r["round"])].append(float(_accuracy(r)))
-                bits[int(r["round"])].append(total)
+        for rnd, accuracy, sent in _evaluations(cell):
+            acc[rnd].append(accuracy)
+            bits[rnd].append(sent)
     xs = sorted(acc)
     stats = [interval(acc[x]) for x in xs]
     return [interval(bits[x])[0] for x in xs], [s[0] for s in stats], [0.0 if math.isnan(s[1]) else s[1] for s in stats]
 
 
 def _accuracy(record: Mapping[str, Any]) -> Any:
-    """A round's test accuracy: the global model's, else the clients' mean (personalized methods), as
-    :func:`plot_rounds`."""
+    """A round's test accuracy: the global model's, else the clients' mean (personalized methods)."""
     return record.get("accuracy", record.get("client_accuracy"))
+
+
+def _evaluations(cell: Mapping[str, Any]) -> Iterator[tuple[int, float, float]]:
+    """(round, accuracy, uplink bits all clients sent up to and including it) of each evaluated round of ``cell``."""
+    sent = 0.0
+    for r in _rounds(cell):
+        sent += 8.0 * float(r.get("uplink_bytes") or 0)
+        if _accuracy(r) is not None:
+            yield int(r["round"]), float(_accuracy(r)), sent
 
 
 def has_uplink(groups: Mapping[tuple, list[dict]]) -> bool:
@@ -682,12 +687,7 @@ def plot_uplink(groups: Mapping[tuple, list[dict]], path: Path) -> None:
 
 def to_target(cell: Mapping[str, Any], target: float) -> tuple[int, float] | None:
     """(round, cumulative uplink bits) when ``cell``'s test accuracy first reached ``target``; None if it never did."""
-    total = 0.0
-    for r in _rounds(cell):
-        total += 8.0 * float(r.get("uplink_bytes") or 0)
-        if _accuracy(r) is not None and float(_accuracy(r)) >= target:
-            return int(r["round"]), total
-    return None
+    return next(((rnd, sent) for rnd, accuracy, sent in _evaluations(cell) if accuracy >= target), None)
 
 
 def target_table(groups: Mapping[tuple, list[dict]], target: float) -> list[str]:

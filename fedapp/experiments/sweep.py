@@ -273,6 +273,7 @@ def interrupted_run(cell_dir: Path, rounds: int) -> Path | None:
     missing or ``finished`` false with no ``stopped_reason``) and whose checkpoint has rounds of ``rounds`` left;
     ``None`` if there is none."""
     from fedapp.state.checkpoint import CHECKPOINT_FILE, load_checkpoint
+    from fedapp.state.results import run_ended
 
     found = []
     for checkpoint in cell_dir.glob(f"*/{CHECKPOINT_FILE}"):
@@ -281,7 +282,7 @@ def interrupted_run(cell_dir: Path, rounds: int) -> Path | None:
             summary = json.loads(summary_path.read_text(encoding="utf-8")) if summary_path.is_file() else {}
         except (OSError, ValueError):
             summary = {}  # half-written by the killed process: the checkpoint (written atomically) still holds
-        if summary.get("finished") or summary.get("stopped_reason"):
+        if run_ended(summary):
             continue
         try:
             done = int(load_checkpoint(checkpoint)["state"]["round"])

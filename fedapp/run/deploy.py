@@ -56,6 +56,7 @@ from fedapp.run.processes import (
     Interrupted,
     Processes,
     absolutize_paths,
+    cmdline,
     flower_env,
     free_port,
     list_runs,
@@ -67,6 +68,7 @@ from fedapp.run.processes import (
     venv_bin,
     write_flower_config,
 )
+from fedapp.state.results import run_ended
 
 
 def _toml_bool(raw: str) -> bool:
@@ -318,11 +320,11 @@ def await_run(runner: subprocess.Popen, watched: Mapping[str, subprocess.Popen],
         now = time.monotonic()
         if not server_started:
             procs.snapshot()
-            server_started = any("flwr-serverapp" in _cmdline(p) for p in list(procs.seen.values()))
+            server_started = any("flwr-serverapp" in cmdline(p) for p in list(procs.seen.values()))
             if not server_started and now - start > start_timeout:
                 raise RuntimeError(f"no ServerApp process started within {start_timeout:.0f} s of flwr run: the run "
                                    "stayed pending on the SuperLink")
-        if ended_at is None and _run_ended(output_dir, before):
+        if ended_at is None and _new_run_ended(output_dir, before):
             ended_at = now
         if ended_at is not None and now - ended_at > end_wait:
             runner.terminate()
@@ -336,14 +338,7 @@ def await_run(runner: subprocess.Popen, watched: Mapping[str, subprocess.Popen],
         time.sleep(poll)
 
 
-def _cmdline(proc: Any) -> str:
-    try:
-        return " ".join(proc.cmdline())
-    except Exception:  # noqa: BLE001 - psutil: gone, zombie, or denied
-        return ""
-
-
-def _run_ended(output_dir: Path, before: set[Path]) -> bool:
+def _new_run_ended(output_dir: Path, before: set[Path]) -> bool:
     """Whether a run folder new since ``before`` has a summary.json saying the run finished or stopped."""
     import json
 
@@ -352,7 +347,7 @@ def _run_ended(output_dir: Path, before: set[Path]) -> bool:
             summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
-        if summary.get("finished") or summary.get("stopped_reason"):
+        if run_ended(summary):
             return True
     return False
 

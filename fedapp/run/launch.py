@@ -53,6 +53,7 @@ from fedapp.run.processes import (
     Interrupted,
     Processes,
     absolutize_paths,
+    cmdline,
     flower_env,
     free_port,
     list_runs,
@@ -69,6 +70,7 @@ from fedapp.run.processes import (
     wait_http_health,
     write_flower_config,
 )
+from fedapp.state.results import run_ended
 
 
 def resolve_flwr_home(app: Path, flwr_home: Path | None = None) -> Path:
@@ -227,7 +229,7 @@ class NewRun:
     def ended(self, summary: dict[str, Any] | None = None) -> bool:
         """Whether the run ended, from ``summary`` (one already read) or a fresh read of summary.json."""
         summary = self.summary() if summary is None else summary
-        return bool(summary.get("finished") or summary.get("stopped_reason"))
+        return run_ended(summary)
 
 
 def checked_config(num_supernodes: int, run_config: str | None, app: Path) -> tuple[RunConfig, dict, dict]:
@@ -528,7 +530,7 @@ def follow_run(procs: Processes, server_log: Path, timeout: float | None, result
         if server is None:
             procs.snapshot()  # the tree is small until Ray starts, and the runtime starts within seconds
             server = next((p for p in list(procs.seen.values())
-                           if any(m in _cmdline(p) for m in SERVER_APP_MARKERS)), None)
+                           if any(m in cmdline(p) for m in SERVER_APP_MARKERS)), None)
             if server is None and time.monotonic() - start > start_timeout:
                 raise RuntimeError(f"the SuperLink started no ServerApp process within {start_timeout:.0f} s")
         else:
@@ -557,13 +559,6 @@ def print_flower_log(run_id: int, flwr_home: Path, app: Path) -> None:
 
 #: command-line markers of the process that runs the ServerApp (simulation runtime, or a deployed ServerApp)
 SERVER_APP_MARKERS = ("flwr-simulation", "flwr-serverapp")
-
-
-def _cmdline(p) -> str:
-    try:
-        return " ".join(p.cmdline())
-    except Exception:  # noqa: BLE001 — psutil.Error: gone or inaccessible
-        return ""
 
 
 def _running(p) -> bool:

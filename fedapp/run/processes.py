@@ -46,6 +46,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cmdline(proc: Any) -> str:
+    """A ``psutil.Process``'s command line as one string ("" when it is gone or not ours to read)."""
+    try:
+        return " ".join(proc.cmdline())
+    except Exception:  # noqa: BLE001 - psutil.Error: gone, zombie or denied
+        return ""
+
+
 def venv_bin(name: str) -> str:
     """An executable next to this interpreter (the project venv), else from PATH."""
     candidate = Path(sys.executable).parent / name

@@ -139,6 +139,12 @@ class ResultsWriter:
                               {**summarize(self.rounds, time.time() - self.started, done=True), **(amend or {})})
 
 
+def run_ended(summary: Mapping[str, Any]) -> bool:
+    """Whether ``summary`` (a summary.json) is the last one of a run that ended: it finished, or says why it stopped
+    (:meth:`ResultsWriter.finish` writes it last)."""
+    return bool(summary.get("finished") or summary.get("stopped_reason"))
+
+
 def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = False) -> dict[str, Any]:
     accs = [(r["round"], r["metrics"].get("accuracy")) for r in rounds if r["metrics"].get("accuracy") is not None]
     max_eps: dict[str, float] = {}
