@@ -180,6 +180,8 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
     from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, secure_sum_mechanism
     from strategies.privacy.accountants import epsilon_of
     from strategies.privacy.adaptive_clipping import update_noise_multiplier
+    from strategies.privacy.secure_minimum import secure_minimum_delta, total_delta
+    from strategies.server.secure_sum import MIN_SECURE_SURVIVORS
 
     dp = client_level_mechanism(general, training, client_dp, n)
     secagg = client_dp.secure_aggregation
@@ -225,10 +227,18 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
     # worst case against the server: the client takes part in all T rounds, each unamplified, at the multiplier the
     # server sees (the sum's with SecAgg+, one update's without)
     vs_server = epsilon_of([(z_server, 1.0, t)], dp.delta, dp.accountant)
-    return {"mechanism": mechanism, "epsilon_budget": dp.epsilon(),
-            "every_client": {"epsilon_vs_server": vs_server,
-                             "epsilon_vs_release": vs_server if ddg is not None else dp.epsilon_vs_release(),
-                             "delta": dp.delta}}
+    vs_release = vs_server if ddg is not None else dp.epsilon_vs_release()
+    every_client: dict[str, Any] = {"epsilon_vs_server": vs_server, "epsilon_vs_release": vs_release,
+                                    "delta": dp.delta}
+    plan: dict[str, Any] = {"mechanism": mechanism, "epsilon_budget": dp.epsilon()}
+    if secagg and ddg is None:  # amplified views: δ plus SecAgg+'s minimum cohort's share (secure_minimum)
+        eta_release = secure_minimum_delta(n, dp.release_sample_rate, t, MIN_SECURE_SURVIVORS)
+        eta_budget = secure_minimum_delta(n, dp.accounted_sample_rate, t, MIN_SECURE_SURVIVORS)
+        if eta_release > 0:
+            every_client["delta_vs_release"] = total_delta(dp.delta, vs_release, eta_release)
+        if eta_budget > 0:
+            plan["delta_total"] = total_delta(dp.delta, dp.epsilon(), eta_budget)
+    return {**plan, "every_client": every_client}
 
 
 def _ftrl(general: GeneralConfig, training: TrainingConfig, client_dp: ClientDPConfig, n: int) -> dict[str, Any]:

@@ -154,6 +154,9 @@ def _privacy_lines(run_dir: Path, summary: Mapping[str, Any], neighbours: str = 
                        ("max_epsilon_vs_release", "against observers of the released models")):
         if summary.get(key) is not None:
             lines.append(f"       max ε {label}: {float(summary[key]):.2f}")
+    for key, label in (("delta_total", "the budget's ε"), ("delta_vs_release", "the ε against the released models")):
+        if summary.get(key) is not None:  # the accountant's δ plus SecAgg+'s minimum cohort's share
+            lines.append(f"       δ of {label}, with SecAgg+'s minimum cohort: {float(summary[key]):.3g}")
     return lines
 
 

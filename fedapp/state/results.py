@@ -182,6 +182,10 @@ def summarize(rounds: list[dict[str, Any]], wall_seconds: float, done: bool = Fa
             out_of_model["epsilon_vs_server_caveat"] = caveat
     if vs_release:  # client-level: against whoever sees only the released models
         out_of_model["max_epsilon_vs_release"] = max(vs_release)
+    for key in ("delta_total", "delta_vs_release"):  # an amplified secure sum's δ, with its minimum cohort's share
+        values = [r["metrics"][key] for r in rounds if r["metrics"].get(key) is not None]
+        if values:
+            out_of_model[key] = max(values)
     return {
         "rounds_completed": len(rounds), "rounds_trained": trained,
         "rounds_untrained": untrained, "rounds_refused_by_budget": budget_stopped, "rounds_unsampled": unsampled,

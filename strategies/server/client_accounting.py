@@ -11,6 +11,9 @@ upper bound of its RDP at every order). Four ledgers compose the rounds:
 * ``other_view`` — the other of those two multipliers at the same rate;
 * ``release_view`` — the released sum, amplified at q = r/n only where nothing in the release reveals the count;
 * ``server_view`` — per client, one unamplified Gaussian per round its update reached the server.
+
+An amplified view of a secure sum also reports the δ its guarantee holds at (``delta_total``, ``delta_vs_release``):
+the accountant's δ plus what SecAgg+'s minimum cohort adds (:mod:`strategies.privacy.secure_minimum`).
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.mechanisms import ClientLevelDP
+from strategies.privacy.secure_minimum import secure_minimum_delta, total_delta
 from strategies.server.adaptive_clip import ServerClip
 from strategies.server.admission import ClientUpdate
-from strategies.server.secure_sum import SecureSumAdapter
+from strategies.server.secure_sum import MIN_SECURE_SURVIVORS, SecureSumAdapter
 
 
 class ClientLevelAccounting:
@@ -44,9 +48,18 @@ class ClientLevelAccounting:
         self.release_view = PrivacyLedger(ledger.accountant)
         self.dp: ClientLevelDP | None = None
         self.ddg: DistributedDiscreteGaussian | None = None
+        self.rounds_drawn = 0  #: rounds whose sample was drawn so far (each may hit the secure minimum)
 
     def bind(self, dp: ClientLevelDP, ddg: DistributedDiscreteGaussian | None) -> None:
         self.dp, self.ddg = dp, ddg
+        if dp.secure_aggregation and ddg is None and dp.accounted_sample_rate < 1:
+            eta = secure_minimum_delta(dp.num_clients, dp.accounted_sample_rate, dp.rounds, MIN_SECURE_SURVIVORS)
+            planned = total_delta(dp.delta, dp.epsilon(), eta)
+            if planned > 2 * dp.delta:
+                log(WARNING, "the budget's ε %.4f holds at δ %.3g, not %.3g: under secret sampling a round of fewer "
+                    "than %d clients releases nothing, which the accountant does not model (strategies.privacy."
+                    "secure_minimum); more clients a round, or client-dp-adversary = 'server', avoid it",
+                    dp.epsilon(), planned, dp.delta, MIN_SECURE_SURVIVORS)
 
     def mechanism(self) -> ClientLevelDP:
         assert self.dp is not None, "the mechanism is bound before the first round"
@@ -108,6 +121,15 @@ class ClientLevelAccounting:
                     f"more ε than the planned budget {dp.epsilon():.4f} has left")
         return None
 
+    def minimum_cohort_delta(self, rate: float) -> float:
+        """η of the rounds drawn so far at sampling ``rate``: a continuous Gaussian secure sum released only from
+        :data:`MIN_SECURE_SURVIVORS` clients (:func:`secure_minimum_delta`); 0 without SecAgg+, under the discrete
+        Gaussian (never amplified) or at q = 1."""
+        dp = self.mechanism()
+        if not dp.secure_aggregation or self.ddg is not None:
+            return 0.0
+        return secure_minimum_delta(dp.num_clients, rate, self.rounds_drawn, MIN_SECURE_SURVIVORS)
+
     # ---- charging a round -----------------------------------------------------------------------
     def charge(self, server_round: int, seen: int, survivors: int, sampled: int, records: list[dict[str, Any]], *,
                released: bool) -> dict[str, Any]:
@@ -159,6 +181,13 @@ class ClientLevelAccounting:
             out["epsilon_vs_server_proven"] = self.ddg is not None
             if self.ddg is None:
                 out["epsilon_vs_server_caveat"] = threat_models.ROUNDED_SUM_CAVEAT
+        eta = self.minimum_cohort_delta(dp.accounted_sample_rate)
+        if eta > 0:  # the budget's guarantee holds at δ + e^ε η
+            out.update(delta_secure_minimum=eta,
+                       delta_total=total_delta(dp.delta, self.ledger.population_epsilon(), eta))
+        eta_release = self.minimum_cohort_delta(self.release_sample_rate(1, 1))
+        if eta_release > 0 and self.release_view.population:
+            out["delta_vs_release"] = total_delta(dp.delta, self.release_view.population_epsilon(), eta_release)
         out.update(epsilon=self.ledger.population_epsilon(), epsilon_aggregate=aggregate.population_epsilon(),
                    epsilon_individual=individual.population_epsilon(), delta=dp.delta,
                    noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate, epsilon_budget=dp.epsilon(),
@@ -178,6 +207,7 @@ class ClientLevelAccounting:
         """A round's privacy record: withhold what must not be released (``secure``: the round's SecAgg+ state, None
         without SecAgg+), :meth:`charge` what the server saw, step the adaptive ``clip``, report every view's ε."""
         out: dict[str, Any] = {"clients_sampled": sampled, "secure_aggregation": secure is not None}
+        self.rounds_drawn = max(self.rounds_drawn, int(server_round))
         if secure is not None and secure.unreleased is not None:
             out.update(secure.withhold_unreleased(records))
             if self.dp is not None:

@@ -141,3 +141,26 @@ def test_main_prints_the_summary_after_a_run(tmp_path, monkeypatch, capsys):
     assert main(["--num-supernodes", "4", "--verbose"]) == 0 and seen["verbose"] is True
     monkeypatch.setenv(VERBOSE_ENV, "1")
     assert main(["--num-supernodes", "4"]) == 0 and seen["verbose"] is True
+
+
+def test_an_amplified_secure_sum_reports_the_delta_its_epsilon_holds_at(tmp_path):
+    """The accountant's δ plus SecAgg+'s minimum cohort's share (strategies.privacy.secure_minimum) reaches
+    summary.json and the last screen, from the round records (the largest: δ only grows with rounds)."""
+    import json
+
+    writer = ResultsWriter(tmp_path / "out", {"strategy": "dp-fedavg", "dataset": "digits", "seed": 3},
+                           meta={"privacy": {"threat_model": THREAT, "guarantee": "as stated by the threat model"}})
+    for rnd, (total, vs_release) in enumerate(((0.02, 0.03), (0.049, 0.06)), start=1):
+        writer.write_round({"round": rnd, "metrics": {"clients_ok": 3, "epsilon_vs_release": 1.5 * rnd,
+                                                      "delta_total": total, "delta_vs_release": vs_release},
+                            "clients": [{"client_id": i, "status": "ok", "epsilon_spent": 0.9 * rnd,
+                                         "epsilon_budget": 2.0, "delta": 0.01} for i in range(3)]})
+    writer.finish()
+    assert writer.run_dir is not None
+    (writer.run_dir / FLOWER_LOG).write_text("INFO     [SUMMARY]\n")
+    summary = json.loads((writer.run_dir / "summary.json").read_text())
+    assert summary["delta_total"] == 0.049 and summary["delta_vs_release"] == 0.06
+    text = "\n".join(summary_lines(writer.run_dir))
+    assert "δ of the budget's ε, with SecAgg+'s minimum cohort: 0.049" in text
+    assert "δ of the ε against the released models, with SecAgg+'s minimum cohort: 0.06" in text
+    assert "max ε against observers of the released models: 3.00" in text
