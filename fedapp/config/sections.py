@@ -90,7 +90,7 @@ class TrainingConfig(Section):
     epsilon: float = setting(1.0, "ε of every client when privacy-dist = fixed (record-level DP strategies; any other privacy-dist draws ε_i and refuses a non-default epsilon, client-level DP uses target-epsilon). The run's noise calibration must reach it: one that no noise multiplier achieves at `delta` is refused before the run starts.", check=_positive, expect="> 0")
     epsilon_floor: float = setting(0.05, "Draws of ε below this are redrawn (Table 7 normals can go ≤ 0).", check=_positive, expect="> 0")
     delta: float = setting(1e-4, "δ_i of every client (record-level DP-SGD); at most 1/(10·N_i) unless allow-large-delta.", check=_unit_open, expect="in (0, 1)")
-    allow_large_delta: bool = setting(False, "Permit δ above 1/(10·N) of the protected unit (a client's records for record-level DP, the clients for client-level DP).")
+    allow_large_delta: bool = setting(False, "Permit δ above 1/(10·N) of the protected unit (a client's records for record-level DP, the clients for client-level DP), including the δ that SecAgg+'s minimum cohort of 3 adds to client-dp-adversary = release (docs/privacy.md).")
     batch_size: int = setting(0, "Fixed batch size b_i (0 = draw uniformly from batch-size-choices).", check=_nonneg, expect=">= 0")
     batch_size_choices: str = setting("8,16,24,32", "Comma-separated batch sizes drawn uniformly per client (Robust-HDP: 16,32,64,128).")
     local_epochs: int = setting(1, "Local epochs K_i per round.", check=_positive, expect="> 0")

@@ -35,6 +35,8 @@ from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, default_cou
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ftrl_accounting import FTRLMechanism
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
+from strategies.privacy.secure_minimum import secure_minimum_delta, total_delta
+from strategies.server.secure_sum import MIN_SECURE_SURVIVORS
 
 
 def steps_per_epoch(num_examples: int, batch_size: int) -> int:
@@ -221,13 +223,32 @@ def client_level_mechanism(general: GeneralConfig, training: TrainingConfig, cli
     n, rounds, delta = _client_level_setting(general, training, client_dp, num_clients)
     r = general.clients_per_round or n
     try:
-        return _client_level(client_dp.noise_multiplier, client_dp.target_epsilon, training.clip_norm,
-                             r, n, rounds, delta, training.accountant,
-                             client_dp.secure_aggregation, client_dp.client_dp_adversary)
+        dp = _client_level(client_dp.noise_multiplier, client_dp.target_epsilon, training.clip_norm,
+                           r, n, rounds, delta, training.accountant,
+                           client_dp.secure_aggregation, client_dp.client_dp_adversary)
     except ValueError as exc:
         raise ConfigError(f"client-level DP: cannot set up σ for target-epsilon={client_dp.target_epsilon}, "
                           f"noise-multiplier={client_dp.noise_multiplier}, client-delta={client_dp.client_delta}, "
                           f"clients-per-round={general.clients_per_round} of {n}: {exc}") from None
+    _check_secure_minimum(dp, training.allow_large_delta)
+    return dp
+
+
+def _check_secure_minimum(dp: ClientLevelDP, allow_large_delta: bool) -> None:
+    """Refuse an amplified budget under SecAgg+ whose δ, with the minimum cohort's share
+    (:mod:`strategies.privacy.secure_minimum`), is more than 1 % above 1/(10 n) (or the run's δ, if larger) unless
+    ``allow-large-delta``."""
+    if not dp.secure_aggregation or dp.accounted_sample_rate >= 1:
+        return
+    eta = secure_minimum_delta(dp.num_clients, dp.accounted_sample_rate, dp.rounds, MIN_SECURE_SURVIVORS)
+    total = total_delta(dp.delta, dp.epsilon(), eta)
+    if total > 1.01 * max(dp.delta, max_delta(dp.num_clients)) and not allow_large_delta:
+        raise ConfigError(
+            f"run-config 'client-dp-adversary' = 'release' with clients-per-round = {dp.clients_per_round} of "
+            f"{dp.num_clients}: SecAgg+ unmasks no sum of fewer than {MIN_SECURE_SURVIVORS} clients, and under secret "
+            f"sampling that leaves the release's ε {dp.epsilon():.4g} at δ {total:.3g}, above 1/(10 n) = "
+            f"{max_delta(dp.num_clients):.3g} (strategies/privacy/secure_minimum.py); raise clients-per-round, set "
+            "client-dp-adversary = 'server', or set 'allow-large-delta' = true to run with it anyway")
 
 
 @functools.lru_cache(maxsize=64)

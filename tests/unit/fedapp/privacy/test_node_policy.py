@@ -56,7 +56,7 @@ def test_max_epsilon_caps_the_planned_epsilon_against_the_server():
     assert "max-epsilon" in (policy.refusal(cfg, against_server) or "")
     # the release adversary's σ is smaller: against the server the same target-epsilon is worth far more
     released = resolve_config(None, {**CLIENT_LEVEL, "client-dp-adversary": "release", "secagg-mechanism": "gaussian",
-                                     "clients-per-round": 2})
+                                     "clients-per-round": 2, "allow-large-delta": True})  # 2 of 4: δ (secure_minimum)
     assert planned_epsilon(released, NODE) > 2.5
     record = resolve_config(None, {"strategy": "robust-hdp", "privacy-dist": "fixed", "epsilon": 3.0})
     assert planned_epsilon(record, NODE) == 3.0 and planned_epsilon(record, {**NODE, "epsilon": 1.0}) == 1.0

@@ -116,3 +116,25 @@ def test_the_discrete_gaussian_is_never_amplified_so_it_adds_nothing() -> None:
     acc = _accounting("server")
     acc.ddg = object()  # type: ignore[assignment]  # only its presence is read here
     assert acc.minimum_cohort_delta(0.1) == 0.0
+
+
+def test_a_release_budget_whose_delta_the_minimum_cohort_voids_is_refused_before_the_run() -> None:
+    """Through the run-config: the δ with the minimum cohort's share above 1/(10 n) is refused, naming the keys,
+    unless allow-large-delta; the same federation against the server, or with a larger cohort, is not."""
+    from fedapp.config import ConfigError, resolve_config
+    from fedapp.privacy.profiles import client_level_mechanism
+
+    base = {"strategy": "dp-fedavg", "num-server-rounds": 10, "target-epsilon": 2.0, "secagg-mechanism": "gaussian",
+            "client-dp-adversary": "release"}
+
+    def mechanism(**extra: object) -> ClientLevelDP:
+        cfg = resolve_config(None, {**base, **extra})
+        return client_level_mechanism(cfg.general, cfg.training, cfg.client_dp, 20)
+
+    with pytest.raises(ConfigError, match="'client-dp-adversary' = 'release' with clients-per-round = 5 of 20.*"
+                                          "allow-large-delta"):
+        mechanism(**{"clients-per-round": 5})
+    assert mechanism(**{"clients-per-round": 5, "allow-large-delta": True}).adversary == "release"
+    assert mechanism(**{"clients-per-round": 5, "client-dp-adversary": "server"}).adversary == "server"
+    big = mechanism(**{"clients-per-round": 18})  # q = 0.9: P[Bin(19, 0.9) = 2] is negligible
+    assert secure_minimum_delta(20, big.sample_rate, 10, MIN_SECURE_SURVIVORS) < 1e-12
