@@ -180,7 +180,7 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
     from fedapp.privacy.profiles import adaptive_clip_config, client_level_mechanism, secure_sum_mechanism
     from strategies.privacy.accountants import epsilon_of
     from strategies.privacy.adaptive_clipping import update_noise_multiplier
-    from strategies.privacy.secure_minimum import secure_minimum_delta, total_delta
+    from strategies.privacy.secure_minimum import planned_delta, secure_minimum_delta, total_delta
     from strategies.server.secure_sum import MIN_SECURE_SURVIVORS
 
     dp = client_level_mechanism(general, training, client_dp, n)
@@ -233,11 +233,10 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
     plan: dict[str, Any] = {"mechanism": mechanism, "epsilon_budget": dp.epsilon()}
     if secagg and ddg is None:  # amplified views: δ plus SecAgg+'s minimum cohort's share (secure_minimum)
         eta_release = secure_minimum_delta(n, dp.release_sample_rate, t, MIN_SECURE_SURVIVORS)
-        eta_budget = secure_minimum_delta(n, dp.accounted_sample_rate, t, MIN_SECURE_SURVIVORS)
         if eta_release > 0:
             every_client["delta_vs_release"] = total_delta(dp.delta, vs_release, eta_release)
-        if eta_budget > 0:
-            plan["delta_total"] = total_delta(dp.delta, dp.epsilon(), eta_budget)
+        if secure_minimum_delta(n, dp.accounted_sample_rate, t, MIN_SECURE_SURVIVORS) > 0:
+            plan["delta_total"] = planned_delta(dp, MIN_SECURE_SURVIVORS)
     return {**plan, "every_client": every_client}
 
 

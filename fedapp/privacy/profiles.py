@@ -35,7 +35,7 @@ from strategies.privacy.adaptive_clipping import AdaptiveClipConfig, default_cou
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ftrl_accounting import FTRLMechanism
 from strategies.privacy.mechanisms import ClientLevelDP, default_client_delta, max_delta
-from strategies.privacy.secure_minimum import secure_minimum_delta, total_delta
+from strategies.privacy.secure_minimum import planned_delta
 from strategies.server.secure_sum import MIN_SECURE_SURVIVORS
 
 
@@ -238,10 +238,7 @@ def _check_secure_minimum(dp: ClientLevelDP, allow_large_delta: bool) -> None:
     """Refuse an amplified budget under SecAgg+ whose δ, with the minimum cohort's share
     (:mod:`strategies.privacy.secure_minimum`), is more than 1 % above 1/(10 n) (or the run's δ, if larger) unless
     ``allow-large-delta``."""
-    if not dp.secure_aggregation or dp.accounted_sample_rate >= 1:
-        return
-    eta = secure_minimum_delta(dp.num_clients, dp.accounted_sample_rate, dp.rounds, MIN_SECURE_SURVIVORS)
-    total = total_delta(dp.delta, dp.epsilon(), eta)
+    total = planned_delta(dp, MIN_SECURE_SURVIVORS)
     if total > 1.01 * max(dp.delta, max_delta(dp.num_clients)) and not allow_large_delta:
         raise ConfigError(
             f"run-config 'client-dp-adversary' = 'release' with clients-per-round = {dp.clients_per_round} of "

@@ -25,8 +25,12 @@ fixed-size cohort would remove the event; that sampler and its accountant are no
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-__all__ = ["binomial_pmf", "secure_minimum_delta", "total_delta"]
+if TYPE_CHECKING:
+    from strategies.privacy.mechanisms import ClientLevelDP
+
+__all__ = ["binomial_pmf", "planned_delta", "secure_minimum_delta", "total_delta"]
 
 
 def binomial_pmf(trials: int, rate: float, successes: int) -> float:
@@ -60,3 +64,13 @@ def total_delta(delta: float, epsilon: float, eta: float) -> float:
     if epsilon > 700.0 or math.isinf(epsilon):  # e^ε η is then above 1 for any η the union bound yields
         return 1.0
     return min(1.0, delta + math.exp(epsilon) * eta)
+
+
+def planned_delta(dp: ClientLevelDP, minimum: int) -> float:
+    """The δ the budget's planned ε (all ``dp.rounds`` rounds at its accounted rate) holds at when a secure sum is
+    released only from ``minimum`` clients: ``dp.delta`` plus the minimum's share; ``dp.delta`` without SecAgg+ or
+    amplification. A discrete Gaussian secure sum is never amplified: its callers do not ask."""
+    if not dp.secure_aggregation:
+        return dp.delta
+    eta = secure_minimum_delta(dp.num_clients, dp.accounted_sample_rate, dp.rounds, minimum)
+    return total_delta(dp.delta, dp.epsilon(), eta) if eta > 0 else dp.delta

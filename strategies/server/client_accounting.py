@@ -31,7 +31,7 @@ from strategies.privacy.budget import exceeds_budget
 from strategies.privacy.discrete_gaussian import DistributedDiscreteGaussian
 from strategies.privacy.ledger import PrivacyLedger
 from strategies.privacy.mechanisms import ClientLevelDP
-from strategies.privacy.secure_minimum import secure_minimum_delta, total_delta
+from strategies.privacy.secure_minimum import planned_delta, secure_minimum_delta, total_delta
 from strategies.server.adaptive_clip import ServerClip
 from strategies.server.admission import ClientUpdate
 from strategies.server.secure_sum import MIN_SECURE_SURVIVORS, SecureSumAdapter
@@ -48,18 +48,14 @@ class ClientLevelAccounting:
         self.release_view = PrivacyLedger(ledger.accountant)
         self.dp: ClientLevelDP | None = None
         self.ddg: DistributedDiscreteGaussian | None = None
-        self.rounds_drawn = 0  #: rounds whose sample was drawn so far (each may hit the secure minimum)
 
     def bind(self, dp: ClientLevelDP, ddg: DistributedDiscreteGaussian | None) -> None:
         self.dp, self.ddg = dp, ddg
-        if dp.secure_aggregation and ddg is None and dp.accounted_sample_rate < 1:
-            eta = secure_minimum_delta(dp.num_clients, dp.accounted_sample_rate, dp.rounds, MIN_SECURE_SURVIVORS)
-            planned = total_delta(dp.delta, dp.epsilon(), eta)
-            if planned > 2 * dp.delta:
-                log(WARNING, "the budget's ε %.4f holds at δ %.3g, not %.3g: under secret sampling a round of fewer "
-                    "than %d clients releases nothing, which the accountant does not model (strategies.privacy."
-                    "secure_minimum); more clients a round, or client-dp-adversary = 'server', avoid it",
-                    dp.epsilon(), planned, dp.delta, MIN_SECURE_SURVIVORS)
+        if ddg is None and (planned := planned_delta(dp, MIN_SECURE_SURVIVORS)) > 2 * dp.delta:
+            log(WARNING, "the budget's ε %.4f holds at δ %.3g, not %.3g: under secret sampling a round of fewer than "
+                "%d clients releases nothing, which the accountant does not model (strategies.privacy.secure_minimum); "
+                "more clients a round, or client-dp-adversary = 'server', avoid it",
+                dp.epsilon(), planned, dp.delta, MIN_SECURE_SURVIVORS)
 
     def mechanism(self) -> ClientLevelDP:
         assert self.dp is not None, "the mechanism is bound before the first round"
@@ -121,14 +117,14 @@ class ClientLevelAccounting:
                     f"more ε than the planned budget {dp.epsilon():.4f} has left")
         return None
 
-    def minimum_cohort_delta(self, rate: float) -> float:
-        """η of the rounds drawn so far at sampling ``rate``: a continuous Gaussian secure sum released only from
+    def minimum_cohort_delta(self, rate: float, rounds: int) -> float:
+        """η of ``rounds`` rounds drawn at sampling ``rate``: a continuous Gaussian secure sum released only from
         :data:`MIN_SECURE_SURVIVORS` clients (:func:`secure_minimum_delta`); 0 without SecAgg+, under the discrete
         Gaussian (never amplified) or at q = 1."""
         dp = self.mechanism()
         if not dp.secure_aggregation or self.ddg is not None:
             return 0.0
-        return secure_minimum_delta(dp.num_clients, rate, self.rounds_drawn, MIN_SECURE_SURVIVORS)
+        return secure_minimum_delta(dp.num_clients, rate, rounds, MIN_SECURE_SURVIVORS)
 
     # ---- charging a round -----------------------------------------------------------------------
     def charge(self, server_round: int, seen: int, survivors: int, sampled: int, records: list[dict[str, Any]], *,
@@ -169,8 +165,8 @@ class ClientLevelAccounting:
         out["epsilon_vs_release"] = self.release_view.population_epsilon()
         return out
 
-    def summary(self) -> dict[str, Any]:
-        """The round record's ε of every view and the mechanism's parameters."""
+    def summary(self, server_round: int) -> dict[str, Any]:
+        """The round record's ε of every view and the mechanism's parameters after ``server_round`` drawn rounds."""
         dp = self.mechanism()
         aggregate, individual = (self.ledger, self.other_view) if dp.secure_aggregation else \
             (self.other_view, self.ledger)
@@ -181,14 +177,14 @@ class ClientLevelAccounting:
             out["epsilon_vs_server_proven"] = self.ddg is not None
             if self.ddg is None:
                 out["epsilon_vs_server_caveat"] = threat_models.ROUNDED_SUM_CAVEAT
-        eta = self.minimum_cohort_delta(dp.accounted_sample_rate)
+        epsilon = self.ledger.population_epsilon()
+        eta = self.minimum_cohort_delta(dp.accounted_sample_rate, server_round)
         if eta > 0:  # the budget's guarantee holds at δ + e^ε η
-            out.update(delta_secure_minimum=eta,
-                       delta_total=total_delta(dp.delta, self.ledger.population_epsilon(), eta))
-        eta_release = self.minimum_cohort_delta(self.release_sample_rate(1, 1))
+            out.update(delta_secure_minimum=eta, delta_total=total_delta(dp.delta, epsilon, eta))
+        eta_release = self.minimum_cohort_delta(self.release_sample_rate(1, 1), server_round)
         if eta_release > 0 and self.release_view.population:
             out["delta_vs_release"] = total_delta(dp.delta, self.release_view.population_epsilon(), eta_release)
-        out.update(epsilon=self.ledger.population_epsilon(), epsilon_aggregate=aggregate.population_epsilon(),
+        out.update(epsilon=epsilon, epsilon_aggregate=aggregate.population_epsilon(),
                    epsilon_individual=individual.population_epsilon(), delta=dp.delta,
                    noise_multiplier=dp.noise_multiplier, sample_rate=dp.sample_rate, epsilon_budget=dp.epsilon(),
                    accounted_sample_rate=dp.accounted_sample_rate, adversary=dp.adversary,
@@ -207,7 +203,6 @@ class ClientLevelAccounting:
         """A round's privacy record: withhold what must not be released (``secure``: the round's SecAgg+ state, None
         without SecAgg+), :meth:`charge` what the server saw, step the adaptive ``clip``, report every view's ε."""
         out: dict[str, Any] = {"clients_sampled": sampled, "secure_aggregation": secure is not None}
-        self.rounds_drawn = max(self.rounds_drawn, int(server_round))
         if secure is not None and secure.unreleased is not None:
             out.update(secure.withhold_unreleased(records))
             if self.dp is not None:
@@ -229,7 +224,7 @@ class ClientLevelAccounting:
         if clip is not None:
             out.update(clip.adapt([] if withheld else accepted, count_sum=secure.count_sum if secure else None,
                                   share_in_sum=count_in_sum, contributors=secure.contributors if secure else 0))
-        out.update(self.summary())
+        out.update(self.summary(server_round))
         return out
 
     # ---- checkpoint -----------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def test_against_the_server_the_budget_needs_no_extra_delta_but_the_release_view
 def test_the_discrete_gaussian_is_never_amplified_so_it_adds_nothing() -> None:
     acc = _accounting("server")
     acc.ddg = object()  # type: ignore[assignment]  # only its presence is read here
-    assert acc.minimum_cohort_delta(0.1) == 0.0
+    assert acc.minimum_cohort_delta(0.1, 30) == 0.0
 
 
 def test_a_release_budget_whose_delta_the_minimum_cohort_voids_is_refused_before_the_run() -> None:
