@@ -57,3 +57,31 @@ def test_personalized_cells_use_the_clients_accuracy_and_cells_never_evaluated_d
     (tmp_path / "index.json").write_text(json.dumps(doc))
     report = write_report(tmp_path / "index.json").read_text()
     assert "accuracy_uplink.png" not in report and not (tmp_path / "accuracy_uplink.png").exists()
+
+
+def test_a_personalized_sweep_over_epsilon_plots_the_clients_accuracy(tmp_path: Path, monkeypatch: Any) -> None:
+    """DP2-FedSAM and Robust-HDP record no server test accuracy: their accuracy-against-ε figure plots the mean
+    client test accuracy, one point per ε and method (an empty figure before)."""
+    from fedapp.experiments import report as report_module
+
+    plotted: list[tuple[str, str, dict[Any, list[float]]]] = []
+
+    def record(groups: Any, key: str, path: Path, metric: str = "final_accuracy") -> None:
+        points = {dict(s)[key]: [c["summary"].get(metric) for c in cells] for s, cells in groups.items()}
+        plotted.append((key, metric, points))
+        path.write_bytes(b"png")
+
+    monkeypatch.setattr(report_module, "plot_epsilon", record)
+    cells = {f"{eps}-{seed}": {"assignments": {"strategy": "dp2-fedsam", "target-epsilon": eps, "seed": seed},
+                               "status": "finished", "config": {},
+                               "rounds": [{"round": 1, "client_accuracy": 0.5 + eps / 10}],
+                               "summary": {"finished": True, "final_client_accuracy": 0.5 + eps / 10 + seed / 100}}
+             for eps in (1.0, 2.0) for seed in (1, 2)}
+    doc = {"sweep": "dp2", "file": "f.toml", "meta": {"scale": "mid-eps"}, "num_supernodes": 4, "config": {},
+           "grid": {"strategy": ["dp2-fedsam"], "target-epsilon": [1.0, 2.0], "seed": [1, 2]}, "tune": [],
+           "claims": [], "cells": cells}
+    (tmp_path / "index.json").write_text(json.dumps(doc))
+    report = write_report(tmp_path / "index.json").read_text()
+    assert "![accuracy vs target-epsilon](accuracy_epsilon.png)" in report
+    assert plotted == [("target-epsilon", "final_client_accuracy", {1.0: [0.61, 0.62], 2.0: [0.71, 0.72]})]
+    assert report_module.accuracy_metric({("a",): [cells["1.0-1"]]}) == "final_client_accuracy"
