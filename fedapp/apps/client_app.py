@@ -9,6 +9,7 @@ from flwr.clientapp import ClientApp
 from flwr.common import Context
 
 from fedapp.clients.guard import RefusingClient, guard_client
+from fedapp.compat.blas_threads import limit_to_allotment
 from fedapp.compat.heap import trim_heap_mod
 from fedapp.compat.lean_ray import lean_head_in_simulation_runtime
 from fedapp.compat.server_log import log_to_file_from_env
@@ -33,6 +34,7 @@ def node_client(context: Context, overrides: dict[str, Any] | None = None) -> Cl
     """This node's client of the run's strategy family, guarded: the node's privacy policy, faults, state persistence,
     the lost-accountant guard. A node whose own data cannot serve the run (``NodeDataError``) refuses every request,
     naming why; the others go on."""
+    limit_to_allotment()  # Ray's OMP_NUM_THREADS, for the BLAS pools numpy started before Ray set it
     cfg = resolve_config(context.run_config, overrides)
     try:
         client = get_spec(cfg.general.strategy).client(context, overrides)
