@@ -397,10 +397,17 @@ def _extensions(sweep: Sweep, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def _evaluation_cells(sweep: Sweep, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Each setting of the grid at its chosen tune values, on the evaluation seeds (the grid's ``seed`` list)."""
+    """Each setting of the grid at its chosen tune values, on the evaluation seeds (the grid's ``seed`` list), seed by
+    seed: a sweep stopped part-way leaves whole seeds, each with every setting's cell, so its pairs are complete."""
     from fedapp.experiments.report import evaluation_plan
 
-    return evaluation_plan(doc, _choices(doc))
+    seeds = [json.dumps(s) for s in sweep.grid.get("seed", [])]
+
+    def seed_rank(cell: Mapping[str, Any]) -> int:
+        seed = json.dumps(cell.get("seed"))
+        return seeds.index(seed) if seed in seeds else len(seeds)
+
+    return sorted(evaluation_plan(doc, _choices(doc)), key=seed_rank)  # stable: the grid's order within a seed
 
 
 def parse_only(sweep: Sweep, items: list[str]) -> dict[str, Any]:

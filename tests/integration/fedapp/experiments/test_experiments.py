@@ -132,6 +132,8 @@ def test_a_staged_sweep_tunes_on_its_own_seeds_extends_an_edge_and_evaluates_the
         for a in cells:
             assert a["lr"] == choices[(("strategy", a["strategy"]),)]["lr"]
     assert sorted(c["assignments"]["seed"] for g in groups.values() for c in g) == [1, 1, 2, 2]
+    ran = [c["assignments"]["seed"] for c in doc["cells"].values() if c["assignments"]["seed"] != 9]
+    assert ran == [1, 1, 2, 2]  # seed by seed (the grid lists strategy first): a stopped sweep leaves whole seeds
     report = write_report(index).read_text()
     assert "4 evaluation cells finished of the 4 planned" in report and "6 tuning cells on seeds 9" in report
     again = run_sweep(sweep, tmp_path / "out", engine="inprocess")  # resumes: nothing left to run
