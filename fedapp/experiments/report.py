@@ -605,12 +605,14 @@ def plot_rounds(groups: Mapping[tuple, list[dict]], path: Path) -> None:
 
 
 def accuracy_metric(groups: Mapping[tuple, list[dict]]) -> str:
-    """The accuracy a figure plots: the server's test accuracy of the global model where the cells record it, else
-    the mean of the clients' local test accuracies (personalized and record-level runs evaluate on the clients)."""
+    """The accuracy a figure plots, one every cell records: the server's test accuracy of the global model, else the
+    mean of the clients' local test accuracies (personalized and record-level runs evaluate on the clients only, so a
+    sweep that compares them with a global method plots what both have)."""
     cells = [c for g in groups.values() for c in g]
-    if any(c["summary"].get("final_accuracy") is not None for c in cells):
-        return "final_accuracy"
-    return "final_client_accuracy"
+    for metric in ("final_accuracy", "final_client_accuracy"):
+        if cells and all(c["summary"].get(metric) is not None for c in cells):
+            return metric
+    return "final_accuracy"
 
 
 def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path, metric: str = "final_accuracy") -> None:

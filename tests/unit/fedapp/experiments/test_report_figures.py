@@ -85,3 +85,7 @@ def test_a_personalized_sweep_over_epsilon_plots_the_clients_accuracy(tmp_path: 
     assert "![accuracy vs target-epsilon](accuracy_epsilon.png)" in report
     assert plotted == [("target-epsilon", "final_client_accuracy", {1.0: [0.61, 0.62], 2.0: [0.71, 0.72]})]
     assert report_module.accuracy_metric({("a",): [cells["1.0-1"]]}) == "final_client_accuracy"
+    # a global method beside them records both: the figure still plots what every cell has
+    both = {"summary": {"final_accuracy": 0.7, "final_client_accuracy": 0.68}}
+    assert report_module.accuracy_metric({("a",): [cells["1.0-1"]], ("g",): [both]}) == "final_client_accuracy"
+    assert report_module.accuracy_metric({("g",): [both]}) == "final_accuracy"
