@@ -384,13 +384,18 @@ def _choices(doc: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
 
 
 def _extensions(sweep: Sweep, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Tuning cells one grid step beyond every setting whose choice sits on its grid's edge."""
-    from fedapp.experiments.report import extension
+    """Tuning cells one grid step beyond every setting whose choice sits on its grid's edge, while that setting has
+    run fewer than ``tune-extend`` values beyond the scale's own (a resumed sweep counts what it ran before)."""
+    from fedapp.experiments.report import _offered, extension
 
+    limit = int(sweep.meta.get("tune-extend", 0))
+    own = {t: {float(v) for v in sweep.grid.get(t, []) + [var[t] for var in sweep.variants if t in var]
+               if isinstance(v, (int, float)) and not isinstance(v, bool)} for t in sweep.tune}
     out = []
     for setting, choice in _choices(doc).items():
         beyond = extension(choice)
-        if beyond:
+        ran_beyond = {k: sum(v not in own.get(k, set()) for v in values) for k, values in _offered(choice).items()}
+        if beyond and all(ran_beyond.get(k, 0) < limit for k in beyond):
             chosen = {t: choice[t] for t in sweep.tune if t in choice}
             out += [{**dict(setting), **chosen, **beyond, "seed": s} for s in sweep.tune_seeds]
     return out

@@ -240,3 +240,18 @@ def test_seeds_are_planned_from_a_pilots_spread_by_the_power_of_the_one_sided_t_
     (_, _, row) = seed_plan(_doc(cells), effect=0.02)
     sd = float(stats.tstd([0.01, 0.03, 0.02, 0.04, 0.0]))
     assert f"| 5 | {sd:.4g} | {seeds_for(sd, 0.02)} |" in row
+
+
+def test_a_resumed_sweep_extends_an_edge_no_further_than_tune_extend(monkeypatch) -> None:
+    """After one extension (lr 0.005 beyond 0.05-0.5) won again, a resumed sweep with tune-extend = 1 runs nothing
+    more; with tune-extend = 2 it runs the next step (0.0005). Before, every resume extended once more."""
+    from types import SimpleNamespace
+
+    from fedapp.experiments import sweep as sweep_module
+
+    choice = {"lr": 0.005, "candidates": 3, "scores": {"lr=0.005": 0.9, "lr=0.05": 0.8, "lr=0.5": 0.7}}
+    monkeypatch.setattr(sweep_module, "_choices", lambda doc: {(("strategy", "a"),): choice})
+    for limit, expected in ((1, []), (2, [{"strategy": "a", "lr": 0.0005, "seed": 9}])):
+        fake = SimpleNamespace(meta={"tune-extend": limit}, grid={"lr": [0.05, 0.5]}, variants=[], tune=["lr"],
+                               tune_seeds=[9])
+        assert sweep_module._extensions(fake, {}) == expected
