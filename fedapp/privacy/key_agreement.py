@@ -16,11 +16,17 @@ key, which only a malicious neighbour sends) raises, as the ``cryptography`` lib
 Both ends must use them: the client mod creates and agrees keys, and the server workflow agrees a dropped client's
 pairwise keys from its reconstructed secret. :func:`fedapp.compat.secagg.use_key_agreement` switches both on, on
 the same SecAgg+ code paths that switch on the project's Shamir sharing.
+
+Flower's client mod hands the same private key's bytes to :func:`bytes_to_private_key` once per neighbour (r − 1
+times in each of two stages), and loading an X25519 private key computes its public key (a scalar multiplication,
+~32 µs, as much as the agreement itself). The function keeps the last key it loaded and returns it for the same
+bytes: one load a stage. It holds no more than the client's state already holds (the key's bytes, for the round).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
@@ -45,6 +51,12 @@ def bytes_to_private_key(private_key_bytes: bytes) -> X25519PrivateKey:
     """The private key of 32 raw bytes (ValueError for any other length)."""
     if len(private_key_bytes) != KEY_BYTES:
         raise ValueError(f"an X25519 private key is {KEY_BYTES} bytes, got {len(private_key_bytes)}")
+    return _load_private_key(bytes(private_key_bytes))
+
+
+@functools.lru_cache(maxsize=1)
+def _load_private_key(private_key_bytes: bytes) -> X25519PrivateKey:
+    """The last key loaded, kept for the agreements of a stage (the module docstring says why)."""
     return X25519PrivateKey.from_private_bytes(private_key_bytes)
 
 

@@ -41,3 +41,17 @@ def test_a_small_order_public_key_gives_no_shared_key() -> None:
     sk, _ = ka.generate_key_pairs()
     with pytest.raises(ValueError):
         ka.generate_shared_key(sk, ka.bytes_to_public_key(bytes(32)))
+
+
+def test_a_stage_loads_its_private_key_once_and_a_new_key_replaces_it() -> None:
+    """Flower's mod passes the same private key's bytes for every neighbour of a stage: the key is loaded once (loading
+    computes the public key); other bytes give their own key, never the last one."""
+    sk_a, _ = ka.generate_key_pairs()
+    sk_b, pk_b = ka.generate_key_pairs()
+    raw_a, raw_b = ka.private_key_to_bytes(sk_a), ka.private_key_to_bytes(sk_b)
+    first = ka.bytes_to_private_key(raw_a)
+    assert ka.bytes_to_private_key(bytes(raw_a)) is first
+    other = ka.bytes_to_private_key(raw_b)
+    assert other is not first and ka.private_key_to_bytes(other) == raw_b
+    assert ka.public_key_to_bytes(other.public_key()) == ka.public_key_to_bytes(pk_b)
+    assert ka.private_key_to_bytes(ka.bytes_to_private_key(raw_a)) == raw_a
