@@ -12,7 +12,7 @@ rounds × 5 methods × several ε through a Flower simulation would not fit the 
     python benchmarks/soteriafl.py --quick     # a9a ε ∈ {1, 5, 10} (T = 100) + MNIST ε = 4 (T = 100, 20k samples)
     python benchmarks/soteriafl.py             # full: η tuned on the whole Sec. 6 grid per method and ε, MNIST T = 200, all data
 
-Writes docs/benchmarks/soteriafl.md (+ plots soteriafl_<task>_eps<ε>.png and soteriafl_results.json).
+Writes docs/benchmarks/soteriafl_tables.md, the plots soteriafl_<task>_eps<ε>.png and soteriafl_results.json.
 """
 
 from __future__ import annotations
