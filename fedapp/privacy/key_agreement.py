@@ -20,7 +20,8 @@ the same SecAgg+ code paths that switch on the project's Shamir sharing.
 Flower's client mod hands the same private key's bytes to :func:`bytes_to_private_key` once per neighbour (r − 1
 times in each of two stages), and loading an X25519 private key computes its public key (a scalar multiplication,
 ~32 µs, as much as the agreement itself). The function keeps the last key it loaded and returns it for the same
-bytes: one load a stage. It holds no more than the client's state already holds (the key's bytes, for the round).
+bytes: one load a stage. It keeps that one key until the next load; the SecAgg+ state that passed its bytes holds them
+as long (a client its own key for the round, the server workflow a dropped client's reconstructed key).
 """
 
 from __future__ import annotations
