@@ -155,7 +155,10 @@ def bench_model(name: str, rounds: int, steps: int) -> list[str]:
 
 
 def bench_step(quick: bool, models: tuple[str, ...] | None = None) -> list[str]:
+    from fedapp.compat.heap import reuse_freed_memory
+
     warnings.filterwarnings("ignore")
+    reuse_freed_memory()  # the allocator as a client's local_train sets it, for every variant alike
     models = models or (("cnn-mnist",) if quick else MODELS)
     rounds, steps = (3, 5) if quick else (7, 10)
     header = [f"| model | step (batch {BATCH}, CPU, {torch.get_num_threads()} threads) | median | "

@@ -10,8 +10,9 @@ parameters), the result divided by the expected batch size. Only how Σ_i c_i g_
 2. per layer, ‖g_i‖² from the layer's input a and output gradient b (book-keeping: both are kept from step 1),
    whichever way is cheaper for its shape (mixed ghost clipping): a Linear layer over one vector per sample by
    ‖a_i‖²‖b_i‖², a layer over T positions by the ghost norm Σ_{t,s} (a_it·a_is)(b_it·b_is) when
-   T²(D + p) < D·p, else from the materialised per-sample gradient (a one-group Conv2d by its own channels-last
-   im2col and a batched matmul, every other layer type Opacus knows by Opacus' per-sample rule);
+   T²(D + p) < D·p, else from the materialised per-sample gradient (a one-group Conv2d by oneDNN's weight gradient
+   with one group per sample from 16 input channels and 144 output positions on, below that by its own im2col and a
+   batched matmul; every other layer type Opacus knows by Opacus' per-sample rule);
 3. Σ_i c_i g_i per layer, without a second backward: (c ⊙ b)ᵀ a for a ghost layer, Σ_i c_i G_i for a materialised one.
 
 A per-sample gradient whose norm is not finite counts as 0, as in :mod:`fedapp.clients.finite_clipping`. The
@@ -181,15 +182,16 @@ class BookKeeping:
         assert inputs is not None
         if grad is None:  # the loss does not depend on this layer
             return torch.zeros(batch, device=layer.params[0].device), lambda factor, rows: _zero_sums([layer])
-        backprops = grad * batch  # per-sample output gradients of the per-sample losses (Opacus' "mean")
+        # the per-sample losses' output gradients are ``grad * batch`` (Opacus' "mean"); the Linear and Conv2d rules
+        # take ``grad`` and apply the factor to their [B] norms and clip factors, sparing a pass over ``grad``
         if type(module) is nn.Linear:
             assert isinstance(module, nn.Linear)
-            return _linear(module, layer.params, inputs[0], backprops)
+            return _scaled(_linear(module, layer.params, inputs[0], grad), batch)
         if type(module) is nn.Conv2d and _plain_conv2d(module):
-            return _conv2d(module, layer.params, inputs[0], backprops)
-        per_sample = self.samplers[type(module)](module, inputs, backprops)
+            return _scaled(_conv2d(module, layer.params, inputs[0], grad), batch)
+        per_sample = self.samplers[type(module)](module, inputs, grad * batch)
         per_sample = {p: g for p, g in per_sample.items() if any(p is q for q in layer.params)}
-        squared = torch.stack([g.reshape(batch, -1).pow(2).sum(1) for g in per_sample.values()], 1).sum(1)
+        squared = torch.stack([_squared_norms(g) for g in per_sample.values()], 1).sum(1)
 
         def materialised(factor: torch.Tensor, rows: torch.Tensor) -> None:
             for p, g in per_sample.items():
@@ -197,6 +199,18 @@ class BookKeeping:
                 _set_sum(p, torch.einsum("i,i...->...", factor.to(g.dtype), g))
 
         return squared, materialised
+
+
+def _squared_norms(g: torch.Tensor) -> torch.Tensor:
+    """‖g_i‖² of each row of ``g`` [B, ...], without materialising g² (a norm kernel, then its square)."""
+    return torch.linalg.vector_norm(g.reshape(len(g), -1), dim=1).square()
+
+
+def _scaled(rule: tuple[torch.Tensor, Any], scale: float) -> tuple[torch.Tensor, Any]:
+    """A layer rule run on output gradients ÷ ``scale``, as the rule on the gradients themselves: norms² × scale²,
+    clipped sums by factors × scale (both on [B] vectors, not on the layer's tensors)."""
+    squared, summed = rule
+    return squared * scale * scale, lambda factor, rows: summed(factor * scale, rows)
 
 
 def _zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -220,7 +234,7 @@ def _linear(module: nn.Linear, params: list[nn.Parameter], a: torch.Tensor, b: t
         elif _ghost_cheaper(positions, a3.shape[2], b3.shape[2]):
             squared = squared + (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(b3, b3.transpose(1, 2))).sum((1, 2))
         else:
-            squared = squared + torch.einsum("btp,btd->bpd", b3, a3).pow(2).sum((1, 2))
+            squared = squared + _squared_norms(torch.einsum("btp,btd->bpd", b3, a3))
     if bias:
         squared = squared + b3.sum(1).pow(2).sum(1)
 
@@ -261,6 +275,10 @@ def book_keeping_dp_optimizer() -> Any:
 
 _CHUNK_ELEMENTS = 1 << 19  # im2col elements per chunk: 2 MiB of float32
 _FEW_CHANNELS = 3
+#: oneDNN's weight gradient with one group per sample is faster than im2col + bmm from this many input channels and
+#: output positions on (0.73-0.80× for 16-32 channels at 14 × 14, 5 × 5 and 3 × 3 kernels; even at 13 × 13 and 8 × 8;
+#: 2-4× slower at 4 × 4 or with 3 channels; 2-core AMD EPYC, batch 64, docs/benchmarks/dp_step.md)
+_GROUPED_CHANNELS, _GROUPED_POSITIONS = 16, 144
 
 
 def _plain_conv2d(module: nn.Module) -> bool:
@@ -286,15 +304,21 @@ def _conv2d(module: nn.Conv2d, params: list[nn.Parameter], a: torch.Tensor, b: t
     if weight and _ghost_cheaper(out_h * out_w, kh * kw * channels, b3.shape[2]):
         cols = _im2col(a, *geometry)  # [B, T, D]
         squared = squared + (torch.bmm(cols, cols.transpose(1, 2)) * torch.bmm(b3, b3.transpose(1, 2))).sum((1, 2))
+    elif weight and channels >= _GROUPED_CHANNELS and out_h * out_w >= _GROUPED_POSITIONS:
+        per_sample = _conv2d_per_sample_grouped(module, a, b)  # [B, O, C, kh, kw]
+        squared = squared + _squared_norms(per_sample)
     elif weight:
-        per_sample = _conv2d_per_sample(a, b3, *geometry)
-        squared = squared + per_sample.pow(2).sum((1, 2))
+        per_sample = _conv2d_per_sample(a, b3, *geometry)  # [B, kh·kw·C, O]
+        squared = squared + _squared_norms(per_sample)
     if bias:
         bias_sample = b3.sum(1)
         squared = squared + bias_sample.pow(2).sum(1)
 
     def summed(factor: torch.Tensor, rows: torch.Tensor) -> None:
-        if per_sample is not None:
+        if per_sample is not None and per_sample.dim() == 5:
+            _set_sum(module.weight, torch.einsum("i,i...->...", factor.to(per_sample.dtype),
+                                                 _zero_rows(per_sample, rows)))
+        elif per_sample is not None:
             g = torch.einsum("i,idp->dp", factor.to(per_sample.dtype), _zero_rows(per_sample, rows))
             _set_sum(module.weight, g.reshape(kh, kw, channels, -1).permute(3, 2, 0, 1).contiguous())
         if cols is not None:
@@ -329,23 +353,36 @@ def _conv2d_per_sample(a: torch.Tensor, b3: torch.Tensor, kernel: tuple[int, int
     """Per-sample weight gradients [B, kh·kw·C, O] (rows in (kh, kw, C) order) of a one-group convolution with input
     ``a`` [B, C, H, W] and output gradients ``b3`` [B, T, O], as im2col then one batched matmul. The im2col is
     a copy of the strided windows of the channels-last padded input, a few samples at a time so that each chunk is
-    still in cache for its matmul; with few channels (a first layer) one slice copy per kernel offset instead, which
-    moves whole rows rather than runs of C values (2x faster for one channel, slower for 16)."""
+    still in cache for its matmul; with few channels (a first layer) the windows in (kh, kw, C, oh, ow) order instead,
+    one copy that moves whole rows rather than runs of C values (2.6× faster for one channel, 1.3× for 3, 1.4× slower
+    for 16 channels: docs/benchmarks/dp_step.md)."""
     batch, channels = a.shape[0], a.shape[1]
     (kh, kw), (sh, sw), (dh, dw), (ph, pw), (out_h, out_w) = kernel, stride, dilation, padding, out
     positions, rows = out_h * out_w, kh * kw * channels
     per_sample = torch.empty((batch, rows, b3.shape[2]), dtype=b3.dtype, device=b3.device)
     if channels <= _FEW_CHANNELS:
         padded = nn.functional.pad(a.contiguous(), (pw, pw, ph, ph))  # [B, C, H, W]
-        cols = torch.empty((batch, kh, kw, channels, out_h, out_w), dtype=a.dtype, device=a.device)
-        for i in range(kh):
-            for j in range(kw):
-                cols[:, i, j] = padded[:, :, i * dh:i * dh + sh * (out_h - 1) + 1:sh,
-                                       j * dw:j * dw + sw * (out_w - 1) + 1:sw]
-        return torch.bmm(cols.view(batch, rows, positions), b3, out=per_sample)
+        s0, s1, s2, s3 = padded.stride()
+        window = padded.as_strided((batch, kh, kw, channels, out_h, out_w),
+                                   (s0, s2 * dh, s3 * dw, s1, s2 * sh, s3 * sw))
+        return torch.bmm(window.reshape(batch, rows, positions), b3, out=per_sample)
     window = _window(a, kernel, stride, dilation, padding, out)
     chunk = max(1, _CHUNK_ELEMENTS // (positions * rows))
     for lo in range(0, batch, chunk):
         cols = window[lo:lo + chunk].reshape(-1, positions, rows)
         torch.bmm(cols.transpose(1, 2), b3[lo:lo + chunk], out=per_sample[lo:lo + chunk])
     return per_sample
+
+
+def _conv2d_per_sample_grouped(module: nn.Conv2d, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-sample weight gradients [B, O, C, kh, kw] of a one-group convolution with input ``a`` [B, C, H, W] and
+    output gradients ``b`` [B, O, oh, ow], as the weight gradient of one convolution with a group per sample (the
+    batch folded into the channels): oneDNN's kernel reads the input where it lies, without an im2col copy."""
+    batch, channels, out_channels = a.shape[0], a.shape[1], b.shape[1]
+    x = a.contiguous().view(1, batch * channels, *a.shape[2:])
+    grad = b.contiguous().view(1, batch * out_channels, *b.shape[2:])
+    weight = module.weight.new_zeros(()).expand(batch * out_channels, channels, *module.kernel_size)  # its shape only
+    per_sample = torch.ops.aten.convolution_backward(
+        grad, x, weight, None, list(module.stride), [int(p) for p in module.padding], list(module.dilation), False,
+        [0, 0], batch, [False, True, False])[1]
+    return per_sample.view(batch, out_channels, channels, *module.kernel_size)

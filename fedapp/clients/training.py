@@ -287,8 +287,10 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
     With ``spec.dp`` the result's ``extra["sample_rate"]`` is the q the accountant must compose and
     ``steps`` the Poisson steps taken (a multiple of ⌈N/b⌉: ``spec.steps`` is rounded up to whole epochs).
     """
+    from fedapp.compat.heap import reuse_freed_memory
     from strategies.dp2_fedsam import sam_gradient
 
+    reuse_freed_memory()  # once per process: a step's freed tensors stay mapped for the next step
     device = device or torch.device("cpu")
     model.to(device).train()
     named = dict(model.named_parameters())

@@ -81,6 +81,21 @@ def test_training_equals_opacus_hooks_step_for_step_with_noise(z: float):
     assert torch.allclose(book, hooks, rtol=1e-4, atol=1e-5), float((book - hooks).abs().max())
 
 
+def test_the_grouped_convolution_rule_equals_hooks_on_strided_and_dilated_layers(monkeypatch):
+    """oneDNN's weight gradient with a group per sample, which the catalog's CNNs take from 16 channels and 144
+    positions, here for ``conv_b`` (8 channels, stride 2, dilation 2, padding 2; ``conv_c`` keeps the ghost norm)."""
+    calls = []
+    grouped = bk._conv2d_per_sample_grouped
+    monkeypatch.setattr(bk, "_GROUPED_CHANNELS", 8)
+    monkeypatch.setattr(bk, "_GROUPED_POSITIONS", 4)
+    monkeypatch.setattr(bk, "_conv2d_per_sample_grouped", lambda m, a, b: calls.append(m) or grouped(m, a, b))
+    torch.manual_seed(0)
+    model, data = Mixed(), _data()
+    hooks, book = _trained(model, data, "hooks", 1.3), _trained(model, data, "bk", 1.3)
+    assert {(m.stride, m.dilation) for m in calls} == {((2, 2), (2, 2))}
+    torch.testing.assert_close(book, hooks, rtol=1e-4, atol=1e-5)
+
+
 def test_a_frozen_bias_gets_no_gradient_and_does_not_count_in_the_norm():
     torch.manual_seed(0)
     model, data = Mixed(), _data()
