@@ -10,9 +10,9 @@ parameters), the result divided by the expected batch size. Only how Σ_i c_i g_
 2. per layer, ‖g_i‖² from the layer's input a and output gradient b (book-keeping: both are kept from step 1),
    whichever way is cheaper for its shape (mixed ghost clipping): a Linear layer over one vector per sample by
    ‖a_i‖²‖b_i‖², a layer over T positions by the ghost norm Σ_{t,s} (a_it·a_is)(b_it·b_is) when
-   T²(D + p) < D·p, else from the materialised per-sample gradient (a one-group Conv2d by oneDNN's weight gradient
-   with one group per sample from 16 input channels and 144 output positions on, below that by its own im2col and a
-   batched matmul; every other layer type Opacus knows by Opacus' per-sample rule);
+   T²(D + p) < D·p, else from the materialised per-sample gradient (a one-group Conv2d on a CPU by oneDNN's weight
+   gradient with one group per sample from 16 input channels and 144 output positions on, otherwise by its own
+   im2col and a batched matmul; every other layer type Opacus knows by Opacus' per-sample rule);
 3. Σ_i c_i g_i per layer, without a second backward: (c ⊙ b)ᵀ a for a ghost layer, Σ_i c_i G_i for a materialised one.
 
 A per-sample gradient whose norm is not finite counts as 0, as in :mod:`fedapp.clients.finite_clipping`. The
@@ -275,8 +275,8 @@ def book_keeping_dp_optimizer() -> Any:
 
 _CHUNK_ELEMENTS = 1 << 19  # im2col elements per chunk: 2 MiB of float32
 _FEW_CHANNELS = 3
-#: oneDNN's weight gradient with one group per sample is faster than im2col + bmm from this many input channels and
-#: output positions on (0.73-0.80× for 16-32 channels at 14 × 14, 5 × 5 and 3 × 3 kernels; even at 13 × 13 and 8 × 8;
+#: on a CPU, oneDNN's weight gradient with one group per sample is faster than im2col + bmm from this many input channels
+#: and output positions on (0.73-0.80× for 16-32 channels at 14 × 14, 5 × 5 and 3 × 3 kernels; even at 13 × 13 and 8 × 8;
 #: 2-4× slower at 4 × 4 or with 3 channels; 2-core AMD EPYC, batch 64, docs/benchmarks/dp_step.md)
 _GROUPED_CHANNELS, _GROUPED_POSITIONS = 16, 144
 
@@ -304,7 +304,7 @@ def _conv2d(module: nn.Conv2d, params: list[nn.Parameter], a: torch.Tensor, b: t
     if weight and _ghost_cheaper(out_h * out_w, kh * kw * channels, b3.shape[2]):
         cols = _im2col(a, *geometry)  # [B, T, D]
         squared = squared + (torch.bmm(cols, cols.transpose(1, 2)) * torch.bmm(b3, b3.transpose(1, 2))).sum((1, 2))
-    elif weight and channels >= _GROUPED_CHANNELS and out_h * out_w >= _GROUPED_POSITIONS:
+    elif weight and a.device.type == "cpu" and channels >= _GROUPED_CHANNELS and out_h * out_w >= _GROUPED_POSITIONS:
         per_sample = _conv2d_per_sample_grouped(module, a, b)  # [B, O, C, kh, kw]
         squared = squared + _squared_norms(per_sample)
     elif weight:

@@ -7,7 +7,9 @@ docs/benchmarks.md: ``ew`` for the CIFAR CNN on CPU, ``functorch`` for the MNIST
 a few real DP-SGD steps (:func:`fedapp.clients.training.local_train`) in each supported mode on synthetic
 data of the run's shapes and keeps the fastest: once per process, and across processes and runs
 through the shared cache (:mod:`fedapp.state.cache`), keyed by model, shapes, batch size, device and
-library versions.
+library versions. Processes that start together (a sweep's parallel cells, a simulation's actors) take the entry's
+lock in turn: the first measures, the others read its choice, so every process of a machine trains in one mode
+(the modes agree to float rounding, not bit for bit, and seeded runs are compared bit for bit).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def resolve_grad_sample_mode(mode: str, model_name: str, new_model: Callable[[],
     """``mode`` itself, or for ``auto`` the fastest supported mode measured for this model/batch/device."""
     if mode != AUTO:
         return mode
-    from fedapp.state.cache import lookup, store
+    from fedapp.state.cache import entry_lock, lookup, store
 
     modes = supported_modes(model_name)
     label = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
@@ -103,11 +105,12 @@ def resolve_grad_sample_mode(mode: str, model_name: str, new_model: Callable[[],
     memo_key = json.dumps(fields, sort_keys=True)
     if memo_key in _CHOSEN:
         return _CHOSEN[memo_key]
-    chosen = lookup("grad-sample-modes", fields)
-    if chosen not in modes:
-        times = time_modes_that_run(new_model, tuple(data.input_shape), int(data.num_classes), int(batch_size), device,
-                                    modes)
-        chosen = min(times, key=times.__getitem__)
-        store("grad-sample-modes", fields, chosen)
+    with entry_lock("grad-sample-modes", fields):  # processes starting together measure once and share the choice
+        chosen = lookup("grad-sample-modes", fields)
+        if chosen not in modes:
+            times = time_modes_that_run(new_model, tuple(data.input_shape), int(data.num_classes), int(batch_size),
+                                        device, modes)
+            chosen = min(times, key=times.__getitem__)
+            store("grad-sample-modes", fields, chosen)
     _CHOSEN[memo_key] = str(chosen)
     return str(chosen)

@@ -20,12 +20,13 @@ place, so a reader never sees a half-written entry and concurrent writers cannot
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -229,6 +230,34 @@ def store(namespace: str, fields: dict[str, object], value: object) -> None:
         _atomic_write(path, lambda tmp: Path(tmp).write_text(payload))
     except OSError:
         pass
+
+
+@contextlib.contextmanager
+def entry_lock(namespace: str, fields: dict[str, object]) -> Iterator[None]:
+    """Hold an exclusive lock on the entry under ``fields`` (``flock`` on a lock file beside it) while the caller looks it
+    up and, if absent, computes and stores it: concurrent processes then compute it once and all use that value. No lock
+    where the cache is disabled or the platform has no ``flock``."""
+    base = cache_dir()
+    try:
+        import fcntl
+    except ImportError:  # not a POSIX system
+        fcntl = None  # type: ignore[assignment]
+    if base is None or fcntl is None:
+        yield
+        return
+    path = _entry_path(base, namespace, fields).with_suffix(".lock")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a")  # noqa: SIM115 — held open for the lock's lifetime
+    except OSError:
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def calibrated_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int, kind: str) -> float:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -48,6 +52,32 @@ def test_auto_measures_once_then_reuses_the_choice_across_processes(tmp_path, mo
     assert gsm.resolve_grad_sample_mode("auto", "cnn-digits", _new_model, data, 64, device) == "ew"
     assert len(calls) == 2  # another batch size is measured anew
     assert gsm.resolve_grad_sample_mode("hooks", "cnn-digits", _new_model, data, 32, device) == "hooks"
+
+
+_RACE = """
+import sys, time, numpy as np, torch
+from fedapp.clients import grad_sample_mode as gsm
+from fedapp.data.datasets import ArrayDataset
+from fedapp.models.zoo import build_model
+def timed(*args, **kwargs):  # this process's load makes its own mode the fastest, after a second of measuring
+    time.sleep(1.0)
+    return {m: (0.5 if m == sys.argv[1] else 1.0) for m in args[5]}
+gsm.time_modes = timed
+data = ArrayDataset(np.zeros((8, 1, 8, 8), np.float32), np.zeros(8, np.int64), 10)
+print(gsm.resolve_grad_sample_mode("auto", "cnn-digits", lambda: build_model("cnn-digits", (1, 8, 8), 10), data, 32,
+                                   torch.device("cpu")))
+"""
+
+
+def test_processes_that_start_together_measure_once_and_share_one_mode(tmp_path):
+    """Two processes resolving ``auto`` at once with an empty cache (a sweep's parallel cells, a simulation's actors),
+    each finding a different mode fastest: the first to take the entry's lock measures, the other reads its choice."""
+    env = {**os.environ, "DPFL_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _RACE, mode], env=env, stdout=subprocess.PIPE, text=True)
+             for mode in ("hooks", "ew")]
+    chosen = [proc.communicate(timeout=120)[0].strip() for proc in procs]
+    assert all(proc.returncode == 0 for proc in procs)
+    assert chosen[0] == chosen[1] and chosen[0] in ("hooks", "ew"), chosen
 
 
 def test_auto_only_picks_modes_the_model_supports(tmp_path, monkeypatch):
