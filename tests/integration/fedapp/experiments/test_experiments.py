@@ -324,9 +324,12 @@ def test_validation_split_is_disjoint_and_counted_in_n_i():
 @pytest.mark.slow
 def test_in_process_cells_run_in_parallel_processes_give_what_they_give_one_at_a_time(tmp_path: Path):
     """--parallel 2 with the in-process engine: each cell in a spawned process of its own; with seeded noise every
-    cell's round metrics equal those of the same cell run in this process, one cell after the other. One per-sample
-    mode for both: ``auto``'s modes agree to float rounding, not bit for bit, and which is fastest is timed
-    (tests/unit/fedapp/clients/test_grad_sample_mode.py checks that processes share one choice)."""
+    cell's round metrics equal those of the same cell run in this process, one cell after the other, to float
+    rounding: the cells run on one torch thread, this process on its own count, and neither torch nor its BLAS
+    promises bitwise equal sums across thread counts (a full test run once saw a client validation loss differ in the
+    8th digit, the global model's metrics equal). One per-sample mode for both: ``auto``'s modes agree to float
+    rounding, not bit for bit, and which is fastest is timed (tests/unit/fedapp/clients/test_grad_sample_mode.py
+    checks that processes share one choice)."""
     path = tmp_path / "s.toml"
     path.write_text(SWEEP.replace("[sweep.config]", "[sweep.config]\nseeded-noise = true\ngrad-sample-mode = 'hooks'"))
     sweep = load_sweep(path)
@@ -337,7 +340,14 @@ def test_in_process_cells_run_in_parallel_processes_give_what_they_give_one_at_a
     assert sorted(parallel["cells"]) == sorted(serial["cells"]) and len(serial["cells"]) == 2
     assert all(c["status"] == "finished" for c in parallel["cells"].values())
     for cid, cell in serial["cells"].items():
-        assert parallel["cells"][cid]["rounds"] == cell["rounds"], cid
+        got = parallel["cells"][cid]["rounds"]
+        assert [sorted(r) for r in got] == [sorted(r) for r in cell["rounds"]], cid
+        for mine, theirs in zip(got, cell["rounds"]):
+            for key, value in theirs.items():
+                if isinstance(value, float):
+                    assert mine[key] == pytest.approx(value, rel=1e-6, abs=1e-9), (cid, mine["round"], key)
+                else:
+                    assert mine[key] == value, (cid, mine["round"], key)
 
 
 @pytest.mark.slow
