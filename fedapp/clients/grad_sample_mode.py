@@ -8,8 +8,8 @@ a few real DP-SGD steps (:func:`fedapp.clients.training.local_train`) in each su
 data of the run's shapes and keeps the fastest: once per process, and across processes and runs
 through the shared cache (:mod:`fedapp.state.cache`), keyed by model, shapes, batch size, device and
 library versions. Processes that start together (a sweep's parallel cells, a simulation's actors) take the entry's
-lock in turn: the first measures, the others read its choice, so every process of a machine trains in one mode
-(the modes agree to float rounding, not bit for bit, and seeded runs are compared bit for bit).
+lock in turn: the first measures, the others read its choice, so every process sharing the cache trains in one mode
+(the modes agree to float rounding, not bit for bit).
 """
 
 from __future__ import annotations
