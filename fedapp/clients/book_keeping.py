@@ -275,9 +275,9 @@ def book_keeping_dp_optimizer() -> Any:
 
 _CHUNK_ELEMENTS = 1 << 19  # im2col elements per chunk: 2 MiB of float32
 _FEW_CHANNELS = 3
-#: on a CPU, oneDNN's weight gradient with one group per sample is faster than im2col + bmm from this many input channels
-#: and output positions on (0.73-0.80× for 16-32 channels at 14 × 14, 5 × 5 and 3 × 3 kernels; even at 13 × 13 and 8 × 8;
-#: 2-4× slower at 4 × 4 or with 3 channels; 2-core AMD EPYC, batch 64, docs/benchmarks/dp_step.md)
+#: on a CPU, oneDNN's weight gradient with one group per sample is faster than im2col + bmm from this many input
+#: channels and output positions on (0.73-0.80× for 16-32 channels at 14 × 14, 5 × 5 and 3 × 3 kernels; even at
+#: 13 × 13 and 8 × 8; 2-4× slower at 4 × 4 or with 3 channels; 2-core AMD EPYC, batch 64, docs/benchmarks/dp_step.md)
 _GROUPED_CHANNELS, _GROUPED_POSITIONS = 16, 144
 
 

@@ -12,7 +12,8 @@ windows, per-sample gradients, activations) every step. glibc hands such a block
 (an ``mmap`` above its threshold, or a heap top beyond its trim threshold), so the next step faults the same pages in
 again (a ``bk`` step of the Table-5 CNN at batch 64: 16.3 ms, 11.5 ms without the faults).
 :func:`reuse_freed_memory` raises both thresholds (``mallopt``), once per process, so freed blocks of up to 32 MiB stay
-in the heap for the next step; the trim after each message still returns them between messages. ``DPFL_HEAP_REUSE=off`` keeps glibc's defaults.
+in the heap for the next step; the trim after each message still returns them between messages.
+``DPFL_HEAP_REUSE=off`` keeps glibc's defaults.
 """
 
 from __future__ import annotations

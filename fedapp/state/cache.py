@@ -234,9 +234,9 @@ def store(namespace: str, fields: dict[str, object], value: object) -> None:
 
 @contextlib.contextmanager
 def entry_lock(namespace: str, fields: dict[str, object]) -> Iterator[None]:
-    """Hold an exclusive lock on the entry under ``fields`` (``flock`` on a lock file beside it) while the caller looks it
-    up and, if absent, computes and stores it: concurrent processes then compute it once and all use that value. No lock
-    where the cache is disabled or the platform has no ``flock``."""
+    """Hold an exclusive lock on the entry under ``fields`` (``flock`` on a lock file beside it) while the caller
+    looks it up and, if absent, computes and stores it: concurrent processes then compute it once and all use that
+    value. No lock where the cache is disabled or the platform has no ``flock``."""
     base = cache_dir()
     try:
         import fcntl

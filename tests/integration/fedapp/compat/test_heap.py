@@ -22,9 +22,14 @@ print(ran, before, psutil.Process().memory_info().rss)
 """
 
 
+def _run(script: str, switch: str, value: str) -> list[str]:
+    """``script``'s printed words, run in a fresh interpreter with the environment variable ``switch`` = ``value``."""
+    return subprocess.run([sys.executable, "-c", script], env={**os.environ, switch: value},
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
 def _probe(env_value: str) -> tuple[bool, int, int]:
-    out = subprocess.run([sys.executable, "-c", _PROBE], env={**os.environ, "DPFL_HEAP_TRIM": env_value},
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = _run(_PROBE, "DPFL_HEAP_TRIM", env_value)
     return out[0] == "True", int(out[1]), int(out[2])
 
 
@@ -57,8 +62,7 @@ def test_reuse_keeps_a_steps_freed_blocks_mapped_and_can_be_turned_off():
     trimmed after each step and faulted in again (120 MiB = 30,720 pages; at least a third of them)."""
     runs = {}
     for value in ("", "off"):
-        out = subprocess.run([sys.executable, "-c", _REUSE_PROBE], env={**os.environ, "DPFL_HEAP_REUSE": value},
-                             capture_output=True, text=True, check=True).stdout.split()
+        out = _run(_REUSE_PROBE, "DPFL_HEAP_REUSE", value)
         runs[value] = (out[0] == "True", int(out[1]))
     assert runs[""][0] and runs[""][1] < 500, runs
     assert not runs["off"][0] and runs["off"][1] > 10_000, runs
