@@ -12,6 +12,8 @@ experiments, ``fedapp.run`` and ``fedapp.experiments``, which no ServerApp or Cl
 layers contract in pyproject.toml keeps it so) — into a folder of its own, and the launchers run ``flwr run``
 on that folder. The FAB then holds the apps and what they import, without the docs, tests, benchmarks,
 launcher and experiments. An app without that ``include`` list is run from its own folder, as Flower would.
+``flwr run .`` in the project folder itself packs the same packages with the launcher and the experiments
+(``fab-include`` in pyproject.toml), never the docs, tests, benchmarks or committed sweep results.
 """
 
 from __future__ import annotations
