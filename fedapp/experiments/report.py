@@ -32,7 +32,7 @@ import json
 import math
 import os
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -797,6 +797,10 @@ def write_report(index: str | Path, out: str | Path | None = None) -> Path:
         extra = f" (and {finished.count(False)} outside its grid, reported too)" if False in finished else ""
         lines.append(f"Cells: {finished.count(True)} finished of the scale's {len(planned)}{extra}; "
                      f"sweep file `{doc.get('file')}`; intervals are 95 % confidence intervals of the mean over seeds.")
+    sources = Counter(c["reused_from"] for c in finished_cells(doc) if c.get("reused_from"))
+    if sources:
+        lines.append("Taken from another sweep's index (`--reuse`, the same config and federation, not run again): "
+                     + "; ".join(f"{n} cells from `{src}`" for src, n in sorted(sources.items())) + ".")
     metrics = [m for m in METRICS if m not in OPTIONAL_METRICS
                or any(c["summary"].get(m) is not None for g in groups.values() for c in g)]
     lines += ["", "## Results", "", "| group | n | " + " | ".join(metrics) + " |",

@@ -49,7 +49,10 @@ every cell (atomic writes; a finished cell's entry holds its resolved run-config
 metrics, so the index alone rebuilds the report's tables). A finished cell is skipped when the sweep runs again, so an
 interrupted sweep resumes; a finished cell's entry alone also counts, so a sweep resumes from an ``index.json`` copied
 into a fresh ``--out``. A cell interrupted mid-run (its process killed) continues from its newest checkpoint
-(``resume-from``, :mod:`fedapp.state.checkpoint`) instead of starting again at round 1.
+(``resume-from``, :mod:`fedapp.state.checkpoint`) instead of starting again at round 1. ``--reuse INDEX`` takes the
+finished cells of another sweep's ``index.json`` (e.g. another scale of the same file) whose assignments equal a cell
+of this one, whatever their order; that sweep must share this scale's config and federation, or its cells are another
+experiment and the option is refused before anything runs.
 
 With ``tune-seeds`` a sweep runs in stages: every candidate of the ``tune`` keys on the tuning seeds; then, up to
 ``tune-extend`` times, one value beyond each edge a setting's choice sits on (the grid's step continued,
@@ -78,7 +81,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,6 +271,32 @@ class Index:
             write_index(self.path, self.doc)
 
 
+def reusable_cells(paths: Sequence[Path], sweep: Sweep) -> dict[str, dict[str, Any]]:
+    """The finished cells of other sweeps' ``index.json`` files, keyed by their assignments (key order aside), each
+    entry whole (summary, resolved run-config, rounds). Every file must hold this sweep's config and number of
+    SuperNodes: a cell's id names only its grid assignments, so a cell run with other settings would pass for one of
+    this sweep's."""
+    pool: dict[str, dict[str, Any]] = {}
+    want = json.loads(json.dumps({"config": sweep.config, "num_supernodes": sweep.num_supernodes}, default=str))
+    for path in paths:
+        try:
+            doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"--reuse {path}: not a readable index.json ({exc})") from None
+        differ = [k for k, v in want.items() if doc.get(k) != v] if isinstance(doc, dict) else ["config"]
+        if differ:
+            raise ConfigError(f"--reuse {path}: its {' and '.join(differ)} differ from this scale's, so its cells are "
+                              "another experiment")
+        for entry in doc.get("cells", {}).values():
+            if entry.get("status") == "finished" and {"assignments", "summary", "config", "rounds"} <= set(entry):
+                pool.setdefault(_assignment_key(entry["assignments"]), {**entry, "reused_from": str(path)})
+    return pool
+
+
+def _assignment_key(assignments: Mapping[str, Any]) -> str:
+    return json.dumps(dict(assignments), sort_keys=True, default=str)
+
+
 def interrupted_run(cell_dir: Path, rounds: int) -> Path | None:
     """The newest run folder of a cell that stopped without a reason (its process was killed: ``summary.json``
     missing or ``finished`` false with no ``stopped_reason``) and whose checkpoint has rounds of ``rounds`` left;
@@ -326,19 +355,32 @@ def _run_cell_in_child(sweep: Sweep, cell: dict[str, Any], out: Path, engine: st
 
 
 def run_sweep(sweep: Sweep, out: Path, *, parallel: int = 1, engine: str = "flwr",
-              only: Mapping[str, Any] | None = None) -> Path:
-    """Run every unfinished cell (``only``: those matching these assignments); returns ``index.json``."""
+              only: Mapping[str, Any] | None = None, reuse: Sequence[Path] = ()) -> Path:
+    """Run every unfinished cell (``only``: those matching these assignments) that no ``reuse`` index holds
+    finished (:func:`reusable_cells`; those are recorded as they are); returns ``index.json``."""
     if engine not in ENGINES:
         raise ConfigError(f"engine must be one of {ENGINES}, got {engine!r}")
+    reusable = reusable_cells(reuse, sweep)
     out.mkdir(parents=True, exist_ok=True)
     index = Index(out, sweep)
 
-    def pending(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [c for c in cells if not index.done(cell_id(c)) and all(c.get(k) == v for k, v in (only or {}).items())]
+    def pending(cells: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+        todo, reused = [], 0
+        for cell in cells:
+            cid = cell_id(cell)
+            if index.done(cid) or any(cell.get(k) != v for k, v in (only or {}).items()):
+                continue
+            if (found := reusable.get(_assignment_key(cell))) is not None:
+                index.record(cid, {**found, "assignments": cell})
+                reused += 1
+            else:
+                todo.append(cell)
+        return todo, reused
 
     def run_all(cells: list[dict[str, Any]], stage: str) -> None:
-        todo = pending(cells)
-        print(f"[sweep] {sweep.name}{stage}: {len(cells)} cells, {len(todo)} to run, {parallel} at a time", flush=True)
+        todo, reused = pending(cells)
+        print(f"[sweep] {sweep.name}{stage}: {len(cells)} cells, {len(todo)} to run, {parallel} at a time"
+              + (f" ({reused} taken from --reuse)" if reused else ""), flush=True)
         with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
             list(pool.map(one, todo))
 
@@ -448,10 +490,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", action="store_true", help="write the report when the sweep is done")
     parser.add_argument("--only", action="append", default=[], metavar="KEY=VALUE",
                         help="run only the cells with this grid value (repeatable; TOML values, e.g. seed=1)")
+    parser.add_argument("--reuse", action="append", default=[], type=Path, metavar="INDEX",
+                        help="take finished cells of another sweep's index.json with this scale's config (repeatable)")
     args = parser.parse_args(argv)
     try:
         sweep = load_sweep(args.file, args.scale)
         only = parse_only(sweep, args.only)
+        reusable_cells(args.reuse, sweep)  # refused here, before --out is made
     except ConfigError as exc:
         print(f"[sweep] configuration error: {exc}", file=sys.stderr)
         return 2
@@ -460,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
             sweep.meta[key] = value  # [sweep] num-cpus / num-gpus in the file, overridden here
     out = args.out or Path("results") / "sweeps" / f"{sweep.name}-{sweep.meta['scale']}"
     try:
-        index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine, only=only)
+        index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine, only=only, reuse=args.reuse)
     except ConfigError as exc:
         print(f"[sweep] configuration error: {exc}", file=sys.stderr)
         return 2

@@ -572,3 +572,60 @@ variants = [{ strategy = "fedavg", lr = 0.5 }, { strategy = "dpsgd-fedavg", lr =
                     'better = { lr = 0.5 }, worse = { lr = 0.1 } }]\n')
     assert [c["text"] for c in load_sweep(path, "own").claims] == ["lr 0.5 beats 0.1"]  # the scale's replace the file's
     assert [c["text"] for c in load_sweep(path).claims] != ["lr 0.5 beats 0.1"]
+
+
+def test_reuse_takes_another_sweeps_finished_cells_whatever_their_key_order(tmp_path: Path, monkeypatch):
+    """--reuse records another index's finished cell under this sweep's id without running it (its assignments
+    written in the other key order, as another scale's grid and variants give them); a stopped cell is not taken,
+    and an index run with another config is refused before --out exists."""
+    from fedapp.experiments import sweep as sweep_module
+    from fedapp.experiments.sweep import Index
+
+    path, other, out = tmp_path / "s.toml", tmp_path / "other", tmp_path / "out"
+    path.write_text(SWEEP)
+    sweep = load_sweep(path, "quick")
+    other.mkdir()
+    index = Index(other, sweep)
+    mine = {"strategy": "fedavg", "lr": 0.05, "seed": 1}
+    theirs = dict(reversed(list(mine.items())))
+    assert cell_id(theirs) != cell_id(mine)  # the readable prefix follows the key order
+    whole = {"assignments": theirs, "status": "finished", "run_dir": str(other / "gone"),
+             "summary": {"finished": True, "final_accuracy": 0.5}, "config": {"seed": 1}, "rounds": [{"round": 1}]}
+    index.record(cell_id(theirs), whole)
+    index.record("stopped", {**whole, "assignments": {**mine, "strategy": "dpsgd-fedavg"}, "status": "stopped"})
+
+    def no_run(*args, **kwargs):
+        raise AssertionError("a cell ran")
+
+    monkeypatch.setattr(sweep_module, "_run_cell", no_run)
+    run_sweep(sweep, out, only=mine, reuse=[other / "index.json"])
+    cells = json.loads((out / "index.json").read_text())["cells"]
+    assert list(cells) == [cell_id(mine)]
+    assert cells[cell_id(mine)]["assignments"] == mine and list(cells[cell_id(mine)]["assignments"]) == list(mine)
+    assert cells[cell_id(mine)]["summary"] == whole["summary"]
+    assert cells[cell_id(mine)]["reused_from"] == str(other / "index.json")
+    stopped = {**mine, "strategy": "dpsgd-fedavg"}
+    run_sweep(sweep, out, only=stopped, reuse=[other / "index.json"])  # the stopped cell is run again
+    assert "a cell ran" in json.loads((out / "index.json").read_text())["cells"][cell_id(stopped)]["error"]
+
+    full = load_sweep(path)  # the default scale: 3 SuperNodes, not quick's 4
+    assert main_sweep([str(path), "--reuse", str(other / "index.json"), "--out", str(tmp_path / "new")]) == 2
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(ConfigError, match="num_supernodes differ"):
+        run_sweep(full, tmp_path / "new", reuse=[other / "index.json"])
+
+
+def test_the_committed_post_hoc_lr_check_reuses_mid_ft_s_cells_as_its_sweep_file_says():
+    """dp2_fedsam_mid_ft_lr's DP-FedSAM-FT cells are mid-ft's, taken by the --reuse its sweep file documents."""
+    from fedapp.experiments.sweep import reusable_cells
+
+    sweep = load_sweep(REPO / "configs/papers/dp2_fedsam_table2.toml", "mid-ft-lr")
+    assert "--reuse docs/benchmarks/dp2_fedsam_mid_ft/index.json" in sweep.path.read_text()
+    pool = reusable_cells([REPO / "docs/benchmarks/dp2_fedsam_mid_ft/index.json"], sweep)
+    committed = json.loads((REPO / "docs/benchmarks/dp2_fedsam_mid_ft_lr/index.json").read_text())["cells"]
+    planned = {cell_id(c): c for c in sweep.cells()}
+    taken = {cid: pool[json.dumps(c, sort_keys=True)] for cid, c in planned.items()
+             if json.dumps(c, sort_keys=True) in pool}
+    assert len(taken) == 25 and {c["assignments"]["strategy"] for c in taken.values()} == {"dp-fedsam-ft"}
+    for cid, entry in taken.items():
+        assert committed[cid]["summary"] == entry["summary"] and committed[cid]["rounds"] == entry["rounds"]
