@@ -285,8 +285,8 @@ def reusable_cells(paths: Sequence[Path], sweep: Sweep) -> dict[str, dict[str, A
             raise ConfigError(f"--reuse {path}: not a readable index.json ({exc})") from None
         differ = [k for k, v in want.items() if doc.get(k) != v] if isinstance(doc, dict) else ["config"]
         if differ:
-            raise ConfigError(f"--reuse {path}: its {' and '.join(differ)} differ from this scale's, so its cells are "
-                              "another experiment")
+            raise ConfigError(f"--reuse {path}: its {' and '.join(differ)} {'differ' if len(differ) > 1 else 'differs'} "
+                              "from this scale's, so its cells are another experiment")
         for entry in doc.get("cells", {}).values():
             if entry.get("status") == "finished" and {"assignments", "summary", "config", "rounds"} <= set(entry):
                 pool.setdefault(_assignment_key(entry["assignments"]), {**entry, "reused_from": str(path)})

@@ -611,7 +611,7 @@ def test_reuse_takes_another_sweeps_finished_cells_whatever_their_key_order(tmp_
     full = load_sweep(path)  # the default scale: 3 SuperNodes, not quick's 4
     assert main_sweep([str(path), "--reuse", str(other / "index.json"), "--out", str(tmp_path / "new")]) == 2
     assert not (tmp_path / "new").exists()
-    with pytest.raises(ConfigError, match="num_supernodes differ"):
+    with pytest.raises(ConfigError, match="its num_supernodes differs from this scale's"):
         run_sweep(full, tmp_path / "new", reuse=[other / "index.json"])
 
 
