@@ -244,8 +244,7 @@ class Index:
         self.path = out / "index.json"
         self.lock = threading.Lock()
         old = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
-        changed = [k for k, now in (("config", sweep.config), ("num_supernodes", sweep.num_supernodes))
-                   if old.get("cells") and json.loads(json.dumps(now, default=str)) != old.get(k)]
+        changed = _differing_experiment(old, sweep) if old.get("cells") else []
         if changed:  # a cell's id names only its grid assignments: resuming would mix two experiments
             raise ConfigError(f"{self.path}: the sweep's {' and '.join(changed)} changed since its cells ran; "
                               "use another --out (or remove the folder) to run the changed sweep")
@@ -271,19 +270,25 @@ class Index:
             write_index(self.path, self.doc)
 
 
+def _differing_experiment(doc: Mapping[str, Any], sweep: Sweep) -> list[str]:
+    """The keys of an ``index.json`` document (``config``, ``num_supernodes``) that differ from ``sweep``'s: a cell's
+    id names only its grid assignments, so cells run under other values are another experiment."""
+    now = json.loads(json.dumps({"config": sweep.config, "num_supernodes": sweep.num_supernodes}, default=str))
+    return [k for k, v in now.items() if doc.get(k) != v]
+
+
 def reusable_cells(paths: Sequence[Path], sweep: Sweep) -> dict[str, dict[str, Any]]:
     """The finished cells of other sweeps' ``index.json`` files, keyed by their assignments (key order aside), each
     entry whole (summary, resolved run-config, rounds). Every file must hold this sweep's config and number of
     SuperNodes: a cell's id names only its grid assignments, so a cell run with other settings would pass for one of
     this sweep's."""
     pool: dict[str, dict[str, Any]] = {}
-    want = json.loads(json.dumps({"config": sweep.config, "num_supernodes": sweep.num_supernodes}, default=str))
     for path in paths:
         try:
             doc = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise ConfigError(f"--reuse {path}: not a readable index.json ({exc})") from None
-        differ = [k for k, v in want.items() if doc.get(k) != v] if isinstance(doc, dict) else ["config"]
+        differ = _differing_experiment(doc, sweep) if isinstance(doc, dict) else ["config"]
         if differ:
             raise ConfigError(f"--reuse {path}: its {' and '.join(differ)} {'differ' if len(differ) > 1 else 'differs'} "
                               "from this scale's, so its cells are another experiment")
@@ -496,7 +501,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sweep = load_sweep(args.file, args.scale)
         only = parse_only(sweep, args.only)
-        reusable_cells(args.reuse, sweep)  # refused here, before --out is made
     except ConfigError as exc:
         print(f"[sweep] configuration error: {exc}", file=sys.stderr)
         return 2
@@ -504,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
         if value is not None:
             sweep.meta[key] = value  # [sweep] num-cpus / num-gpus in the file, overridden here
     out = args.out or Path("results") / "sweeps" / f"{sweep.name}-{sweep.meta['scale']}"
-    try:
+    try:  # run_sweep refuses a --reuse index before it makes --out
         index = run_sweep(sweep, out, parallel=args.parallel, engine=args.engine, only=only, reuse=args.reuse)
     except ConfigError as exc:
         print(f"[sweep] configuration error: {exc}", file=sys.stderr)
