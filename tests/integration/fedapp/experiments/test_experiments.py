@@ -615,6 +615,22 @@ def test_reuse_takes_another_sweeps_finished_cells_whatever_their_key_order(tmp_
         run_sweep(full, tmp_path / "new", reuse=[other / "index.json"])
 
 
+def test_robust_hdp_mid_eps_takes_its_dist2_tuning_cells_from_the_committed_indexes_its_file_names():
+    """The --reuse indexes of robust_hdp_table12.toml's mid-eps command hold the 8 dist2 seed-101 cells its comment
+    counts, and only tuning cells: none of the evaluation seeds (41-45) comes from another sweep."""
+    from fedapp.experiments.sweep import _assignment_key, reusable_cells
+
+    sweep = load_sweep(REPO / "configs/papers/robust_hdp_table12.toml", "mid-eps")
+    text = sweep.path.read_text()
+    paths = ["docs/benchmarks/robust_hdp_mid_resolve/index.json", "docs/benchmarks/robust_hdp_mid_min_eps/index.json"]
+    assert all(f"--reuse {p}" in text for p in paths) and "8 of its 36 tuning cells" in text
+    pool = reusable_cells([REPO / p for p in paths], sweep)
+    tuning = [c for c in sweep.tuning_cells() if _assignment_key(c) in pool]
+    assert len(sweep.tuning_cells()) == 36 and len(tuning) == 8
+    assert {(c["privacy-dist"], c["seed"]) for c in tuning} == {("dist2", 101)}
+    assert not {entry["assignments"]["seed"] for entry in pool.values()} & set(sweep.grid["seed"])
+
+
 def test_the_committed_post_hoc_lr_check_reuses_mid_ft_s_cells_as_its_sweep_file_says():
     """dp2_fedsam_mid_ft_lr's DP-FedSAM-FT cells are mid-ft's, taken by the --reuse its sweep file documents."""
     from fedapp.experiments.sweep import reusable_cells
