@@ -346,16 +346,29 @@ def _run_cell(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str) -> Pat
                num_cpus=float(sweep.meta.get("num-cpus", 1.0)), num_gpus=float(sweep.meta.get("num-gpus", 0.0)))
 
 
-def _set_torch_threads(threads: int) -> None:
+def _limit_threads(threads: int) -> None:
+    """A cell process's share of the cores: ``threads`` torch threads, and as many in every BLAS and OpenMP pool.
+
+    numpy's OpenBLAS otherwise sizes its pool to every core. Beside another busy cell a pooled call (a float64
+    ``np.linalg.norm`` of a model-sized update, on the server's path once per client) then waits for a helper thread
+    the other cell has descheduled: 0.78 ms instead of 6.6 µs for 28,938 values on the 2-core machine
+    (docs/benchmarks/launch_and_memory.md), as in a Ray actor (:mod:`fedapp.compat.blas_threads`)."""
     import torch
+    from threadpoolctl import threadpool_limits
 
     torch.set_num_threads(threads)
+    threadpool_limits(limits=threads)
+
+
+def _child(threads: int) -> ProcessPoolExecutor:
+    """One freshly spawned process for a cell, limited to ``threads`` threads (:func:`_limit_threads`)."""
+    return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_limit_threads, initargs=(threads,))
 
 
 def _run_cell_in_child(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str, threads: int) -> Path:
-    """:func:`_run_cell` in a freshly spawned process with ``threads`` torch threads."""
-    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_set_torch_threads, initargs=(threads,)) as child:
+    """:func:`_run_cell` in a freshly spawned process limited to ``threads`` threads."""
+    with _child(threads) as child:
         return child.submit(_run_cell, sweep, cell, out, engine).result()
 
 
