@@ -350,8 +350,8 @@ def _limit_threads(threads: int) -> None:
     """A cell process's share of the cores: ``threads`` torch threads, and as many in every BLAS and OpenMP pool.
 
     numpy's OpenBLAS otherwise sizes its pool to every core. Beside another busy cell a pooled call (a float64
-    ``np.linalg.norm`` of a model-sized update, on the server's path once per client) then waits for a helper thread
-    the other cell has descheduled: 0.78 ms instead of 6.6 µs for 28,938 values on the 2-core machine
+    ``np.linalg.norm`` of a model-sized update, three on the server's path per client update) then waits for a helper
+    thread the other cell has descheduled: 0.78 ms instead of 6.6 µs for 28,938 values on the 2-core machine
     (docs/benchmarks/launch_and_memory.md), as in a Ray actor (:mod:`fedapp.compat.blas_threads`)."""
     import torch
     from threadpoolctl import threadpool_limits
