@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import statistics
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fedapp.experiments.sweep import _limit_threads, load_sweep
+from fedapp.experiments.sweep import _child, _limit_threads, load_sweep
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,10 +48,8 @@ def _cell(rounds: int, out: str) -> float:
 def _side_by_side(arm: str, rounds: int, threads: int) -> list[float]:
     """Two cells at once, each in its own spawned process started as ``arm`` says; their seconds."""
     init = _limit_threads if arm == "limited" else _torch_only
-    spawn = multiprocessing.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
-        pools = [ProcessPoolExecutor(max_workers=1, mp_context=spawn, initializer=init, initargs=(threads,))
-                 for _ in range(2)]
+        pools = [_child(threads, init) for _ in range(2)]
         try:
             futures = [pool.submit(_cell, rounds, os.path.join(tmp, str(i))) for i, pool in enumerate(pools)]
             return [f.result() for f in futures]

@@ -81,7 +81,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -360,10 +360,10 @@ def _limit_threads(threads: int) -> None:
     threadpool_limits(limits=threads)
 
 
-def _child(threads: int) -> ProcessPoolExecutor:
-    """One freshly spawned process for a cell, limited to ``threads`` threads (:func:`_limit_threads`)."""
+def _child(threads: int, initializer: Callable[[int], None] = _limit_threads) -> ProcessPoolExecutor:
+    """One freshly spawned process for a cell, started by ``initializer(threads)`` (:func:`_limit_threads`)."""
     return ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=_limit_threads, initargs=(threads,))
+                               initializer=initializer, initargs=(threads,))
 
 
 def _run_cell_in_child(sweep: Sweep, cell: dict[str, Any], out: Path, engine: str, threads: int) -> Path:
