@@ -7,10 +7,47 @@ threat model, the privacy mechanism (:mod:`fedapp.apps.mechanisms`), the server 
 
 from __future__ import annotations
 
-from fedapp.apps import factories as f
+import functools
+import importlib
+import inspect
+from typing import Any
+
 from fedapp.apps.mechanisms import ClientLevel, CorrelatedNoise, NoPrivacy, RecordLevel
 from fedapp.registry import Family, Feature, StrategySpec, register_family
 from strategies.privacy.threat_models import ThreatModel as TM
+
+FACTORIES = "fedapp.apps.factories"
+
+
+class _Deferred:
+    """A builder of :mod:`fedapp.apps.factories`, imported on its first call or inspection: reading the registry
+    (the launcher's checks, ``resolve_config``) then loads no strategy, Flower or client stack (~110 MB the launcher
+    would keep for the whole run)."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = self.__qualname__ = name
+
+    @functools.cached_property
+    def target(self) -> Any:
+        return getattr(importlib.import_module(FACTORIES), self.__name__)
+
+    @property
+    def __signature__(self) -> inspect.Signature:  # what RunConfig.sections_for reads
+        return inspect.signature(self.target)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.target(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<deferred {FACTORIES}.{self.__name__}>"
+
+
+class _Factories:
+    def __getattr__(self, name: str) -> _Deferred:
+        return _Deferred(name)
+
+
+f = _Factories()
 
 _BASE = frozenset({"general", "data", "privacy", "deployment"})
 #: record-level keys a client-level family never reads

@@ -11,14 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from fedapp.config import ClientDPConfig, ConfigError, DataConfig, GeneralConfig, TrainingConfig, resolve_config
 from fedapp.config.run_config import RunConfig, record_canaries
-from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for
 from strategies.privacy.threat_models import ROUNDED_SUM_CAVEAT
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from fedapp.privacy.profiles import ClientProfile
 
 
@@ -215,6 +214,8 @@ def _client_level(general: GeneralConfig, training: TrainingConfig, client_dp: C
             gaussian_equivalent=ddg.gaussian_equivalent(n, n),
             payload_bytes=ddg.rotated_dim * ddg.bits / 8)
     elif secagg:
+        from fedapp.privacy.secure_aggregation import QUANTIZATION_RANGE, modulus_for  # Flower's SecAgg+: on use
+
         try:
             field = modulus_for(n, QUANTIZATION_RANGE)
         except ValueError as exc:
