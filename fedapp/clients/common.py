@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -77,10 +78,16 @@ def make_model(spec: ModelSpec, data: ArrayDataset) -> torch.nn.Module:
     return model_for_shape(spec, data.input_shape, data.num_classes)
 
 
+#: one seeded build at a time: ClientApps on threads of one process (fedapp.compat.thread_backend) share the default
+#: generator, which a build seeds and then draws from
+_SEEDED_BUILD = threading.Lock()
+
+
 def model_for_shape(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """The run's model for inputs of ``input_shape`` and ``num_classes`` classes, initialized from the spec's seed."""
-    torch.manual_seed(spec.seed)
-    return build_model(spec.name, tuple(input_shape), int(num_classes), nonconvex_lambda=spec.nonconvex_lambda)
+    with _SEEDED_BUILD:
+        torch.manual_seed(spec.seed)
+        return build_model(spec.name, tuple(input_shape), int(num_classes), nonconvex_lambda=spec.nonconvex_lambda)
 
 
 def setup_client(context: Context, overrides: dict[str, Any] | None = None) -> ClientSetup:

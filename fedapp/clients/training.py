@@ -216,25 +216,36 @@ def _shuffled_batches(x: torch.Tensor, y: torch.Tensor, batch_size: int, steps: 
         pos += batch_size
 
 
-def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_epoch: int, epochs: int):
+def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_epoch: int, epochs: int,
+                     generator: torch.Generator | None = None):
     """The batches of Opacus' ``DPDataLoader`` (``UniformWithReplacementSampler``: every record joins every step
     independently with probability q), drawn where the data lives.
 
-    The draws are Opacus' own, in its order, from the default generator of the data's device: per epoch the base
-    seed a ``DataLoader`` iterator takes, per step ``rand(N) < q``. On the CPU the batches are therefore the
-    loader's, bit for bit (tests/unit/fedapp/clients/test_poisson_batches.py); on a GPU they have the same law and
-    no batch is collated record by record on the host and copied over.
+    The draws are Opacus' own, in its order: per epoch the base seed a ``DataLoader`` iterator takes, per step
+    ``rand(N) < q``, from ``generator`` (default: the default generator of the data's device). On the CPU the
+    batches are therefore the loader's, bit for bit, for a generator in the default one's state
+    (tests/unit/fedapp/clients/test_poisson_batches.py); on a GPU they have the same law and no batch is collated
+    record by record on the host and copied over.
     """
     n = len(y)
     for _ in range(epochs):
-        torch.empty((), dtype=torch.int64).random_()  # the DataLoader iterator's base-seed draw
+        torch.empty((), dtype=torch.int64).random_(generator=generator)  # the DataLoader iterator's base-seed draw
         for _ in range(per_epoch):
-            rows = (torch.rand(n, device=x.device) < sample_rate).nonzero().reshape(-1)
+            rows = (torch.rand(n, device=x.device, generator=generator) < sample_rate).nonzero().reshape(-1)
             yield x[rows], y[rows]
 
 
+def _seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator of ``device`` in the state ``torch.manual_seed(seed)`` leaves its default one in: the same draws,
+    without the process-wide stream that another client training in another thread of the process would also draw
+    from and reseed (:mod:`fedapp.compat.thread_backend`)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
 def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: LocalTraining,
-             sample_rate: float):
+             sample_rate: float, generator: torch.Generator | None = None):
     """(wrapped module, DP optimizer, None) as Opacus' ``PrivacyEngine.make_private(poisson_sampling=True)`` builds
     them (same validation, module class and optimizer arguments, the optimizer Opacus' ``DPOptimizer`` with the clip
     step of :func:`~fedapp.clients.finite_clipping.finite_clip_dp_optimizer`; no engine accountant: the client's
@@ -267,7 +278,7 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
     if relaid:
         raise ValueError(f"per-sample gradients need weights in the default (contiguous) layout; not so: {relaid}")
     kwargs = dict(optimizer=optimizer, noise_multiplier=dp.noise_multiplier, max_grad_norm=dp.clip,
-                  expected_batch_size=int(len(data) * sample_rate), loss_reduction="mean", generator=None,
+                  expected_batch_size=int(len(data) * sample_rate), loss_reduction="mean", generator=generator,
                   secure_mode=False)
     if book_keeping:  # the model itself with forward hooks; its clipped sums come from BookKeeping.clipped_sum
         from fedapp.clients.book_keeping import BookKeeping, book_keeping_dp_optimizer
@@ -313,7 +324,9 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
         if spec.dp is not None:
             per_epoch = steps_per_epoch(len(data), spec.batch_size)
             sample_rate = dpsgd_sample_rate(len(data), spec.batch_size)
-            module, optimizer, book_keeping = _private(model, opt, data, spec, sample_rate)
+            # on a CPU the noise and the batches come from this training's own stream, seeded as the default one was
+            generator = _seeded_generator(spec.seed, device) if device.type == "cpu" else None
+            module, optimizer, book_keeping = _private(model, opt, data, spec, sample_rate, generator)
             if book_keeping is not None:  # its own convolution rule reads any layout: the CNNs' faster one on a CPU
                 layout.callback(book_keeping.close)
                 layout.enter_context(cpu_memory_format(model, device))
@@ -326,7 +339,7 @@ def local_train(model: nn.Module, data: ArrayDataset, spec: LocalTraining,
                 return _graphed(model, module, optimizer, opt, params, spec, x_dev, y_dev, sample_rate, per_epoch,
                                 epochs, start, extra)
             else:
-                batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, epochs)
+                batches = _poisson_batches(x_dev, y_dev, sample_rate, per_epoch, epochs, generator)
         else:  # a plain CNN runs channels-last on a CPU (per-sample gradients keep the default layout)
             layout.enter_context(cpu_memory_format(model, device))
             batches = _shuffled_batches(torch.from_numpy(data.x), torch.from_numpy(data.y), spec.batch_size, spec.steps,

@@ -132,3 +132,44 @@ def test_the_non_private_loops_batches_are_each_epochs_permutation_in_slices():
     assert [len(b[1]) for b in got] == [16, 16, 16, 2, 16, 16, 16, 2, 16]
     for (xb, yb), (xe, ye) in zip(got, expected, strict=True):
         assert xb.is_contiguous() and torch.equal(xb, xe) and torch.equal(yb, ye)
+
+
+def test_two_clients_training_at_once_on_threads_draw_what_each_draws_alone():
+    """ClientApps on threads of one process (fedapp.compat.thread_backend) train at the same time: each client's
+    batches and noise come from its own seeded stream, not from the process's default generator, which the other
+    client would draw from and reseed. Each result equals the one the client gets training alone."""
+    import sys
+    import threading
+
+    x, y = _arrays(64, seed=4)
+    data = ArrayDataset(x.numpy(), y.numpy(), 10)
+    specs = {seed: LocalTraining(batch_size=8, steps=40, lr=0.1, seed=seed, dp=PerSampleDP(1.0, 1.0, mode))
+             for seed, mode in ((21, "hooks"), (22, "bk"))}
+    start = build_model("cnn-digits", (1, 8, 8), 10)
+    alone = {}
+    for seed, spec in specs.items():
+        model = copy.deepcopy(start)
+        local_train(model, data, spec, torch.device("cpu"))
+        alone[seed] = get_weights(model)
+    together: dict[int, list[np.ndarray]] = {}
+    barrier = threading.Barrier(len(specs))
+
+    def train(seed: int) -> None:
+        model = copy.deepcopy(start)
+        barrier.wait()
+        local_train(model, data, specs[seed], torch.device("cpu"))
+        together[seed] = get_weights(model)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the two loops interleave step by step
+    try:
+        threads = [threading.Thread(target=train, args=(seed,)) for seed in specs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    for seed in specs:
+        for a, b in zip(together[seed], alone[seed]):
+            np.testing.assert_array_equal(a, b)
