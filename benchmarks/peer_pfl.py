@@ -357,10 +357,10 @@ def steady_parts(parts: list[dict[str, float | None] | None]) -> dict[str, float
 
 def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Namespace,
              engine: str = "superlink", num_cpus: float = 1.0, secure_aggregation: bool = False,
-             wakeups: bool = True) -> dict[str, Any]:
-    """This project's side through ``python -m fedapp.run.launch --engine ENGINE --num-cpus NUM_CPUS`` (with
-    ``secure_aggregation``: SecAgg+ and the default secure-sum mechanism; without ``wakeups``:
-    ``DPFL_WAKEUPS=off``); its record."""
+             wakeups: bool = True, client_backend: str = "ray") -> dict[str, Any]:
+    """This project's side through ``python -m fedapp.run.launch --engine ENGINE --num-cpus NUM_CPUS
+    --client-backend CLIENT_BACKEND`` (with ``secure_aggregation``: SecAgg+ and the default secure-sum mechanism;
+    without ``wakeups``: ``DPFL_WAKEUPS=off``); its record."""
     from fedapp.run.processes import to_toml_assignments
 
     overrides = {**overrides, "secure-aggregation": secure_aggregation}
@@ -373,9 +373,10 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
         env["DPFL_WAKEUPS"] = "off"  # fedapp.compat.wakeups.SWITCH
     # --verbose: the phases and the initial evaluation are read from Flower's log lines in the launcher's output
     cmd = [sys.executable, "-m", "fedapp.run.launch", "--num-supernodes", str(NUM_CLIENTS), "--verbose",
-           "--num-cpus", str(num_cpus), "--engine", engine, "--run-config", to_toml_assignments(overrides)]
+           "--num-cpus", str(num_cpus), "--engine", engine, "--client-backend", client_backend, "--run-config",
+           to_toml_assignments(overrides)]
     log = work / (f"ours-{engine}-cpus{num_cpus:g}{'' if wakeups else '-polls'}{'-secagg' if secure_aggregation else ''}"
-                  f"-{tag}.log")
+                  f"-{client_backend}-{tag}.log")
     phases = Phases(*OUR_MARKS)
     code, wall, mem = run_measured(cmd, env=env, cwd=REPO, log=log, interval=args.interval, timeout=args.timeout,
                                    phases=phases)
@@ -393,7 +394,7 @@ def run_ours(overrides: dict[str, Any], work: Path, tag: str, args: argparse.Nam
     walls = [float(r["wall_seconds"]) for r in rounds]
     sampled = [r["metrics"].get("clients_sampled", r["metrics"].get("clients_ok")) for r in rounds]
     lanes = max(1, int((os.cpu_count() or 1) / num_cpus))  # Flower's Ray backend: ⌊CPUs / CPUs a client⌋ actors
-    return {"side": our_side(engine, num_cpus, secure_aggregation, wakeups), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
+    return {"side": our_side(engine, num_cpus, secure_aggregation, wakeups, client_backend), "tag": tag, "wall": wall, **round_stats(walls), "round_walls": walls,
             "lanes": lanes, "parts": steady_parts([round_parts(r, lanes) for r in rounds]),
             "peak_bytes": mem.peak_bytes, "peak_split": mem.peak_split, "cpu_seconds": mem.cpu_seconds,
             "processes": mem.processes, "final_accuracy": summary.get("final_accuracy"),
@@ -446,11 +447,14 @@ def pfl_available(python: Path) -> str | None:
 
 
 # --------------------------------------------------------------------------- report
-def our_side(engine: str, num_cpus: float = 1.0, secure_aggregation: bool = False, wakeups: bool = True) -> str:
-    """The report's label of this project's side on ``engine`` with ``num_cpus`` per client, ``/polls`` with Flower's
-    0.1 s message polls (``DPFL_WAKEUPS=off``), ``/secagg`` with SecAgg+ (plain ``ours``: the launcher's defaults,
-    SuperLink engine and one CPU per client, no SecAgg+)."""
+def our_side(engine: str, num_cpus: float = 1.0, secure_aggregation: bool = False, wakeups: bool = True,
+             client_backend: str = "ray") -> str:
+    """The report's label of this project's side on ``engine`` with ``num_cpus`` per client, ``/threads`` with the
+    ClientApps on the engine's threads (``--client-backend threads``), ``/polls`` with Flower's 0.1 s message polls
+    (``DPFL_WAKEUPS=off``), ``/secagg`` with SecAgg+ (plain ``ours``: the launcher's defaults, SuperLink engine, Ray
+    actors and one CPU per client, no SecAgg+)."""
     label = "ours" if engine == "superlink" else f"ours/{engine}"
+    label = label if client_backend == "ray" else f"{label}/{client_backend}"
     label = label if num_cpus == 1.0 else f"{label}/cpus={num_cpus:g}"
     label = label if wakeups else f"{label}/polls"
     return f"{label}/secagg" if secure_aggregation else label
@@ -684,6 +688,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engines", nargs="+", default=["superlink"], choices=("superlink", "run-simulation"),
                         help="our side, once per engine per repeat: the launcher's --engine (run-simulation: no "
                              "SuperLink, SuperExec or `flwr run`)")
+    parser.add_argument("--client-backends", nargs="+", default=["ray"], choices=("ray", "threads"),
+                        help="our side, once per backend per repeat: the launcher's --client-backend (threads: the "
+                             "ClientApps on the engine's own threads, no Ray)")
     parser.add_argument("--secure-aggregation", nargs="+", default=["off"], choices=("off", "on"),
                         help="our side, once per value (and engine, CPUs) per repeat: SecAgg+ with the default "
                              "secure-sum mechanism (on; its cost over the plain round is reported) or not (off: "
@@ -723,9 +730,9 @@ def main(argv: list[str] | None = None) -> int:
                 check_config(overrides, value == "on")
             print(f"[peer_pfl] our run-configs checked (dry-run cache warm) in {time.perf_counter() - t0:.1f} s",
                   flush=True)
-        config_of = {our_side(e, c, a == "on", w == "on"): (e, c, a == "on", w == "on")
+        config_of = {our_side(e, c, a == "on", w == "on", b): (e, c, a == "on", w == "on", b)
                      for e in args.engines for c in args.num_cpus for a in args.secure_aggregation
-                     for w in args.wakeups}
+                     for w in args.wakeups for b in args.client_backends}
         ours = list(config_of)
         pfl_sides = [PFL_LABELS[s] for s in args.pfl_scripts]
         sides = {"both": ours + pfl_sides, "ours": ours, "pfl": pfl_sides}[args.side]

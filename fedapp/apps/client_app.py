@@ -13,6 +13,7 @@ from fedapp.compat.blas_threads import limit_to_allotment
 from fedapp.compat.heap import trim_heap_mod
 from fedapp.compat.lean_ray import lean_head_in_simulation_runtime
 from fedapp.compat.server_log import log_to_file_from_env
+from fedapp.compat.thread_backend import install as install_thread_backend
 from fedapp.compat.wakeups import wake_feeder_in_simulation_runtime
 from fedapp.config import resolve_config
 from fedapp.data.node_data import NodeDataError
@@ -60,3 +61,6 @@ app = build_client_app()
 lean_head_in_simulation_runtime()
 log_to_file_from_env()
 wake_feeder_in_simulation_runtime()
+# the engine's ClientApps on its own threads instead of Ray actors, where DPFL_CLIENT_BACKEND = threads asks
+# (fedapp.compat.thread_backend; the launcher's --client-backend threads)
+install_thread_backend()

@@ -55,6 +55,7 @@ _ARITHMETIC = "flwr.common.secure_aggregation.ndarrays_arithmetic"
 _GRIDS = "flwr.superlink.grid"
 _PROXY = "flwr.server.client_proxy.ClientProxy"
 _RAY_BACKEND = "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend"
+_BACKEND = "flwr.server.superlink.fleet.vce.backend.backend"
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,25 @@ SURFACE: tuple[Symbol, ...] = (
            "early-ray", "its init_ray finds the early Ray head", attributes=("init_args_key",)),
     Symbol(f"{_RAY_BACKEND}.init_ray", f"(self, {_BACKEND_CONFIG}) -> None",
            "early-ray", "replaced: waits for the early start, compares its arguments, then calls Flower's"),
+    # fedapp.compat.thread_backend: the engine's backend_fn builds whatever raybackend.RayBackend names when it runs
+    Symbol("flwr.server.superlink.fleet.vce.vce_api.start_vce",
+           "(backend_name: str, backend_config_json_stream: str, app_dir: str, is_app: bool, f_stop: threading.Event, "
+           "run: flwr.supercore.run.Run, metrics: flwr.server.superlink.fleet.vce.metrics.VceMetrics, "
+           "client_app: flwr.clientapp.client_app.ClientApp | None = None, client_app_attr: str | None = None, "
+           "num_supernodes: int | None = None, state_factory: "
+           "flwr.server.superlink.linkstate.linkstate_factory.LinkStateFactory | None = None, "
+           "existing_nodes_mapping: dict[int, int] | None = None) -> None", "thread-backend",
+           "loads the ClientApp (which installs the thread backend), then builds RayBackend(backend_config)"),
+    Symbol(f"{_BACKEND}.Backend", f"({_BACKEND_CONFIG}) -> None", "thread-backend",
+           "the base of fedapp.compat.thread_backend's backend", attributes=("num_workers",)),
+    Symbol(f"{_BACKEND}.Backend.build",
+           "(self, app_fn: collections.abc.Callable[[], flwr.clientapp.client_app.ClientApp]) -> None",
+           "thread-backend", "implemented: keeps the ClientApp loader"),
+    Symbol(f"{_BACKEND}.Backend.process_message",
+           f"(self, message: {_MESSAGE}, context: {_CONTEXT}) -> tuple[{_MESSAGE}, {_CONTEXT}]",
+           "thread-backend", "implemented: the ClientApp on the calling engine worker thread"),
+    Symbol("flwr.clientapp.client_app.ClientAppException", None, "thread-backend",
+           "what a ClientApp's exception is reported as, as Flower's ClientAppActor does"),
     # fedapp.compat.lean_actor
     Symbol("flwr.simulation", None, "lean-actor",
            "a package whose __init__ a Ray worker defers (sys.modules) until a name it defines is used",

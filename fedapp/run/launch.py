@@ -41,6 +41,9 @@ from typing import IO, Any
 from fedapp.compat.early_ray import init_args_env as early_ray_env
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, LogFollower
+from fedapp.compat.thread_backend import BACKENDS as CLIENT_BACKENDS
+from fedapp.compat.thread_backend import ENV as CLIENT_BACKEND_ENV
+from fedapp.compat.thread_backend import THREADS
 from fedapp.config import SCHEMA, ConfigError, RunConfig, check_fault_config, check_federation_size, resolve_config
 from fedapp.config.keys import NODE_LOCAL
 from fedapp.run.cli_preload import PreloadedCommand
@@ -124,11 +127,13 @@ def _dry_run_child(send, run_config: Mapping[str, Any], num_clients: int) -> Non
 def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
         flwr_home: Path | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
         timeout: float | None = None, port: int | None = None, ray_address: str = "",
-        engine: str = "superlink", verbose: bool = False) -> Path:
+        engine: str = "superlink", verbose: bool = False, client_backend: str = "ray") -> Path:
     """Validate, run the app on ``engine``, stop everything; returns the new results folder.
 
     ``engine``: ``superlink`` (a private SuperLink and ``flwr run``) or ``run-simulation`` (Flower's
-    ``run_simulation`` in one child process, :mod:`fedapp.run.simulation_engine`). Flower's whole log goes to
+    ``run_simulation`` in one child process, :mod:`fedapp.run.simulation_engine`). ``client_backend``: where the
+    engine runs the ClientApps, ``ray`` (Flower's actors) or ``threads`` (the engine's own threads,
+    :mod:`fedapp.compat.thread_backend`: CPU only, on this machine). Flower's whole log goes to
     ``flower.log`` in the results folder; ``verbose`` also prints it, else only one line a round and Flower's
     warnings and errors are printed (:mod:`fedapp.run.console`)."""
     if engine not in ENGINES:
@@ -139,6 +144,7 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
                           "--engine superlink")
     if engine != "run-simulation":
         superlink_cpus(num_cpus, ray_address)  # a fraction it cannot pass: refused before anything starts
+    check_client_backend(client_backend, num_gpus, ray_address)
     cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
     output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
     before = list_runs(output_dir)
@@ -146,13 +152,13 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     if engine == "run-simulation":
         log_hint = f"{FLOWER_LOG} in the results folder, or the engine's log named above"
         _run_python_engine({**merged, **overrides}, num_supernodes, num_cpus, num_gpus, timeout, ray_address,
-                           results, verbose)
+                           results, verbose, client_backend)
     else:
         flwr_home = resolve_flwr_home(app, flwr_home)
         port = port or free_port()
         log_hint = f"{server_log_path(flwr_home, port)} and {flwr_home}/superlink-{port}.log"
         _run_superlink_engine(app, overrides, flwr_home, port, num_supernodes, num_cpus, num_gpus, timeout,
-                              ray_address, results, verbose)
+                              ray_address, results, verbose, client_backend)
     folder = results.folder  # named by this run's ServerApp in its log
     if folder is None:
         new_runs = sorted(list_runs(output_dir) - before, key=lambda p: p.stat().st_mtime)
@@ -283,7 +289,7 @@ ENGINES = ("superlink", "run-simulation")
 
 def _run_python_engine(overrides: dict, num_supernodes: int, num_cpus: float, num_gpus: float,
                        timeout: float | None, ray_address: str, results: NewRun | None = None,
-                       verbose: bool = True) -> None:
+                       verbose: bool = True, client_backend: str = "ray") -> None:
     """Flower's ``run_simulation`` in a child process of its own session (its Ray daemons and actors are its
     descendants), watched like the SuperLink engine's tree and stopped by PID when it ends, fails or is
     interrupted. Its output goes to a file that is followed like the SuperLink engine's ServerApp log (each line to
@@ -305,6 +311,7 @@ def _run_python_engine(overrides: dict, num_supernodes: int, num_cpus: float, nu
     env = os.environ.copy()
     env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["PYTHONUNBUFFERED"] = "1"  # its lines reach the file, and the terminal, as they are written
+    env[CLIENT_BACKEND_ENV] = client_backend
     show = echo(verbose)
     follower = LogFollower(output)
 
@@ -367,7 +374,7 @@ def print_tail(path: Path, lines: int = FAILURE_TAIL_LINES) -> None:
 
 def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int, num_supernodes: int,
                           num_cpus: float, num_gpus: float, timeout: float | None, ray_address: str,
-                          results: NewRun, verbose: bool = True) -> None:
+                          results: NewRun, verbose: bool = True, client_backend: str = "ray") -> None:
     """A private SuperLink on ``port``; the staged app submitted with ``flwr run``; the ServerApp's log
     (:mod:`fedapp.compat.server_log`) followed until ``results`` says the run ended or the ServerApp's process
     ends (printed when ``verbose``, else only its progress lines); everything stopped by PID. A run that did not
@@ -387,7 +394,8 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
         superexec: PreloadedCommand | None = None
         try:
             client_cpus, init_args = superlink_cpus(num_cpus, ray_address)
-            flower = {**flower_env(flwr_home), SERVER_LOG_ENV: str(server_log), **runtime_env(ray_address, init_args)}
+            flower = {**flower_env(flwr_home), SERVER_LOG_ENV: str(server_log), CLIENT_BACKEND_ENV: client_backend,
+                      **runtime_env(ray_address, init_args, ray=client_backend != THREADS)}
             superlink = procs.add(start_superlink(flwr_home, port, env=flower, isolation="process"))
             superexec = PreloadedCommand("flower-superexec", flower, PROJECT_ROOT, superexec_args(port, superlink.pid),
                                          output=flwr_home / f"superexec-{port}.out", new_session=True)
@@ -454,16 +462,28 @@ def superlink_cpus(num_cpus: float, ray_address: str = "") -> tuple[int, dict[st
     return 1, {**FEDERATION_INIT_ARGS, "num_cpus": max(1, int((os.cpu_count() or 1) / num_cpus))}
 
 
-def runtime_env(ray_address: str = "", init_args: dict[str, Any] | None = None) -> dict[str, str]:
+def runtime_env(ray_address: str = "", init_args: dict[str, Any] | None = None, ray: bool = True) -> dict[str, str]:
     """Environment for the SuperLink and what it starts: the SuperExec asks for new runs every
     :data:`SUPEREXEC_POLL_S` (Flower's ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``; a value the caller set is kept), and
     the simulation runtime starts Ray while it loads the apps with the federation's ``init_args``
     (:mod:`fedapp.compat.early_ray`; default :data:`FEDERATION_INIT_ARGS`), except when it attaches to an existing
-    cluster (``ray_address``)."""
+    cluster (``ray_address``) or starts no Ray (``ray`` False: the thread backend)."""
     env = {} if SUPEREXEC_POLL_ENV in os.environ else {SUPEREXEC_POLL_ENV: str(SUPEREXEC_POLL_S)}
-    if not ray_address:
+    if not ray_address and ray:
         env.update(early_ray_env(FEDERATION_INIT_ARGS if init_args is None else init_args))
     return env
+
+
+def check_client_backend(client_backend: str, num_gpus: float = 0.0, ray_address: str = "") -> None:
+    """Refuse, before anything starts, a client backend that is unknown or cannot do what the launch asks."""
+    if client_backend not in CLIENT_BACKENDS:
+        raise ConfigError(f"--client-backend {client_backend!r}: valid backends are {', '.join(CLIENT_BACKENDS)}")
+    if client_backend == THREADS and num_gpus > 0:
+        raise ConfigError(f"--client-backend threads trains on the CPU; --num-gpus {num_gpus:g} needs --client-backend "
+                          "ray")
+    if client_backend == THREADS and ray_address:
+        raise ConfigError(f"--client-backend threads runs every client in one process of this machine; --ray-address "
+                          f"{ray_address!r} needs --client-backend ray")
 
 
 def server_log_path(flwr_home: Path, port: int) -> Path:
@@ -593,6 +613,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
                              "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
                              "SuperLink and SuperExec: less memory and start-up (docs/benchmarks.md)")
+    parser.add_argument("--client-backend", default="ray", choices=CLIENT_BACKENDS,
+                        help="where the engine runs the ClientApps: ray (Flower's actors, default) or threads (the "
+                             "engine's own threads in one process, CPU only: less memory and start-up, no isolation "
+                             "between clients; fedapp.compat.thread_backend)")
     parser.add_argument("--verbose", action="store_true", default=verbose_from_env(),
                         help="print Flower's whole log while the run goes on (default: one line a round; the whole "
                              "log is in flower.log in the results folder either way); also DPFL_VERBOSE=1")
@@ -609,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         run_dir = run(args.num_supernodes, args.run_config, args.app, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
-                      ray_address=args.ray_address, engine=args.engine, verbose=args.verbose)
+                      ray_address=args.ray_address, engine=args.engine, verbose=args.verbose,
+                      client_backend=args.client_backend)
     except ConfigError as exc:
         print(f"[dpfl] configuration error: {exc}", file=sys.stderr)
         return 2

@@ -137,6 +137,46 @@ def test_the_command_line_shows_one_line_a_round_and_a_summary_and_keeps_flowers
     assert f"results: {run_dir}" in text and "flower.log" in text and "privacy.png" in text
 
 
+@pytest.mark.slow
+def test_the_thread_backend_trains_what_ray_trains_under_secagg_without_ray(tmp_path):
+    """``--client-backend threads``: the same ClientApps, SecAgg+ with the distributed discrete Gaussian included, on
+    the engine's own threads. With seeded noise the rounds equal the Ray backend's exactly, and no Ray daemon or
+    actor starts (fedapp.compat.thread_backend)."""
+    config = ("strategy='dp-fedavg' num-server-rounds=2 max-samples=300 seed=5 seeded-noise=true "
+              "output-dir='{out}'")
+    sessions = _ray_sessions()
+    threads_dir = run(num_supernodes=4, run_config=config.format(out=tmp_path / "threads"),
+                      flwr_home=tmp_path / "home-threads", timeout=300, client_backend="threads")
+    assert _ray_sessions() == sessions, "the thread backend started Ray"
+    flower_log = (threads_dir / "flower.log").read_text()
+    assert f"ClientApps on {os.cpu_count()} threads of this process (thread backend)" in flower_log, flower_log
+    assert "Ray started while the apps loaded" not in flower_log
+    ray_dir = run(num_supernodes=4, run_config=config.format(out=tmp_path / "ray"), flwr_home=tmp_path / "home-ray",
+                  timeout=300)
+    ours, theirs = _round_records(threads_dir), _round_records(ray_dir)
+    assert [r["round"] for r in ours] == [r["round"] for r in theirs] == [1, 2]
+    for a, b in zip(ours, theirs):
+        assert a["metrics"]["secure_aggregation"] and a["metrics"]["secure_sum"] == "distributed discrete Gaussian"
+        assert a["metrics"]["clients_ok"] == b["metrics"]["clients_ok"] == 4
+        for key in ("accuracy", "loss", "uplink_bytes", "epsilon", "mean_update_norm"):
+            assert a["metrics"][key] == b["metrics"][key], key
+    time.sleep(1.0)
+    assert not _ray_processes(str(REPO)), "Ray daemons left running"
+
+
+def test_the_thread_backend_is_refused_with_gpus_or_a_ray_cluster_before_anything_starts(tmp_path):
+    with pytest.raises(ConfigError, match="--client-backend threads trains on the CPU; --num-gpus 0.5"):
+        run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", num_gpus=0.5, client_backend="threads",
+            flwr_home=tmp_path / "h")
+    with pytest.raises(ConfigError, match="--ray-address 'auto' needs --client-backend ray"):
+        run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", ray_address="auto", client_backend="threads",
+            flwr_home=tmp_path / "h")
+    with pytest.raises(ConfigError, match="--client-backend 'dask': valid backends are ray, threads"):
+        run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", client_backend="dask",
+            flwr_home=tmp_path / "h")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "h").exists()
+
+
 def test_run_simulation_engine_refuses_another_app_and_unknown_engines(tmp_path):
     with pytest.raises(ConfigError, match="--app .* needs --engine superlink"):
         run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", app=tmp_path, engine="run-simulation")
