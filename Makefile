@@ -7,6 +7,7 @@ STAMP  := $(VENV)/.installed
 NUM_SUPERNODES ?= 20
 RUN_CONFIG ?= configs/main.toml
 ENGINE ?= superlink
+CLIENT_BACKEND ?= ray
 VERBOSE ?=
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_HOME := $(CURDIR)/.flwr
@@ -26,7 +27,8 @@ $(STAMP): pyproject.toml constraints.txt | $(PY)
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m fedapp.run.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)" --engine $(ENGINE) $(if $(VERBOSE),--verbose)
+	$(PY) -m fedapp.run.launch --num-supernodes $(NUM_SUPERNODES) --run-config "$(RUN_CONFIG)" --engine $(ENGINE) \
+		--client-backend $(CLIENT_BACKEND) $(if $(VERBOSE),--verbose)
 
 test: $(STAMP)
 	$(PY) -m mypy
