@@ -80,7 +80,7 @@ def make_model(spec: ModelSpec, data: ArrayDataset) -> torch.nn.Module:
 
 #: one seeded build at a time: ClientApps on threads of one process (fedapp.compat.thread_backend) share the default
 #: generator, which a build seeds and then draws from
-_SEEDED_BUILD = threading.Lock()
+_SEEDED_BUILD = threading.RLock()
 
 
 def model_for_shape(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
