@@ -11,8 +11,9 @@ to the ClientApp as copies, as Ray's serialization does: the ServerApp's grid gi
 (SecAgg+'s client mod pops its stage from it), and a ClientApp that raises leaves the node's state as it was.
 
 What it does not give: isolation between clients. They share one process, so one client that crashes the process
-(a segfault, running out of memory) ends the run, where Ray would restart an actor; a client's Python code holds the
-GIL against the others' (torch's kernels release it). It trains on the CPU only (``num_gpus`` > 0 is refused).
+(a segfault, running out of memory) ends the run, where under Ray only that actor's process dies and its messages
+fail; a client's Python code holds the GIL against the others' (torch's kernels release it). It trains on the CPU only
+(``num_gpus`` > 0 is refused).
 Privacy is unchanged: the same ClientApp, noise and SecAgg+ messages. Each client draws its DP-SGD batches and noise
 from its own generator (:func:`fedapp.clients.training.local_train`), so two clients training at once neither share
 nor reseed one another's stream.
