@@ -3,6 +3,9 @@
     python -m benchmarks.foundation step       [--quick] [--models a,b]  # DP-SGD ÷ non-private step per mode
     python -m benchmarks.foundation overhead   [--quick]   # Flower simulation wall ÷ summed client training
     python -m benchmarks.foundation memory     [--quick]   # peak PSS of all processes of a 20-client simulation
+
+``overhead`` and ``memory`` run Flower's simulation with its ClientApps on Ray actors and on threads of this process
+(``fedapp.compat.thread_backend``).
     python -m benchmarks.foundation mnist      [--rounds 30]  # dpsgd-fedavg on MNIST via flwr run
     python -m benchmarks.foundation --quick                # all of the above, small
 
@@ -18,11 +21,14 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 DATA_DIR = str((REPO.parent / "shared" / "data").resolve())
 
 
@@ -56,13 +62,16 @@ def _plain_loop_seconds(ov: dict, n: int) -> float:
     return total
 
 
-def _simulate(ov: dict, n: int, cpus_per_client: int, sample_memory: bool = False) -> tuple[float, float]:
-    """Wall seconds of a real Flower simulation (and peak summed PSS in GB of this process tree if asked)."""
+def _simulate(ov: dict, n: int, cpus_per_client: int, sample_memory: bool = False,
+              backend: str = "ray") -> tuple[float, float]:
+    """Wall seconds of a real Flower simulation (and peak summed PSS in GB of this process tree if asked), its
+    ClientApps on Ray actors or (``backend="threads"``) on threads of this process."""
     import psutil
     from flwr.simulation import run_simulation
 
     from fedapp.apps.client_app import build_client_app
     from fedapp.apps.server_app import build_server_app
+    from fedapp.compat import thread_backend
 
     os.environ["PYTHONPATH"] = str(REPO)
     peak = [0.0]
@@ -84,39 +93,70 @@ def _simulate(ov: dict, n: int, cpus_per_client: int, sample_memory: bool = Fals
     th = threading.Thread(target=sampler, daemon=True)
     if sample_memory:
         th.start()
-    t0 = time.perf_counter()
-    run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=n,
-                   backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
-                                   "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False}})
-    wall = time.perf_counter() - t0
-    stop.set()
+    if backend == thread_backend.THREADS:
+        os.environ[thread_backend.ENV] = thread_backend.THREADS
+        thread_backend.install()
+    try:
+        t0 = time.perf_counter()
+        run_simulation(build_server_app(ov), build_client_app(ov), num_supernodes=n,
+                       backend_config={"client_resources": {"num_cpus": cpus_per_client, "num_gpus": 0.0},
+                                       "init_args": {"num_cpus": 2, "logging_level": "ERROR", "log_to_driver": False}})
+        wall = time.perf_counter() - t0
+    finally:
+        stop.set()
+        os.environ.pop(thread_backend.ENV, None)
+        thread_backend.uninstall()
     return wall, peak[0]
 
 
-def bench_overhead(quick: bool) -> list[str]:
+def _in_child(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a fresh spawned process: no run finds another's imports, caches (noise calibration,
+    partitions) or heap in its process."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _overhead_run(quick: bool, cpus_per_client: int, backend: str) -> float:
+    """Wall seconds of the overhead benchmark's simulation (``backend`` ``plain``: its summed client training)."""
     n = 20
     with tempfile.TemporaryDirectory() as out:
         ov = _overrides(quick, out)
-        plain = _plain_loop_seconds(ov, n)
-        wall_seq, _ = _simulate(ov, n, cpus_per_client=2)  # one client at a time, like the plain loop
-        wall_par, _ = _simulate(ov, n, cpus_per_client=1)  # two clients in parallel on 2 cores
+        if backend == "plain":
+            return _plain_loop_seconds(ov, n)
+        return _simulate(ov, n, cpus_per_client=cpus_per_client, backend=backend)[0]
+
+
+def bench_overhead(quick: bool) -> list[str]:
+    plain = _in_child(_overhead_run, quick, 2, "plain")
+    runs = [(backend, cpus, _in_child(_overhead_run, quick, cpus, backend))
+            for backend in ("ray", "threads") for cpus in (2, 1)]  # 2 CPUs a client: one at a time, as the plain loop
     data = "digits" if quick else "MNIST (12k samples, Table-5 CNN, b=64)"
     return ["| simulation (20 clients × 3 rounds, " + data + ") | wall | ÷ summed client training (plain loop) |",
             "|---|---|---|",
             f"| plain loop, no Flower | {plain:.1f} s | 1.00× |",
-            f"| Flower + Ray, 1 client at a time (num-cpus=2) | {wall_seq:.1f} s | {wall_seq / plain:.2f}× |",
-            f"| Flower + Ray, 2 clients in parallel (num-cpus=1) | {wall_par:.1f} s | {wall_par / plain:.2f}× |"]
+            *(f"| Flower + {'Ray' if backend == 'ray' else backend}, "
+              f"{'1 client at a time (num-cpus=2)' if cpus == 2 else '2 clients in parallel (num-cpus=1)'} | "
+              f"{wall:.1f} s | {wall / plain:.2f}× |" for backend, cpus, wall in runs)]
 
 
-def bench_memory(quick: bool) -> list[str]:
+def _memory_run(quick: bool, backend: str) -> tuple[float, float]:
+    """The memory benchmark's simulation: (wall s, peak PSS GB of this process and its children)."""
     n = 20
     with tempfile.TemporaryDirectory() as out:
         ov = _overrides(quick, out)
         ov["num-server-rounds"] = 2
-        wall, peak = _simulate(ov, n, cpus_per_client=1, sample_memory=True)
+        return _simulate(ov, n, cpus_per_client=1, sample_memory=True, backend=backend)
+
+
+def bench_memory(quick: bool) -> list[str]:
+    rows = [(backend, *_in_child(_memory_run, quick, backend)) for backend in ("ray", "threads")]
     data = "digits" if quick else "MNIST"
     return ["| peak memory, 20-client " + data + " simulation | peak PSS, all processes | wall |", "|---|---|---|",
-            f"| Flower + Ray, 2 rounds | {peak:.2f} GB | {wall:.1f} s |"]
+            *(f"| Flower + {'Ray' if b == 'ray' else b}, 2 rounds | {peak:.2f} GB | {wall:.1f} s |"
+              for b, wall, peak in rows)]
 
 
 # --------------------------------------------------------------------------- MNIST accuracy
