@@ -203,6 +203,16 @@ SURFACE: tuple[Symbol, ...] = (
            "thread-backend", "implemented: the ClientApp on the calling engine worker thread"),
     Symbol("flwr.clientapp.client_app.ClientAppException", None, "thread-backend",
            "what a ClientApp's exception is reported as, as Flower's ClientAppActor does"),
+    # fedapp.compat.lean_superexec: the launcher's SuperExec becomes a small waiter after its one launch
+    Symbol("flwr.supercore.superexec.plugin.base_exec_plugin.BaseExecPlugin.launch_task",
+           "(self, token: str, task: flwr.proto.task_pb2.Task) -> flwr.supercore.superexec.executor.types.LaunchResult",
+           "lean-superexec", "wrapped: once a simulation task is accepted, the process execs a waiter"),
+    Symbol("flwr.supercore.superexec.executor.types.LaunchResult", None, "lean-superexec",
+           "the launch's outcome, read by the wrapper", attributes=("status",)),
+    Symbol("flwr.supercore.superexec.executor.types.LaunchResultStatus.ACCEPTED", None, "lean-superexec",
+           "the outcome after which the runtime runs", value="<LaunchResultStatus.ACCEPTED: 'accepted'>"),
+    Symbol("flwr.supercore.constant.TaskType.SIMULATION", None, "lean-superexec",
+           "the task whose launch the waiter follows", value="<TaskType.SIMULATION: 'flwr-simulation'>"),
     # fedapp.compat.lean_actor
     Symbol("flwr.simulation", None, "lean-actor",
            "a package whose __init__ a Ray worker defers (sys.modules) until a name it defines is used",

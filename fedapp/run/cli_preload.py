@@ -119,12 +119,25 @@ class PreloadedCommand:
             self.proc.communicate()
 
 
+def _lean_superexec() -> None:
+    """The SuperExec hands over to a waiter after its launch when the launcher asks (:mod:`fedapp.compat.lean_superexec`);
+    under a Flower it was not written for it runs as it is, with a warning."""
+    from fedapp.compat import lean_superexec
+
+    try:
+        lean_superexec.install()
+    except (RuntimeError, ValueError) as exc:
+        print(f"[cli_preload] the SuperExec stays whole after its launch: {exc}", file=sys.stderr, flush=True)
+
+
 def main(argv: Sequence[str]) -> int:
     if not argv or argv[0] not in ENTRY_POINTS:
         print(f"usage: python -m {__name__} {{{','.join(ENTRY_POINTS)}}} [ARGS]", file=sys.stderr)
         return 2
     module, function = ENTRY_POINTS[argv[0]]
     entry = getattr(importlib.import_module(module), function)
+    if argv[0] == "flower-superexec":
+        _lean_superexec()
     print(READY, file=sys.stderr, flush=True)
     line = sys.stdin.readline()
     if not line.strip():

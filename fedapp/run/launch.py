@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from fedapp.compat import lean_superexec
 from fedapp.compat.early_ray import init_args_env as early_ray_env
 from fedapp.compat.server_log import ENV as SERVER_LOG_ENV
 from fedapp.compat.server_log import RESULTS_FOLDER_LINE, RUN_END_LINE, LogFollower
@@ -397,7 +398,8 @@ def _run_superlink_engine(app: Path, overrides: dict, flwr_home: Path, port: int
             flower = {**flower_env(flwr_home), SERVER_LOG_ENV: str(server_log), CLIENT_BACKEND_ENV: client_backend,
                       **runtime_env(ray_address, init_args, ray=client_backend != THREADS)}
             superlink = procs.add(start_superlink(flwr_home, port, env=flower, isolation="process"))
-            superexec = PreloadedCommand("flower-superexec", flower, PROJECT_ROOT, superexec_args(port, superlink.pid),
+            superexec = PreloadedCommand("flower-superexec", {**flower, **lean_superexec_env(superlink.pid)},
+                                         PROJECT_ROOT, superexec_args(port, superlink.pid),
                                          output=flwr_home / f"superexec-{port}.out", new_session=True)
             procs.add(superexec.proc)
             watchdog = start_watchdog(superlink, superexec.proc)  # stops both trees if this process is killed
@@ -484,6 +486,14 @@ def check_client_backend(client_backend: str, num_gpus: float = 0.0, ray_address
     if client_backend == THREADS and ray_address:
         raise ConfigError(f"--client-backend threads runs every client in one process of this machine; --ray-address "
                           f"{ray_address!r} needs --client-backend ray")
+
+
+def lean_superexec_env(superlink_pid: int) -> dict[str, str]:
+    """The SuperExec's extra environment: hand over to a small waiter once it has started the run
+    (:mod:`fedapp.compat.lean_superexec`), unless this process's environment sets it ``off``."""
+    if os.environ.get(lean_superexec.ENV, "").strip().lower() == "off":
+        return {lean_superexec.ENV: ""}
+    return {lean_superexec.ENV: str(superlink_pid)}
 
 
 def server_log_path(flwr_home: Path, port: int) -> Path:

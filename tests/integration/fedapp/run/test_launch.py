@@ -274,6 +274,10 @@ def test_signal_to_the_launcher_stops_the_superlink_and_all_its_children(tmp_pat
         seen = _follow_until_training(launcher, tmp_path)
         superlinks = [p for p in seen.values() if "flower-superlink" in _cmd(p)]
         assert len(superlinks) == 1
+        # the SuperExec became the small waiter once it had started the run (fedapp.compat.lean_superexec)
+        (waiter,) = [p for p in seen.values() if " -S -I -c " in _cmd(p)]
+        assert waiter.memory_info().rss < 30e6 and not [p for p in seen.values() if "flower-superexec" in _cmd(p)]
+        assert next(p for p in seen.values() if "flwr-simulation" in _cmd(p)).ppid() == waiter.pid
         home = tmp_path / "home"  # $FLWR_HOME honoured: connection config and SuperLink logs are there
         assert "127.0.0.1:" in (home / "config.toml").read_text() and list(home.glob("superlink-*.log"))
         launcher.send_signal(sig)
