@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 from flwr.common import ConfigRecord, Context, log
 
-from fedapp.clients.training import evaluate_model, resolve_device, set_weights
+from fedapp.clients.training import DEFAULT_GENERATOR, evaluate_model, resolve_device, set_weights
 from fedapp.compat.runtime import on_supernode
 from fedapp.config import DataConfig, GeneralConfig, TrainingConfig, resolve_config
 from fedapp.config.run_config import record_canaries
@@ -78,14 +77,9 @@ def make_model(spec: ModelSpec, data: ArrayDataset) -> torch.nn.Module:
     return model_for_shape(spec, data.input_shape, data.num_classes)
 
 
-#: one seeded build at a time: ClientApps on threads of one process (fedapp.compat.thread_backend) share the default
-#: generator, which a build seeds and then draws from
-_SEEDED_BUILD = threading.RLock()
-
-
 def model_for_shape(spec: ModelSpec, input_shape: tuple[int, ...], num_classes: int) -> torch.nn.Module:
     """The run's model for inputs of ``input_shape`` and ``num_classes`` classes, initialized from the spec's seed."""
-    with _SEEDED_BUILD:
+    with DEFAULT_GENERATOR:  # one seeded build at a time (ClientApps on threads)
         torch.manual_seed(spec.seed)
         return build_model(spec.name, tuple(input_shape), int(num_classes), nonconvex_lambda=spec.nonconvex_lambda)
 

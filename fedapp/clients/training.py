@@ -11,6 +11,7 @@ the accountant composes (Robust-HDP Sec. 3, Eq. 1 and Algorithm 1).
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -235,6 +236,12 @@ def _poisson_batches(x: torch.Tensor, y: torch.Tensor, sample_rate: float, per_e
             yield x[rows], y[rows]
 
 
+#: held while a client seeds the process's default torch generator and draws from it (a model's seeded build, the seed
+#: before DP-SGD): ClientApps on threads of one process (fedapp.compat.thread_backend) share that generator, and a
+#: seed set by one client in the middle of another's build would change the other's weights
+DEFAULT_GENERATOR = threading.RLock()
+
+
 def _seeded_generator(seed: int, device: torch.device) -> torch.Generator:
     """A generator of ``device`` in the state ``torch.manual_seed(seed)`` leaves its default one in: the same draws,
     without the process-wide stream that another client training in another thread of the process would also draw
@@ -270,7 +277,8 @@ def _private(model: nn.Module, optimizer: PlainSGD, data: ArrayDataset, spec: Lo
                                                 grad_sample_mode=dp.grad_sample_mode) is not DPOptimizer:
         raise ValueError(f"grad-sample-mode {dp.grad_sample_mode!r} clips outside DPOptimizer; this client's clipping "
                          "(fedapp.clients.finite_clipping) covers 'hooks', 'ew' and 'functorch'")
-    torch.manual_seed(spec.seed)
+    with DEFAULT_GENERATOR:
+        torch.manual_seed(spec.seed)
     ModuleValidator.validate(model, strict=True)
     # exact default strides: a one-input-channel conv weight with channels-last strides passes is_contiguous() and
     # still makes its conv's output channels-last, which Opacus reads as wrong (0.31 off; tests/.../test_memory_format)

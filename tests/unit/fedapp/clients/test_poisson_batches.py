@@ -173,3 +173,29 @@ def test_two_clients_training_at_once_on_threads_draw_what_each_draws_alone():
     for seed in specs:
         for a, b in zip(together[seed], alone[seed]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_a_client_seeds_the_default_generator_only_between_other_clients_seeded_builds():
+    """A client about to run DP-SGD seeds the process's default generator; a model being built from its seed on
+    another thread (fedapp.clients.common.model_for_shape) holds that generator meanwhile and must not see the seed
+    change under it. The training waits for the build's lock."""
+    import threading
+
+    from fedapp.clients.training import DEFAULT_GENERATOR
+
+    x, y = _arrays(32, seed=5)
+    data = ArrayDataset(x.numpy(), y.numpy(), 10)
+    spec = LocalTraining(batch_size=8, steps=4, lr=0.1, seed=99, dp=PerSampleDP(1.0, 1.0, "hooks"))
+    model = build_model("cnn-digits", (1, 8, 8), 10)
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    with DEFAULT_GENERATOR:  # as a seeded build on another thread holds it
+        torch.manual_seed(7)
+        trainer = threading.Thread(target=local_train, args=(model, data, spec, torch.device("cpu")))
+        trainer.start()
+        trainer.join(timeout=3.0)  # long enough for the whole training, had it not waited
+        drawn = torch.rand(3)
+        assert trainer.is_alive()
+    trainer.join(timeout=60)
+    assert not trainer.is_alive()
+    torch.testing.assert_close(drawn, expected, rtol=0, atol=0)
