@@ -58,9 +58,9 @@ app = build_client_app()
 # lean Ray head whose actors skip flwr.simulation's __init__ (fedapp.compat.lean_ray, lean_actor) and the runtime's log
 # in the file the launcher follows (fedapp.compat.server_log), both only where the launcher's environment asks; and
 # instructions that wake the engine's feeder instead of its 0.1 s poll (fedapp.compat.wakeups; DPFL_WAKEUPS=off: not)
-lean_head_in_simulation_runtime()
+# The engine's ClientApps on its own threads instead of Ray actors, where DPFL_CLIENT_BACKEND = threads asks
+# (fedapp.compat.thread_backend; the launcher's default for its apps on CPUs): then no Ray is started or imported.
+if not install_thread_backend():
+    lean_head_in_simulation_runtime()
 log_to_file_from_env()
 wake_feeder_in_simulation_runtime()
-# the engine's ClientApps on its own threads instead of Ray actors, where DPFL_CLIENT_BACKEND = threads asks
-# (fedapp.compat.thread_backend; the launcher's --client-backend threads)
-install_thread_backend()

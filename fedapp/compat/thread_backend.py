@@ -20,17 +20,22 @@ nor reseed one another's stream.
 
 Switched on by :data:`ENV` = ``threads`` (the launcher's ``--client-backend threads``) in the process that runs
 Flower's engine (``flwr-simulation``, or the caller of ``run_simulation``): :func:`install` then replaces the
-``RayBackend`` that the engine's ``start_vce`` builds (``backend_fn``: ``RayBackend(backend_config)``, looked up when
-the engine starts, after the ClientApp module, which calls :func:`install`, was imported). Checked against the
-installed Flower (:mod:`fedapp.compat.surface`, group ``thread-backend``).
+``RayBackend`` that the engine's ``start_vce`` builds (``backend_fn``: ``RayBackend(backend_config)``, imported from
+its module when the engine starts, after the ClientApp module, which calls :func:`install`, was imported). In a process
+that has not imported that module yet, :func:`install` registers a stand-in for it (:class:`RayFreeModule`), so the
+engine's process never imports Ray. Checked against the installed Flower (:mod:`fedapp.compat.surface`, group
+``thread-backend``).
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 import os
+import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +47,7 @@ THREADS = "threads"
 BACKENDS = ("ray", THREADS)
 #: the name the engine's ``backend_fn`` builds its backend by (registered in :mod:`fedapp.compat.surface`)
 RAY_BACKEND = "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend"
+RAY_BACKEND_MODULE = RAY_BACKEND.rpartition(".")[0]
 GROUP = "thread-backend"
 
 
@@ -138,24 +144,49 @@ def backend_class() -> type:
                                                          "__abstractmethods__": frozenset()})
 
 
+class RayFreeModule(types.ModuleType):
+    """What :func:`install` puts in ``sys.modules`` for Flower's ``raybackend`` module when the process has not
+    imported it: its ``RayBackend`` is the thread backend, so the engine's ``from .backend.raybackend import
+    RayBackend`` finds it without importing Ray (28 MB and its import time in the engine's process). Any other name
+    of the module is an error that says why."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"{self.__name__}.{name}: this process runs its ClientApps on threads "
+                             "(fedapp.compat.thread_backend) and has not imported Flower's Ray backend")
+
+
 def install() -> bool:
     """With :data:`ENV` = ``threads``, make the engine build the thread backend; True when in place. Raises
     RuntimeError when asked for under a Flower whose engine differs from the one this module was written for (the
     run would otherwise silently use Ray)."""
     if not wanted():
         return False
-    current = surface.resolve(RAY_BACKEND)
-    if getattr(current, "dpfl_threads", False):
+    module = sys.modules.get(RAY_BACKEND_MODULE)
+    if module is not None and getattr(getattr(module, "RayBackend", None), "dpfl_threads", False):
         return True
     surface.require(GROUP)
     cls = backend_class()
     cls.dpfl_threads = True  # type: ignore[attr-defined]
+    if module is None:  # Flower's module not imported yet: a stand-in, so that Ray is never imported
+        stand_in = RayFreeModule(RAY_BACKEND_MODULE, RayFreeModule.__doc__)
+        stand_in.RayBackend = cls  # type: ignore[attr-defined]
+        package = importlib.import_module(RAY_BACKEND_MODULE.rpartition(".")[0])
+        sys.modules[RAY_BACKEND_MODULE] = stand_in
+        setattr(package, RAY_BACKEND_MODULE.rpartition(".")[2], stand_in)
+        return True
     surface.replace(RAY_BACKEND, cls)
     return True
 
 
 def uninstall() -> None:
     """Give the engine Ray's backend back (for tests that install in their own process)."""
+    module = sys.modules.get(RAY_BACKEND_MODULE)
+    if isinstance(module, RayFreeModule):
+        del sys.modules[RAY_BACKEND_MODULE]
+        package = sys.modules.get(RAY_BACKEND_MODULE.rpartition(".")[0])
+        if package is not None and getattr(package, RAY_BACKEND_MODULE.rpartition(".")[2], None) is module:
+            delattr(package, RAY_BACKEND_MODULE.rpartition(".")[2])
+        return
     current = surface.resolve(RAY_BACKEND)
     if getattr(current, "dpfl_threads", False):
         surface.restore(RAY_BACKEND, surface.library_object(RAY_BACKEND))

@@ -128,13 +128,14 @@ def _dry_run_child(send, run_config: Mapping[str, Any], num_clients: int) -> Non
 def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PROJECT_ROOT,
         flwr_home: Path | None = None, num_cpus: float = 1.0, num_gpus: float = 0.0,
         timeout: float | None = None, port: int | None = None, ray_address: str = "",
-        engine: str = "superlink", verbose: bool = False, client_backend: str = "ray") -> Path:
+        engine: str = "superlink", verbose: bool = False, client_backend: str = "auto") -> Path:
     """Validate, run the app on ``engine``, stop everything; returns the new results folder.
 
     ``engine``: ``superlink`` (a private SuperLink and ``flwr run``) or ``run-simulation`` (Flower's
     ``run_simulation`` in one child process, :mod:`fedapp.run.simulation_engine`). ``client_backend``: where the
     engine runs the ClientApps, ``ray`` (Flower's actors) or ``threads`` (the engine's own threads,
-    :mod:`fedapp.compat.thread_backend`: CPU only, on this machine). Flower's whole log goes to
+    :mod:`fedapp.compat.thread_backend`: CPU only, on this machine); ``auto`` (:func:`resolve_client_backend`):
+    threads for this project's apps on this machine's CPUs, else Ray. Flower's whole log goes to
     ``flower.log`` in the results folder; ``verbose`` also prints it, else only one line a round and Flower's
     warnings and errors are printed (:mod:`fedapp.run.console`)."""
     if engine not in ENGINES:
@@ -146,7 +147,9 @@ def run(num_supernodes: int = 20, run_config: str | None = None, app: Path = PRO
     if engine != "run-simulation":
         superlink_cpus(num_cpus, ray_address)  # a fraction it cannot pass: refused before anything starts
     check_client_backend(client_backend, num_gpus, ray_address)
+    client_backend = resolve_client_backend(client_backend, num_gpus, ray_address, app)
     cfg, overrides, merged = checked_config(num_supernodes, run_config, app)
+    print(f"[dpfl] ClientApps on {CLIENT_BACKEND_NAMES[client_backend]} (--client-backend {client_backend})", flush=True)
     output_dir = absolutize_paths(cfg.general.output_dir, cfg.data.data_dir, overrides, app)
     before = list_runs(output_dir)
     results = NewRun(announce=not verbose)
@@ -476,16 +479,35 @@ def runtime_env(ray_address: str = "", init_args: dict[str, Any] | None = None, 
     return env
 
 
+#: the launcher's ``--client-backend`` default: :func:`resolve_client_backend` picks one of the backends
+AUTO = "auto"
+#: how the launcher names each backend when it starts
+CLIENT_BACKEND_NAMES = {THREADS: "threads of the simulation engine's process", "ray": "Ray actors"}
+
+
 def check_client_backend(client_backend: str, num_gpus: float = 0.0, ray_address: str = "") -> None:
     """Refuse, before anything starts, a client backend that is unknown or cannot do what the launch asks."""
-    if client_backend not in CLIENT_BACKENDS:
-        raise ConfigError(f"--client-backend {client_backend!r}: valid backends are {', '.join(CLIENT_BACKENDS)}")
+    if client_backend not in (AUTO, *CLIENT_BACKENDS):
+        raise ConfigError(f"--client-backend {client_backend!r}: valid backends are "
+                          f"{', '.join((AUTO, *CLIENT_BACKENDS))}")
     if client_backend == THREADS and num_gpus > 0:
         raise ConfigError(f"--client-backend threads trains on the CPU; --num-gpus {num_gpus:g} needs --client-backend "
                           "ray")
     if client_backend == THREADS and ray_address:
         raise ConfigError(f"--client-backend threads runs every client in one process of this machine; --ray-address "
                           f"{ray_address!r} needs --client-backend ray")
+
+
+def resolve_client_backend(client_backend: str, num_gpus: float = 0.0, ray_address: str = "",
+                           app: Path = PROJECT_ROOT) -> str:
+    """The backend ``auto`` stands for: ``threads`` (:mod:`fedapp.compat.thread_backend`: no Ray head, daemons or
+    actors; half the memory of Ray's on the pfl task, docs/benchmarks.md) for this project's apps on this machine's
+    CPUs, whose ClientApp module installs it; ``ray`` with GPUs (the thread backend trains on the CPU), a Ray cluster
+    to attach to, or another app (which may not install the thread backend). Any other value is returned as it is."""
+    if client_backend != AUTO:
+        return client_backend
+    ours = app.resolve() == PROJECT_ROOT.resolve()
+    return THREADS if ours and num_gpus <= 0 and not ray_address else "ray"
 
 
 def lean_superexec_env(superlink_pid: int) -> dict[str, str]:
@@ -623,10 +645,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="superlink: a private SuperLink + `flwr run` (default); run-simulation: Flower's "
                              "run_simulation (deprecated by Flower in favour of `flwr run`) in one process, without "
                              "SuperLink and SuperExec: less memory and start-up (docs/benchmarks.md)")
-    parser.add_argument("--client-backend", default="ray", choices=CLIENT_BACKENDS,
-                        help="where the engine runs the ClientApps: ray (Flower's actors, default) or threads (the "
-                             "engine's own threads in one process, CPU only: less memory and start-up, no isolation "
-                             "between clients; fedapp.compat.thread_backend)")
+    parser.add_argument("--client-backend", default=AUTO, choices=(AUTO, *CLIENT_BACKENDS),
+                        help="where the engine runs the ClientApps: threads (the engine's own threads in one process, "
+                             "CPU only: half the memory and a shorter start, but a client that crashes the process "
+                             "ends the run; fedapp.compat.thread_backend), ray (Flower's actors, one process each) or "
+                             "auto (default: threads for this project's apps without GPUs or --ray-address, else ray)")
     parser.add_argument("--verbose", action="store_true", default=verbose_from_env(),
                         help="print Flower's whole log while the run goes on (default: one line a round; the whole "
                              "log is in flower.log in the results folder either way); also DPFL_VERBOSE=1")

@@ -58,14 +58,14 @@ def _round_records(run_dir: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path, capsys):
-    """The SuperLink engine (``flwr run``) and the run_simulation engine train the same apps: same rounds,
+    """The SuperLink engine (``flwr run``) and the run_simulation engine train the same apps on Ray: same rounds,
     same central loss/accuracy and uplink, and each leaves no Flower or Ray process behind. The SuperLink
     engine prints the ServerApp's log from the file it writes (no ``flwr run --stream`` process)."""
     config = "num-server-rounds=2 strategy='fedavg' max-samples=300 seed=7 output-dir='{out}'"
     port = free_port()
     sessions = _ray_sessions()
     superlink_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "superlink"),
-                        flwr_home=tmp_path / "flwr-home", timeout=300, port=port)
+                        flwr_home=tmp_path / "flwr-home", timeout=300, port=port, client_backend="ray")
     leftovers = _flower_processes(f"127.0.0.1:{port}") | _flower_processes(f"--port {port}")
     assert not leftovers, f"processes left running: {leftovers}"
     printed = capsys.readouterr().out
@@ -78,7 +78,7 @@ def test_both_engines_end_to_end_same_results_and_nothing_left_running(tmp_path,
     assert "[SUMMARY]" not in printed and "configure_fit" not in printed  # the rest stays in flower.log
     assert "Ray started while the apps loaded" in server_log  # fedapp.compat.early_ray, with Flower's arguments
     python_dir = run(num_supernodes=3, run_config=config.format(out=tmp_path / "python"), timeout=300,
-                     engine="run-simulation")
+                     engine="run-simulation", client_backend="ray")
     printed = capsys.readouterr().out
     flower_log = (python_dir / "flower.log").read_text()  # the engine's whole output, without its colour codes
     assert "[round 2/2] accuracy=" in flower_log and "[SUMMARY]" in flower_log and "\x1b[" not in flower_log
@@ -139,20 +139,20 @@ def test_the_command_line_shows_one_line_a_round_and_a_summary_and_keeps_flowers
 
 @pytest.mark.slow
 def test_the_thread_backend_trains_what_ray_trains_under_secagg_without_ray(tmp_path):
-    """``--client-backend threads``: the same ClientApps, SecAgg+ with the distributed discrete Gaussian included, on
-    the engine's own threads. With seeded noise the rounds equal the Ray backend's exactly, and no Ray daemon or
-    actor starts (fedapp.compat.thread_backend)."""
+    """The default backend (``auto``) for this project's apps on CPUs is ``threads``: the same ClientApps, SecAgg+
+    with the distributed discrete Gaussian included, on the engine's own threads. With seeded noise the rounds equal
+    the Ray backend's exactly, and no Ray daemon or actor starts (fedapp.compat.thread_backend)."""
     config = ("strategy='dp-fedavg' num-server-rounds=2 max-samples=300 seed=5 seeded-noise=true "
               "output-dir='{out}'")
     sessions = _ray_sessions()
     threads_dir = run(num_supernodes=4, run_config=config.format(out=tmp_path / "threads"),
-                      flwr_home=tmp_path / "home-threads", timeout=300, client_backend="threads")
+                      flwr_home=tmp_path / "home-threads", timeout=300)
     assert _ray_sessions() == sessions, "the thread backend started Ray"
     flower_log = (threads_dir / "flower.log").read_text()
     assert f"ClientApps on {os.cpu_count()} threads of this process (thread backend)" in flower_log, flower_log
     assert "Ray started while the apps loaded" not in flower_log
     ray_dir = run(num_supernodes=4, run_config=config.format(out=tmp_path / "ray"), flwr_home=tmp_path / "home-ray",
-                  timeout=300)
+                  timeout=300, client_backend="ray")
     ours, theirs = _round_records(threads_dir), _round_records(ray_dir)
     assert [r["round"] for r in ours] == [r["round"] for r in theirs] == [1, 2]
     for a, b in zip(ours, theirs):
@@ -171,10 +171,21 @@ def test_the_thread_backend_is_refused_with_gpus_or_a_ray_cluster_before_anythin
     with pytest.raises(ConfigError, match="--ray-address 'auto' needs --client-backend ray"):
         run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", ray_address="auto", client_backend="threads",
             flwr_home=tmp_path / "h")
-    with pytest.raises(ConfigError, match="--client-backend 'dask': valid backends are ray, threads"):
+    with pytest.raises(ConfigError, match="--client-backend 'dask': valid backends are auto, ray, threads"):
         run(num_supernodes=3, run_config=f"output-dir='{tmp_path}/out'", client_backend="dask",
             flwr_home=tmp_path / "h")
     assert not (tmp_path / "out").exists() and not (tmp_path / "h").exists()
+
+
+def test_auto_picks_threads_for_this_projects_apps_on_cpus_else_ray(tmp_path):
+    from fedapp.run.launch import PROJECT_ROOT, resolve_client_backend
+
+    assert resolve_client_backend("auto") == "threads"
+    assert resolve_client_backend("auto", app=PROJECT_ROOT / "fedapp" / "..") == "threads"
+    assert resolve_client_backend("auto", num_gpus=0.5) == "ray"  # the thread backend trains on the CPU
+    assert resolve_client_backend("auto", ray_address="auto") == "ray"
+    assert resolve_client_backend("auto", app=tmp_path) == "ray"  # another app may not install the thread backend
+    assert resolve_client_backend("ray") == "ray" and resolve_client_backend("threads", app=tmp_path) == "threads"
 
 
 def test_run_simulation_engine_refuses_another_app_and_unknown_engines(tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 
 import pytest
@@ -125,3 +126,29 @@ def test_install_makes_the_engine_build_the_thread_backend_only_when_asked(monke
     finally:
         uninstall()
     assert surface.resolve(RAY_BACKEND) is ray_backend
+
+
+def test_in_a_process_without_flowers_ray_backend_module_install_never_imports_ray():
+    """The engine's process (``flwr-simulation``) imports the ClientApp module, which installs the thread backend,
+    before the engine imports ``raybackend``: the stand-in module gives the engine the thread backend, and Ray (28 MB)
+    is never imported."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    code = (
+        "import sys\n"
+        "from fedapp.compat import thread_backend as tb\n"
+        "assert tb.install()\n"
+        "from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend\n"  # as start_vce's backend_fn
+        "built = RayBackend({'client_resources': {'num_cpus': 1}, 'init_args': {'num_cpus': 2}})\n"
+        "assert isinstance(built, tb.ThreadBackend) and built.num_workers == 2\n"
+        "assert 'ray' not in sys.modules, sorted(m for m in sys.modules if m.startswith('ray'))\n"
+        "tb.uninstall()\n"
+        "from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend\n"
+        "assert not getattr(RayBackend, 'dpfl_threads', False) and 'ray' in sys.modules\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, ENV: "threads", "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stdout + done.stderr
