@@ -53,14 +53,14 @@ def _node_id(context: Context) -> int:
 
 app = build_client_app()
 
-# Flower's simulation runtime (`flwr run` against a SuperLink) imports this module before it starts Ray and its
-# Simulation Engine: the compat patches that runtime needs are switched on here, and act only in `flwr-simulation`. A
-# lean Ray head whose actors skip flwr.simulation's __init__ (fedapp.compat.lean_ray, lean_actor) and the runtime's log
-# in the file the launcher follows (fedapp.compat.server_log), both only where the launcher's environment asks; and
-# instructions that wake the engine's feeder instead of its 0.1 s poll (fedapp.compat.wakeups; DPFL_WAKEUPS=off: not)
-# The engine's ClientApps on its own threads instead of Ray actors, where DPFL_CLIENT_BACKEND = threads asks
-# (fedapp.compat.thread_backend; the launcher's default for its apps on CPUs): then no Ray is started or imported.
+# Flower's simulation runtime (`flwr run` against a SuperLink) imports this module before it starts its Simulation
+# Engine: the compat patches that runtime needs are switched on here, and act only where the launcher's environment
+# asks. First the runtime's log in the file the launcher follows (fedapp.compat.server_log), so that the file also shows
+# a patch that fails; then the ClientApps on the engine's own threads (fedapp.compat.thread_backend; DPFL_CLIENT_BACKEND
+# = threads, the launcher's default for its apps on CPUs), with no Ray started or imported, or else a lean Ray head
+# whose actors skip flwr.simulation's __init__ (fedapp.compat.lean_ray, lean_actor); and instructions that wake the
+# engine's feeder instead of its 0.1 s poll (fedapp.compat.wakeups; DPFL_WAKEUPS=off: not).
+log_to_file_from_env()
 if not install_thread_backend():
     lean_head_in_simulation_runtime()
-log_to_file_from_env()
 wake_feeder_in_simulation_runtime()
