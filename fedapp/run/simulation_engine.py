@@ -23,6 +23,7 @@ Run by the launcher as ``python -m fedapp.run.simulation_engine SPEC.json``; SPE
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -50,14 +51,19 @@ def run_from_spec(spec: dict[str, Any]) -> None:
     backend, env = simulation_backend(float(spec["num_cpus"]), float(spec["num_gpus"]), str(spec["ray_address"]))
     os.environ.update(env)
     overrides = dict(spec["overrides"])
+    from fedapp.compat import thread_backend
     from fedapp.compat.lean_ray import lean_local_ray_head
     from fedapp.compat.wakeups import wake_feeder
 
     # the compat patches this engine needs, each switched on here (DPFL_WAKEUPS=off / DPFL_LEAN_RAY=off keep Flower's
     # and Ray's own behaviour): instructions wake the engine's feeder (fedapp.compat.wakeups; the ServerApp wakes its
-    # grid); a lean Ray head whose actors skip flwr.simulation's __init__ (fedapp.compat.lean_ray, lean_actor)
+    # grid); a lean Ray head whose actors skip flwr.simulation's __init__ (fedapp.compat.lean_ray, lean_actor), unless
+    # the ClientApps run on this process's threads (fedapp.compat.thread_backend, installed by the ClientApp module):
+    # then Ray is neither started nor imported
     wake_feeder()
-    with lean_local_ray_head(defer_actor_package=True):
+    head = (contextlib.nullcontext() if thread_backend.wanted()
+            else lean_local_ray_head(defer_actor_package=True))
+    with head:
         run_simulation(build_server_app(overrides), build_client_app(overrides),
                        num_supernodes=int(spec["num_supernodes"]), backend_config=backend)
 
