@@ -1,4 +1,4 @@
-"""A SuperExec that becomes a 2 MB waiter once it has started the launcher's one simulation run.
+"""A SuperExec that becomes a 3-4 MB waiter once it has started the launcher's one simulation run.
 
 The launcher runs its own ``flower-superexec`` beside its private SuperLink (:mod:`fedapp.run.launch`,
 :mod:`fedapp.run.cli_preload`). That SuperExec polls the SuperLink for a task, starts Flower's simulation runtime
