@@ -3,11 +3,11 @@
     python -m benchmarks.foundation step       [--quick] [--models a,b]  # DP-SGD ÷ non-private step per mode
     python -m benchmarks.foundation overhead   [--quick]   # Flower simulation wall ÷ summed client training
     python -m benchmarks.foundation memory     [--quick]   # peak PSS of all processes of a 20-client simulation
+    python -m benchmarks.foundation mnist      [--rounds 30]  # dpsgd-fedavg on MNIST via flwr run
+    python -m benchmarks.foundation --quick                # all of the above, small
 
 ``overhead`` and ``memory`` run Flower's simulation with its ClientApps on Ray actors and on threads of this process
 (``fedapp.compat.thread_backend``).
-    python -m benchmarks.foundation mnist      [--rounds 30]  # dpsgd-fedavg on MNIST via flwr run
-    python -m benchmarks.foundation --quick                # all of the above, small
 
 Every ratio is measured within one run of this script. Results print as markdown rows.
 """
