@@ -48,6 +48,7 @@ BACKENDS = ("ray", THREADS)
 #: the name the engine's ``backend_fn`` builds its backend by (registered in :mod:`fedapp.compat.surface`)
 RAY_BACKEND = "flwr.server.superlink.fleet.vce.backend.raybackend.RayBackend"
 RAY_BACKEND_MODULE = RAY_BACKEND.rpartition(".")[0]
+_PACKAGE, _, _MODULE_NAME = RAY_BACKEND_MODULE.rpartition(".")
 GROUP = "thread-backend"
 
 
@@ -170,9 +171,9 @@ def install() -> bool:
     if module is None:  # Flower's module not imported yet: a stand-in, so that Ray is never imported
         stand_in = RayFreeModule(RAY_BACKEND_MODULE, RayFreeModule.__doc__)
         stand_in.RayBackend = cls  # type: ignore[attr-defined]
-        package = importlib.import_module(RAY_BACKEND_MODULE.rpartition(".")[0])
+        package = importlib.import_module(_PACKAGE)
         sys.modules[RAY_BACKEND_MODULE] = stand_in
-        setattr(package, RAY_BACKEND_MODULE.rpartition(".")[2], stand_in)
+        setattr(package, _MODULE_NAME, stand_in)
         return True
     surface.replace(RAY_BACKEND, cls)
     return True
@@ -183,9 +184,9 @@ def uninstall() -> None:
     module = sys.modules.get(RAY_BACKEND_MODULE)
     if isinstance(module, RayFreeModule):
         del sys.modules[RAY_BACKEND_MODULE]
-        package = sys.modules.get(RAY_BACKEND_MODULE.rpartition(".")[0])
-        if package is not None and getattr(package, RAY_BACKEND_MODULE.rpartition(".")[2], None) is module:
-            delattr(package, RAY_BACKEND_MODULE.rpartition(".")[2])
+        package = sys.modules.get(_PACKAGE)
+        if package is not None and getattr(package, _MODULE_NAME, None) is module:
+            delattr(package, _MODULE_NAME)
         return
     current = surface.resolve(RAY_BACKEND)
     if getattr(current, "dpfl_threads", False):
