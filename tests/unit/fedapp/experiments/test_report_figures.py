@@ -60,8 +60,8 @@ def test_personalized_cells_use_the_clients_accuracy_and_cells_never_evaluated_d
 
 
 def test_a_personalized_sweep_over_epsilon_plots_the_clients_accuracy(tmp_path: Path, monkeypatch: Any) -> None:
-    """DP2-FedSAM and Robust-HDP record no server test accuracy: their accuracy-against-ε figure plots the mean
-    client test accuracy, one point per ε and method (an empty figure before)."""
+    """DP2-FedSAM records no server test accuracy: its accuracy-against-ε figure plots the mean client test accuracy,
+    one point per ε and method (an empty figure before)."""
     from fedapp.experiments import report as report_module
 
     plotted: list[tuple[str, str, dict[Any, list[float]]]] = []
@@ -89,3 +89,35 @@ def test_a_personalized_sweep_over_epsilon_plots_the_clients_accuracy(tmp_path: 
     both = {"summary": {"final_accuracy": 0.7, "final_client_accuracy": 0.68}}
     assert report_module.accuracy_metric({("a",): [cells["1.0-1"]], ("g",): [both]}) == "final_client_accuracy"
     assert report_module.accuracy_metric({("g",): [both]}) == "final_accuracy"
+
+
+def test_the_figure_plots_the_accuracy_the_claims_judge(tmp_path: Path, monkeypatch: Any) -> None:
+    """Robust-HDP's cells record the server's test accuracy and the mean client test accuracy; its claims and its
+    paper (Table 12) judge the latter, so its accuracy-against-ε figure plots that (the server's before). Claims
+    on two metrics, or on a metric a cell lacks, leave the figure on the server's accuracy."""
+    from fedapp.experiments import report as report_module
+
+    plotted: list[str] = []
+
+    def record(groups: Any, key: str, path: Path, metric: str = "final_accuracy") -> None:
+        plotted.append(metric)
+        path.write_bytes(b"png")
+
+    monkeypatch.setattr(report_module, "plot_epsilon", record)
+    cells = {f"{dist}-{rule}-{seed}": {
+        "assignments": {"privacy-dist": dist, "strategy": rule, "seed": seed}, "status": "finished", "config": {},
+        "rounds": [{"round": 1, "accuracy": 0.8, "client_accuracy": 0.7}],
+        "summary": {"finished": True, "final_accuracy": 0.8 + seed / 100, "final_client_accuracy": 0.7 + seed / 100}}
+        for dist in ("dist2", "dist4") for rule in ("robust-hdp", "weiavg") for seed in (1, 2)}
+    claim = {"text": "Robust-HDP >= WeiAvg", "metric": "final_client_accuracy", "better": {"strategy": "robust-hdp"},
+             "worse": {"strategy": "weiavg"}}
+    doc = {"sweep": "robust-hdp", "file": "f.toml", "meta": {"scale": "mid-eps"}, "num_supernodes": 4, "config": {},
+           "grid": {"privacy-dist": ["dist2", "dist4"], "strategy": ["robust-hdp", "weiavg"], "seed": [1, 2]},
+           "tune": [], "claims": [claim], "cells": cells}
+    (tmp_path / "index.json").write_text(json.dumps(doc))
+    write_report(tmp_path / "index.json")
+    assert plotted == ["final_client_accuracy"]
+    groups = {("a",): list(cells.values())}
+    assert report_module.accuracy_metric(groups, [claim, {**claim, "metric": "final_accuracy"}]) == "final_accuracy"
+    assert report_module.accuracy_metric(groups, [{**claim, "metric": "best_accuracy"}]) == "final_accuracy"
+    assert report_module.accuracy_metric(groups, [{**claim, "metric": "final_loss"}]) == "final_accuracy"
