@@ -1,8 +1,8 @@
 """DP-SGD step time per per-sample-gradient mode ÷ the fastest non-private step, for the catalog's models on a CPU.
 
-    python -m benchmarks.foundation step [--quick] [--models cnn-mnist,cnn-fmnist]
+    python -m benchmarks.foundation step [--quick] [--models cnn-mnist,cnn-fmnist] [--batch 64]
 
-Per model, batch 64 of synthetic inputs of its dataset's shape: a plain SGD step in the default layout and, for a
+Per model, a batch (64 unless ``--batch``) of synthetic inputs of its dataset's shape: a plain SGD step in the default layout and, for a
 model with a ``CPU_MEMORY_FORMAT``, in that layout (as the project's non-private clients run it); a DP-SGD step
 (clip 1, noise 1) in Opacus' ``hooks``, ``ew``, ``functorch`` and ``ghost`` modes (``make_private``) and in ``bk``
 (:mod:`fedapp.clients.book_keeping`, in the layout ``local_train`` gives it). The variants are timed interleaved,
@@ -100,13 +100,13 @@ def _clipped_gradient(new_model: Callable[[], nn.Module], mode: str, x: torch.Te
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before
 
 
-def bench_model(name: str, rounds: int, steps: int) -> list[str]:
+def bench_model(name: str, rounds: int, steps: int, batch: int = BATCH) -> list[str]:
     from fedapp.models.zoo import build_model
 
     shape, classes = _shape(name)
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn((BATCH, *shape), generator=gen)
-    y = torch.randint(0, classes, (BATCH,), generator=gen)
+    x = torch.randn((batch, *shape), generator=gen)
+    y = torch.randint(0, classes, (batch,), generator=gen)
 
     def new_model() -> nn.Module:
         torch.manual_seed(0)
@@ -154,17 +154,17 @@ def bench_model(name: str, rounds: int, steps: int) -> list[str]:
     return rows
 
 
-def bench_step(quick: bool, models: tuple[str, ...] | None = None) -> list[str]:
+def bench_step(quick: bool, models: tuple[str, ...] | None = None, batch: int = BATCH) -> list[str]:
     from fedapp.compat.heap import reuse_freed_memory
 
     warnings.filterwarnings("ignore")
     reuse_freed_memory()  # the allocator as a client's local_train sets it, for every variant alike
     models = models or (("cnn-mnist",) if quick else MODELS)
     rounds, steps = (3, 5) if quick else (7, 10)
-    header = [f"| model | step (batch {BATCH}, CPU, {torch.get_num_threads()} threads) | median | "
+    header = [f"| model | step (batch {batch}, CPU, {torch.get_num_threads()} threads) | median | "
               "÷ fastest non-private | zero-noise check |", "|---|---|---|---|---|"]
     rows = list(header)
     for name in models:
-        rows += bench_model(name, *HEAVY.get(name, (rounds, steps)))
+        rows += bench_model(name, *HEAVY.get(name, (rounds, steps)), batch=batch)
         print("\n".join(rows[-1:]), file=sys.stderr, flush=True)  # progress: a long run shows where it is
     return rows

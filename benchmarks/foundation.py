@@ -1,6 +1,6 @@
 """Foundation benchmarks: DP-SGD step cost, simulation overhead, peak memory, MNIST accuracy.
 
-    python -m benchmarks.foundation step       [--quick] [--models a,b]  # DP-SGD ÷ non-private step per mode
+    python -m benchmarks.foundation step       [--quick] [--models a,b] [--batch 64]  # DP-SGD ÷ non-private step
     python -m benchmarks.foundation overhead   [--quick]   # Flower simulation wall ÷ summed client training
     python -m benchmarks.foundation memory     [--quick]   # peak PSS of all processes of a 20-client simulation
     python -m benchmarks.foundation mnist      [--rounds 30]  # dpsgd-fedavg on MNIST via flwr run
@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--models", default="", help="step: comma-separated catalog models (default: all; --quick: "
                                                      "cnn-mnist)")
+    parser.add_argument("--batch", type=int, default=64, help="step: the batch size (torch's threads: OMP_NUM_THREADS)")
     args = parser.parse_args(argv)
     print(f"# benchmarks.foundation {' '.join(sys.argv[1:])}  (torch threads={torch.get_num_threads()}, "
           f"cpus={os.cpu_count()})\n", flush=True)
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         if what == "step":
             from benchmarks.dp_step import bench_step
 
-            rows = bench_step(args.quick, tuple(m for m in args.models.split(",") if m) or None)
+            rows = bench_step(args.quick, tuple(m for m in args.models.split(",") if m) or None, args.batch)
         elif what == "overhead":
             rows = bench_overhead(args.quick)
         elif what == "memory":
