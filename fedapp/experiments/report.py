@@ -620,6 +620,17 @@ def accuracy_metric(groups: Mapping[tuple, list[dict]], claims: Sequence[Mapping
     return "final_accuracy"
 
 
+def tick(key: str, value: Any) -> str:
+    """A figure's x tick for ``value`` of ``key``: a Table-7 privacy distribution with its mean ε_i (Robust-HDP's
+    dist2-dist8 name budgets, not their size), any other value as it is."""
+    if key == "privacy-dist" and isinstance(value, str) and value != "fixed":
+        from fedapp.privacy.profiles import DISTRIBUTIONS, distribution_mean
+
+        if value in DISTRIBUTIONS:
+            return f"{value}\nmean ε {distribution_mean(value):.2f}"
+    return str(value)
+
+
 def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path, metric: str = "final_accuracy") -> None:
     """``metric`` (mean and 95 % interval over seeds) against the privacy ``key``, one line per method."""
     lines: dict[tuple, list[tuple[Any, tuple[float, float, int]]]] = defaultdict(list)
@@ -630,7 +641,7 @@ def plot_epsilon(groups: Mapping[tuple, list[dict]], key: str, path: Path, metri
     fig, ax = _axes()
     for rest, pts in sorted(lines.items(), key=lambda kv: str(kv[0])):
         pts.sort(key=lambda p: str(p[0]) if not isinstance(p[0], (int, float)) else f"{p[0]:020.6f}")
-        xs = [str(p[0]) for p in pts]
+        xs = [tick(key, p[0]) for p in pts]
         ax.errorbar(xs, [p[1][0] for p in pts], yerr=[0 if math.isnan(p[1][1]) else p[1][1] for p in pts],
                     marker="o", capsize=3, label=_label(rest))
     what = {"final_accuracy": "final test accuracy", "best_accuracy": "best test accuracy over rounds",

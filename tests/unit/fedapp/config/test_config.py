@@ -8,7 +8,7 @@ from conftest import REPO
 
 from fedapp.apps.server_app import make_prevalidate
 from fedapp.config import SCHEMA, ConfigError, resolve_config
-from fedapp.privacy.profiles import client_profile, sample_epsilons
+from fedapp.privacy.profiles import client_profile, distribution_mean, sample_epsilons
 
 
 def test_pyproject_defaults_equal_schema_defaults():
@@ -154,6 +154,15 @@ def test_privacy_distributions_are_deterministic_positive_and_table7_shaped():
     d1 = sample_epsilons("dist1", 5000, seed=1)
     assert d1.min() >= 0.05 and abs(np.median(d1) - 2.0) < 0.1  # redrawn (truncated), not clipped to a point mass
     assert (d1 == 0.05).sum() == 0
+
+
+def test_a_privacy_distributions_mean_is_that_of_its_table7_spec_and_of_its_draws():
+    assert distribution_mean("dist2") == pytest.approx(0.2 * 0.2 + 0.6 * 1.0 + 0.2 * 5.0)
+    assert distribution_mean("dist3") == pytest.approx(2.6) and distribution_mean("dist8") == pytest.approx(0.32)
+    for dist in ("dist2", "dist4", "dist6", "dist8", "dist9"):  # the floor redraws too few draws to move the mean
+        assert sample_epsilons(dist, 20_000, seed=5).mean() == pytest.approx(distribution_mean(dist), rel=0.03)
+    with pytest.raises(ConfigError, match="dist0"):
+        distribution_mean("dist0")
 
 
 def test_falsified_epsilon_is_reported_not_trained_with():

@@ -121,3 +121,14 @@ def test_the_figure_plots_the_accuracy_the_claims_judge(tmp_path: Path, monkeypa
     assert report_module.accuracy_metric(groups, [claim, {**claim, "metric": "final_accuracy"}]) == "final_accuracy"
     assert report_module.accuracy_metric(groups, [{**claim, "metric": "best_accuracy"}]) == "final_accuracy"
     assert report_module.accuracy_metric(groups, [{**claim, "metric": "final_loss"}]) == "final_accuracy"
+
+
+def test_a_privacy_distribution_tick_names_its_mean_epsilon() -> None:
+    """Robust-HDP's dist2-dist8 say nothing of the budgets' size: the accuracy-against-ε figure's ticks give each
+    distribution's mean ε_i; other keys' values stay as they are."""
+    from fedapp.experiments.report import tick
+
+    assert tick("privacy-dist", "dist2") == "dist2\nmean ε 1.64"
+    assert tick("privacy-dist", "dist8") == "dist8\nmean ε 0.32"
+    assert tick("privacy-dist", "fixed") == "fixed"
+    assert tick("target-epsilon", 2.0) == "2.0"
