@@ -2,13 +2,13 @@
 
     python -m benchmarks.foundation step [--quick] [--models cnn-mnist,cnn-fmnist] [--batch 64]
 
-Per model, a batch (64 unless ``--batch``) of synthetic inputs of its dataset's shape: a plain SGD step in the default layout and, for a
-model with a ``CPU_MEMORY_FORMAT``, in that layout (as the project's non-private clients run it); a DP-SGD step
-(clip 1, noise 1) in Opacus' ``hooks``, ``ew``, ``functorch`` and ``ghost`` modes (``make_private``) and in ``bk``
-(:mod:`fedapp.clients.book_keeping`, in the layout ``local_train`` gives it). The variants are timed interleaved,
-``rounds`` rounds of ``steps`` steps each after a warm-up, so drift on a shared machine hits them alike; each cell
-is the median over rounds of the per-round median step. Each DP mode's clipped gradient at zero noise is checked
-against ``hooks``'.
+Per model, a batch (64 unless ``--batch``) of synthetic inputs of its dataset's shape: a plain SGD step in the
+default layout and, for a model with a ``CPU_MEMORY_FORMAT``, in that layout (as the project's non-private clients
+run it); a DP-SGD step (clip 1, noise 1) in Opacus' ``hooks``, ``ew``, ``functorch`` and ``ghost`` modes
+(``make_private``) and in ``bk`` (:mod:`fedapp.clients.book_keeping`, in the layout ``local_train`` gives it). The
+variants are timed interleaved, ``rounds`` rounds of ``steps`` steps each after a warm-up, so drift on a shared
+machine hits them alike; each cell is the median over rounds of the per-round median step. Each DP mode's clipped
+gradient at zero noise is checked against ``hooks``'.
 """
 
 from __future__ import annotations

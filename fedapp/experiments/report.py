@@ -621,8 +621,8 @@ def accuracy_metric(groups: Mapping[tuple, list[dict]], claims: Sequence[Mapping
 
 
 def tick(key: str, value: Any) -> str:
-    """A figure's x tick for ``value`` of ``key``: a Table-7 privacy distribution with its mean ε_i (Robust-HDP's
-    dist2-dist8 name budgets, not their size), any other value as it is."""
+    """A figure's x tick for ``value`` of ``key``: a Table-7 privacy distribution with its mean ε_i (its name, e.g.
+    dist2, says nothing of the budgets' size), any other value as it is."""
     if key == "privacy-dist" and isinstance(value, str) and value != "fixed":
         from fedapp.privacy.profiles import DISTRIBUTIONS, distribution_mean
 

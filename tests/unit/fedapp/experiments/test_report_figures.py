@@ -94,7 +94,7 @@ def test_a_personalized_sweep_over_epsilon_plots_the_clients_accuracy(tmp_path: 
 def test_the_figure_plots_the_accuracy_the_claims_judge(tmp_path: Path, monkeypatch: Any) -> None:
     """Robust-HDP's cells record the server's test accuracy and the mean client test accuracy; its claims and its
     paper (Table 12) judge the latter, so its accuracy-against-ε figure plots that (the server's before). Claims
-    on two metrics, or on a metric a cell lacks, leave the figure on the server's accuracy."""
+    on two metrics, on an accuracy no cell records, or on a loss leave the figure on the server's accuracy."""
     from fedapp.experiments import report as report_module
 
     plotted: list[str] = []
