@@ -63,12 +63,17 @@ DISTRIBUTIONS: dict[str, tuple] = {
 }
 
 
+def _spec(dist: str) -> tuple:
+    """Table-7 distribution ``dist``'s specification, or a ``ConfigError`` naming the valid ones."""
+    if dist not in DISTRIBUTIONS:
+        raise ConfigError(f"unknown privacy-dist {dist!r}; valid: {sorted(DISTRIBUTIONS)} or 'fixed'")
+    return DISTRIBUTIONS[dist]
+
+
 def distribution_mean(dist: str) -> float:
     """The mean ε_i of Table-7 distribution ``dist`` as specified (Σ_k w_k μ_k, or (low + high)/2), before
     :func:`sample_epsilons` redraws values below its floor: dist2 1.64, dist4 0.74, dist6 0.51, dist8 0.32."""
-    if dist not in DISTRIBUTIONS:
-        raise ConfigError(f"unknown privacy-dist {dist!r}; valid: {sorted(DISTRIBUTIONS)} or 'fixed'")
-    spec = DISTRIBUTIONS[dist]
+    spec = _spec(dist)
     if spec[0] == "uniform":
         return (float(spec[1]) + float(spec[2])) / 2
     return float(sum(w * mu for w, mu in zip(spec[0], spec[1])))
@@ -77,8 +82,7 @@ def distribution_mean(dist: str) -> float:
 def sample_epsilons(dist: str, num_clients: int, seed: int, floor: float = 0.05) -> np.ndarray:
     """Draw ε_1..ε_n from Table-7 distribution ``dist``; draws below ``floor`` are redrawn. Memoized per
     process (every client's profile draws all n to take its own: O(n²) at n = 1,000 otherwise)."""
-    if dist not in DISTRIBUTIONS:
-        raise ConfigError(f"unknown privacy-dist {dist!r}; valid: {sorted(DISTRIBUTIONS)} or 'fixed'")
+    _spec(dist)
     return np.array(_epsilon_draws(dist, int(num_clients), int(seed), float(floor)))
 
 
