@@ -5,10 +5,12 @@
 Per model, a batch (64 unless ``--batch``) of synthetic inputs of its dataset's shape: a plain SGD step in the
 default layout and, for a model with a ``CPU_MEMORY_FORMAT``, in that layout (as the project's non-private clients
 run it); a DP-SGD step (clip 1, noise 1) in Opacus' ``hooks``, ``ew``, ``functorch`` and ``ghost`` modes
-(``make_private``) and in ``bk`` (:mod:`fedapp.clients.book_keeping`, in the layout ``local_train`` gives it). The
-variants are timed interleaved, ``rounds`` rounds of ``steps`` steps each after a warm-up, so drift on a shared
-machine hits them alike; each cell is the median over rounds of the per-round median step. Each DP mode's clipped
-gradient at zero noise is checked against ``hooks``'.
+(``make_private``) and in ``bk`` (:mod:`fedapp.clients.book_keeping`, in the layout ``local_train`` gives it); and
+Opacus' Gaussian noise alone (``_generate_noise`` for every parameter, as each DP mode's optimizer draws it), whose
+time added to the plain step bounds every DP mode's ratio from below. The variants are timed interleaved,
+``rounds`` rounds of ``steps`` steps each after a warm-up, so drift on a shared machine hits them alike; each cell is
+the median over rounds of the per-round median step. Each DP mode's clipped gradient at zero noise is checked against
+``hooks``'.
 """
 
 from __future__ import annotations
@@ -91,6 +93,19 @@ def _plain(model: nn.Module, x: torch.Tensor, y: torch.Tensor, fmt: torch.memory
     return step
 
 
+def _noise(model: nn.Module) -> Callable[[], None]:
+    """Opacus' noise N(0, 1) for each of ``model``'s parameters, drawn as ``DPOptimizer.add_noise`` draws it."""
+    from opacus.optimizers.optimizer import _generate_noise
+
+    params = [p.detach() for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(0)
+
+    def draw() -> None:
+        for p in params:
+            _generate_noise(std=1.0, reference=p, generator=generator)
+    return draw
+
+
 def _clipped_gradient(new_model: Callable[[], nn.Module], mode: str, x: torch.Tensor, y: torch.Tensor
                       ) -> torch.Tensor:
     """The parameter change of one zero-noise DP-SGD step (lr 0.05): the averaged clipped gradient, times −lr."""
@@ -130,6 +145,8 @@ def bench_model(name: str, rounds: int, steps: int, batch: int = BATCH) -> list[
             variants[label] = _private(mode, new_model(), x, y, noise=1.0, layout=layout)
         except Exception as exc:  # noqa: BLE001 — a mode this model or torch does not support: reported
             checks[label] = f"does not run: {type(exc).__name__}: {str(exc)[:70]}"
+    noise_label = "Opacus' noise alone (not a step)"
+    variants[noise_label] = _noise(new_model())
     times: dict[str, list[float]] = {label: [] for label in variants}
     for step in variants.values():  # warm-up: kernels, Opacus' hooks
         for _ in range(2):
@@ -144,6 +161,8 @@ def bench_model(name: str, rounds: int, steps: int, batch: int = BATCH) -> list[
             times[label].append(statistics.median(per_step))
     median = {label: statistics.median(ts) for label, ts in times.items()}
     fastest_plain = min(t for label, t in median.items() if label.startswith("non-private"))
+    checks[noise_label] = (f"every DP mode's floor: (fastest non-private + noise) ÷ fastest non-private = "
+                           f"{(fastest_plain + median[noise_label]) / fastest_plain:.2f}×")
     rows = []
     for label in [*variants, *(c for c in checks if c not in variants)]:
         if label in median:

@@ -139,7 +139,7 @@ class BookKeeping:
                 return
             if not self.checked:
                 self._check_against_autograd(loss, batch, parts)
-            squared = torch.stack([sq for sq, _ in parts], 1).sum(1)
+            squared = parts[0][0] if len(parts) == 1 else torch.stack([sq for sq, _ in parts], 1).sum(1)
             factor, rows = finite_clip_factors(squared.clamp(min=0).sqrt(), clip)  # 0 where not finite
             for _, summer in parts:
                 summer(factor, rows)
@@ -210,7 +210,7 @@ def _scaled(rule: tuple[torch.Tensor, Any], scale: float) -> tuple[torch.Tensor,
     """A layer rule run on output gradients ÷ ``scale``, as the rule on the gradients themselves: norms² × scale²,
     clipped sums by factors × scale (both on [B] vectors, not on the layer's tensors)."""
     squared, summed = rule
-    return squared * scale * scale, lambda factor, rows: summed(factor * scale, rows)
+    return squared * (scale * scale), lambda factor, rows: summed(factor * scale, rows)
 
 
 def _zero_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -227,16 +227,28 @@ def _linear(module: nn.Linear, params: list[nn.Parameter], a: torch.Tensor, b: t
     positions = a3.shape[1]
     weight = any(p is module.weight for p in params)
     bias = module.bias is not None and any(p is module.bias for p in params)
+    if positions == 1:  # ‖a_i‖²‖b_i‖² + ‖b_i‖² in a few operations: a small MLP's step is mostly their fixed cost
+        b_sq = torch.linalg.vecdot(b3[:, 0], b3[:, 0])
+        if weight:
+            a_sq = torch.linalg.vecdot(a3[:, 0], a3[:, 0])
+            squared = torch.addcmul(b_sq, a_sq, b_sq) if bias else a_sq * b_sq
+        else:
+            squared = b_sq if bias else torch.zeros_like(b_sq)
+        return squared, _linear_sum(module, weight, bias, a3, b3)
     squared = torch.zeros(batch, dtype=b.dtype, device=b.device)
     if weight:
-        if positions == 1:
-            squared = squared + a3[:, 0].pow(2).sum(1) * b3[:, 0].pow(2).sum(1)
-        elif _ghost_cheaper(positions, a3.shape[2], b3.shape[2]):
+        if _ghost_cheaper(positions, a3.shape[2], b3.shape[2]):
             squared = squared + (torch.bmm(a3, a3.transpose(1, 2)) * torch.bmm(b3, b3.transpose(1, 2))).sum((1, 2))
         else:
             squared = squared + _squared_norms(torch.einsum("btp,btd->bpd", b3, a3))
     if bias:
         squared = squared + b3.sum(1).pow(2).sum(1)
+    return squared, _linear_sum(module, weight, bias, a3, b3)
+
+
+def _linear_sum(module: nn.Linear, weight: bool, bias: bool, a3: torch.Tensor, b3: torch.Tensor):
+    """The function (c, non-finite rows) ↦ Σ_i c_i g_i of a Linear layer with inputs ``a3`` [B, T, d] and output
+    gradients ``b3`` [B, T, p]: weight (c ⊙ b)ᵀ a over the B·T rows, bias Σ (c ⊙ b)."""
 
     def summed(factor: torch.Tensor, rows: torch.Tensor) -> None:
         fa, fb = _zero_rows(a3, rows), _zero_rows(b3, rows) * factor.to(b3.dtype).view(-1, 1, 1)
@@ -246,7 +258,7 @@ def _linear(module: nn.Linear, params: list[nn.Parameter], a: torch.Tensor, b: t
             assert module.bias is not None
             _set_sum(module.bias, fb.sum((0, 1)))
 
-    return squared, summed
+    return summed
 
 
 @functools.cache

@@ -12,6 +12,7 @@ modes all clip here.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -20,7 +21,11 @@ import torch
 def finite_clip_factors(norms: torch.Tensor, clip: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(min(1, c/(‖g_i‖ + 1e-6)) with 0 where ‖g_i‖ is not finite, the rows to zero for :func:`zero_rows_`): Opacus'
     factor, 1e-6 included, that no NaN or ∞ reaches. The rows are a mask on a GPU (no host sync, so a CUDA graph
-    captures it) and their indices on a CPU (found on the host, so only those rows are written)."""
+    captures it) and their indices on a CPU (found on the host, so only those rows are written). On a CPU one read
+    of Σ_i ‖g_i‖ decides first whether there are any: a float sum is finite only if every term is, so a finite sum
+    takes Opacus' factor for every row and no rows, a dozen fewer small operations a step."""
+    if not norms.is_cuda and math.isfinite(float(norms.sum())):
+        return (clip / (norms + 1e-6)).clamp(max=1.0), torch.empty(0, dtype=torch.long, device=norms.device)
     finite = torch.isfinite(norms)
     factor = torch.where(finite, clip / (norms + 1e-6), torch.zeros((), dtype=norms.dtype, device=norms.device))
     rows = ~finite if norms.is_cuda else (~finite).reshape(-1).nonzero().reshape(-1)

@@ -108,6 +108,18 @@ def test_a_frozen_bias_gets_no_gradient_and_does_not_count_in_the_norm():
     assert torch.equal(book[-n:], before)  # head.bias is the last parameter
 
 
+def test_a_frozen_weight_leaves_the_bias_alone_in_the_norm():
+    torch.manual_seed(0)
+    model, data = Mixed(), _data()
+    trainable = tuple(n for n, _ in model.named_parameters() if n != "head.weight")
+    before = model.head.weight.detach().clone()
+    hooks = _trained(model, data, "hooks", 0.0, trainable=trainable)
+    book = _trained(model, data, "bk", 0.0, trainable=trainable)
+    assert torch.allclose(book, hooks, rtol=1e-4, atol=1e-6)
+    n, m = model.head.weight.numel(), model.head.bias.numel()
+    assert torch.equal(book[-n - m:-m].reshape(before.shape), before)  # head.weight, then head.bias, last
+
+
 def test_an_embedding_model_uses_opacus_rule():
     class Bag(nn.Module):
         def __init__(self) -> None:
