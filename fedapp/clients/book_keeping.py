@@ -228,9 +228,10 @@ def _linear(module: nn.Linear, params: list[nn.Parameter], a: torch.Tensor, b: t
     weight = any(p is module.weight for p in params)
     bias = module.bias is not None and any(p is module.bias for p in params)
     if positions == 1:  # ‖a_i‖²‖b_i‖² + ‖b_i‖² in a few operations: a small MLP's step is mostly their fixed cost
-        b_sq = torch.linalg.vecdot(b3[:, 0], b3[:, 0])
+        a1, b1 = a3[:, 0], b3[:, 0]
+        b_sq = torch.linalg.vecdot(b1, b1)
         if weight:
-            a_sq = torch.linalg.vecdot(a3[:, 0], a3[:, 0])
+            a_sq = torch.linalg.vecdot(a1, a1)
             squared = torch.addcmul(b_sq, a_sq, b_sq) if bias else a_sq * b_sq
         else:
             squared = b_sq if bias else torch.zeros_like(b_sq)

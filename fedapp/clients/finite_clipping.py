@@ -24,10 +24,11 @@ def finite_clip_factors(norms: torch.Tensor, clip: float | torch.Tensor) -> tupl
     captures it) and their indices on a CPU (found on the host, so only those rows are written). On a CPU one read
     of Σ_i ‖g_i‖ decides first whether there are any: a float sum is finite only if every term is, so a finite sum
     takes Opacus' factor for every row and no rows, a dozen fewer small operations a step."""
+    factor = clip / (norms + 1e-6)
     if not norms.is_cuda and math.isfinite(float(norms.sum())):
-        return (clip / (norms + 1e-6)).clamp(max=1.0), torch.empty(0, dtype=torch.long, device=norms.device)
+        return factor.clamp(max=1.0), torch.empty(0, dtype=torch.long, device=norms.device)
     finite = torch.isfinite(norms)
-    factor = torch.where(finite, clip / (norms + 1e-6), torch.zeros((), dtype=norms.dtype, device=norms.device))
+    factor = torch.where(finite, factor, torch.zeros((), dtype=norms.dtype, device=norms.device))
     rows = ~finite if norms.is_cuda else (~finite).reshape(-1).nonzero().reshape(-1)
     return factor.clamp(max=1.0), rows
 
