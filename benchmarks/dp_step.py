@@ -6,8 +6,9 @@ Per model, a batch (64 unless ``--batch``) of synthetic inputs of its dataset's 
 default layout and, for a model with a ``CPU_MEMORY_FORMAT``, in that layout (as the project's non-private clients
 run it); a DP-SGD step (clip 1, noise 1) in Opacus' ``hooks``, ``ew``, ``functorch`` and ``ghost`` modes
 (``make_private``) and in ``bk`` (:mod:`fedapp.clients.book_keeping`, in the layout ``local_train`` gives it); and
-Opacus' Gaussian noise alone (``_generate_noise`` for every parameter, as each DP mode's optimizer draws it), whose
-time added to the plain step bounds every DP mode's ratio from below. The variants are timed interleaved,
+Opacus' Gaussian noise alone (``_generate_noise`` for every parameter, as each Opacus mode's optimizer draws it), whose
+time added to the plain step bounds those modes' ratio from below, and ``bk``'s noise added to the clipped sums
+(:func:`fedapp.clients.noise.noised_sums`), its own floor. The variants are timed interleaved,
 ``rounds`` rounds of ``steps`` steps each after a warm-up, so drift on a shared machine hits them alike; each cell is
 the median over rounds of the per-round median step. Each DP mode's clipped gradient at zero noise is checked against
 ``hooks``'.
@@ -106,6 +107,16 @@ def _noise(model: nn.Module) -> Callable[[], None]:
     return draw
 
 
+def _bk_noise(model: nn.Module) -> Callable[[], None]:
+    """``bk``'s noise N(0, 1) added to a clipped sum for each of ``model``'s parameters
+    (:func:`fedapp.clients.noise.noised_sums`: parallel chunks for a large model on more than one thread)."""
+    from fedapp.clients.noise import noised_sums
+
+    sums = [torch.zeros_like(p) for p in model.parameters() if p.requires_grad]
+    generator = torch.Generator().manual_seed(0)
+    return lambda: noised_sums(sums, 1.0, generator) and None
+
+
 def _clipped_gradient(new_model: Callable[[], nn.Module], mode: str, x: torch.Tensor, y: torch.Tensor
                       ) -> torch.Tensor:
     """The parameter change of one zero-noise DP-SGD step (lr 0.05): the averaged clipped gradient, times −lr."""
@@ -145,8 +156,9 @@ def bench_model(name: str, rounds: int, steps: int, batch: int = BATCH) -> list[
             variants[label] = _private(mode, new_model(), x, y, noise=1.0, layout=layout)
         except Exception as exc:  # noqa: BLE001 — a mode this model or torch does not support: reported
             checks[label] = f"does not run: {type(exc).__name__}: {str(exc)[:70]}"
-    noise_label = "Opacus' noise alone (not a step)"
+    noise_label, bk_noise_label = "Opacus' noise alone (not a step)", "`bk`'s noise added to the sums (not a step)"
     variants[noise_label] = _noise(new_model())
+    variants[bk_noise_label] = _bk_noise(new_model())
     times: dict[str, list[float]] = {label: [] for label in variants}
     for step in variants.values():  # warm-up: kernels, Opacus' hooks
         for _ in range(2):
@@ -163,6 +175,8 @@ def bench_model(name: str, rounds: int, steps: int, batch: int = BATCH) -> list[
     fastest_plain = min(t for label, t in median.items() if label.startswith("non-private"))
     checks[noise_label] = (f"every DP mode's floor: (fastest non-private + noise) ÷ fastest non-private = "
                            f"{(fastest_plain + median[noise_label]) / fastest_plain:.2f}×")
+    checks[bk_noise_label] = (f"`bk`'s floor: (fastest non-private + its noise) ÷ fastest non-private = "
+                              f"{(fastest_plain + median[bk_noise_label]) / fastest_plain:.2f}×")
     rows = []
     for label in [*variants, *(c for c in checks if c not in variants)]:
         if label in median:
