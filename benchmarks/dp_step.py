@@ -8,7 +8,7 @@ run it); a DP-SGD step (clip 1, noise 1) in Opacus' ``hooks``, ``ew``, ``functor
 (``make_private``) and in ``bk`` (:mod:`fedapp.clients.book_keeping`, in the layout ``local_train`` gives it); and
 Opacus' Gaussian noise alone (``_generate_noise`` for every parameter, as each Opacus mode's optimizer draws it), whose
 time added to the plain step bounds those modes' ratio from below, and ``bk``'s noise added to the clipped sums
-(:func:`fedapp.clients.noise.noised_sums`), its own floor. The variants are timed interleaved,
+(:func:`fedapp.clients.noise.add_noise_`), its own floor. The variants are timed interleaved,
 ``rounds`` rounds of ``steps`` steps each after a warm-up, so drift on a shared machine hits them alike; each cell is
 the median over rounds of the per-round median step. Each DP mode's clipped gradient at zero noise is checked against
 ``hooks``'.
@@ -109,12 +109,17 @@ def _noise(model: nn.Module) -> Callable[[], None]:
 
 def _bk_noise(model: nn.Module) -> Callable[[], None]:
     """``bk``'s noise N(0, 1) added to a clipped sum for each of ``model``'s parameters
-    (:func:`fedapp.clients.noise.noised_sums`: parallel chunks for a large model on more than one thread)."""
-    from fedapp.clients.noise import noised_sums
+    (:func:`fedapp.clients.noise.add_noise_`: parallel chunks for a large model on more than one thread, into a buffer
+    kept from step to step as the optimizer keeps it)."""
+    from fedapp.clients.noise import add_noise_
 
     sums = [torch.zeros_like(p) for p in model.parameters() if p.requires_grad]
     generator = torch.Generator().manual_seed(0)
-    return lambda: noised_sums(sums, 1.0, generator) and None
+    scratch: list[torch.Tensor | None] = [None]
+
+    def draw() -> None:
+        scratch[0] = add_noise_(sums, 1.0, generator, scratch[0])
+    return draw
 
 
 def _clipped_gradient(new_model: Callable[[], nn.Module], mode: str, x: torch.Tensor, y: torch.Tensor

@@ -2,7 +2,7 @@
 
 The step is Opacus' flat DP-SGD step (Abadi et al. 2016, Alg. 1): every per-sample gradient g_i clipped by
 min(1, C/(‖g_i‖ + 1e-6)), N(0, C²z²) added to their sum as Opacus' ``DPOptimizer`` draws it (its generator, its order
-of parameters; from 2^20 parameters on a multi-threaded CPU in parallel chunks: :mod:`fedapp.clients.noise`), the
+of parameters; from 2^22 parameters on a multi-threaded CPU in parallel chunks: :mod:`fedapp.clients.noise`), the
 result divided by the expected batch size. Only how Σ_i c_i g_i is computed differs from ``hooks``:
 
 1. one backward pass for the gradients of the loss with respect to each trainable layer's *output* only
@@ -267,22 +267,23 @@ def _linear_sum(module: nn.Linear, weight: bool, bias: bool, a3: torch.Tensor, b
 def book_keeping_dp_optimizer() -> Any:
     """``BookKeepingDPOptimizer``: Opacus' ``DPOptimizer`` whose clipped sums :meth:`BookKeeping.clipped_sum` already
     wrote; scaling by the expected batch size and the wrapped step are Opacus' own, the noise Opacus' draws or, for a
-    large model on a multi-threaded CPU, parallel draws (:func:`fedapp.clients.noise.noised_sums`)."""
+    large model on a multi-threaded CPU, parallel draws (:func:`fedapp.clients.noise.add_noise_`)."""
     from opacus.optimizers import DPOptimizer
     from opacus.optimizers.optimizer import _check_processed_flag, _mark_as_processed
 
-    from fedapp.clients.noise import noised_sums
+    from fedapp.clients.noise import add_noise_
 
     class BookKeepingDPOptimizer(DPOptimizer):
         def add_noise(self) -> None:
             if self.secure_mode:
                 return super().add_noise()
-            sums = [p.summed_grad for p in self.params]
+            sums = [p.summed_grad for p in self.params]  # this step's, made by BookKeeping.clipped_sum: noised in place
             for s in sums:
                 _check_processed_flag(s)
-            noised = noised_sums(sums, self.noise_multiplier * self.max_grad_norm, self.generator)
-            for p, s, g in zip(self.params, sums, noised, strict=True):
-                p.grad = g.view_as(p)
+            self._noise_scratch = add_noise_(sums, self.noise_multiplier * self.max_grad_norm, self.generator,
+                                             getattr(self, "_noise_scratch", None))
+            for p, s in zip(self.params, sums, strict=True):
+                p.grad = s.view_as(p)
                 _mark_as_processed(s)
             return None
 

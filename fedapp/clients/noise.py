@@ -3,12 +3,13 @@
 DP-SGD adds N(0, σ²C²) to every coordinate of the clipped sum (Abadi et al. 2016, Alg. 1). Opacus' ``DPOptimizer``
 draws it parameter by parameter with ``torch.normal`` on one generator; torch's CPU Gaussian kernel runs on one thread
 (3-4 ns a value here), so for ResNet-18's 11.2 M parameters the draw alone is 52 ms, 0.43× a plain 2-thread step
-(docs/benchmarks/dp_step.md). :func:`noised_sums` keeps Opacus' draws value for value below
-:data:`PARALLEL_NOISE_ELEMENTS` values a step or on one torch thread (a simulation's client), and otherwise fills one
-flat buffer in ``torch.get_num_threads()`` contiguous chunks at once, chunk k from its own generator seeded each step
-by an int64 drawn from the optimizer's generator (the calling thread draws chunk 0, a shared pool the others). Every coordinate is still one N(0, σ²C²) draw, independent of the
-others to the generators' quality (torch's Mersenne Twister, as Opacus' own non-secure noise); the stream differs
-from Opacus' and depends on the thread count. Opacus' ``secure_mode`` noise is not replaced (the caller keeps it).
+(docs/benchmarks/dp_step.md). :func:`add_noise_` keeps Opacus' draws value for value below
+:data:`PARALLEL_NOISE_ELEMENTS` values a step or on one torch thread (a simulation's client), and otherwise fills a
+flat buffer the optimizer keeps from step to step in ``torch.get_num_threads()`` contiguous chunks at once (the
+calling thread chunk 0, a shared pool the others), chunk k from its own generator seeded each step by an int64 drawn
+from the optimizer's generator. Every coordinate is still one N(0, σ²C²) draw, independent of the others to the
+generators' quality (torch's Mersenne Twister, as Opacus' own non-secure noise); the stream differs from Opacus' and
+depends on the thread count. Opacus' ``secure_mode`` noise is not replaced (the caller keeps it).
 No library offers a multi-threaded Gaussian fill for torch tensors: numpy's generator is one thread as well and
 slower here (docs/benchmarks/dp_step.md).
 """
@@ -22,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-#: values a step from which a multi-threaded CPU draws the noise in parallel chunks (cnn-fmnist's 1.66 M and
-#: ResNet-18's 11.2 M do; the Table-5 CNN's 28,938 and the MLPs keep Opacus' draws, where a thread hand-off would
-#: cost more than it saves)
-PARALLEL_NOISE_ELEMENTS = 1 << 20
+#: values a step from which a multi-threaded CPU draws the noise in parallel chunks: ResNet-18's 11.2 M do (its `bk`
+#: step 0.89× with them, median of 7 interleaved rounds, 2 threads); cnn-fmnist's 1.66 M showed no gain (1.00×), so it,
+#: the Table-5 CNN and the MLPs keep Opacus' draws
+PARALLEL_NOISE_ELEMENTS = 1 << 22
 
 _SEED_HIGH = (1 << 63) - 1
 
@@ -47,32 +48,35 @@ def _fill(chunk: torch.Tensor, std: float, seed: int) -> None:
     chunk.normal_(0.0, std, generator=torch.Generator().manual_seed(seed))
 
 
-def noised_sums(sums: Sequence[torch.Tensor], std: float,
-                generator: torch.Generator | None) -> list[torch.Tensor]:
-    """``s + N(0, std²)`` for every clipped sum ``s`` (new tensors in the default layout, ``sums`` unchanged).
+def add_noise_(sums: Sequence[torch.Tensor], std: float, generator: torch.Generator | None,
+               scratch: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Add N(0, std²) to every clipped sum in ``sums`` in place; returns the flat noise buffer to pass back next time.
 
     ``std = 0`` draws nothing, as Opacus. Parallel chunks (module docstring) on a CPU with more than one torch thread
     and at least :data:`PARALLEL_NOISE_ELEMENTS` values of one dtype; otherwise, per tensor in order,
-    ``torch.normal(0, std, s.shape, generator=generator)``: Opacus' ``_generate_noise`` value for value.
+    ``torch.normal(0, std, s.shape, generator=generator)``: Opacus' ``_generate_noise`` value for value. The noise is
+    drawn into ``scratch`` (reused when it has the sums' size and dtype on the CPU, else made): a fresh 45 MB buffer a
+    step costs ResNet-18 more in page faults than the second thread saves.
     """
     if std == 0:
-        return [s.clone(memory_format=torch.contiguous_format) for s in sums]
+        return scratch
     threads = torch.get_num_threads()
     total = sum(s.numel() for s in sums)
-    one_dtype = len({s.dtype for s in sums}) == 1
-    if (threads < 2 or total < PARALLEL_NOISE_ELEMENTS or not one_dtype
+    if (threads < 2 or total < PARALLEL_NOISE_ELEMENTS or len({s.dtype for s in sums}) != 1
             or any(s.device.type != "cpu" for s in sums)):
-        return [torch.empty(s.shape, dtype=s.dtype, device=s.device).normal_(0.0, std, generator=generator).add_(s)
-                for s in sums]
+        for s in sums:
+            s.add_(torch.empty(s.shape, dtype=s.dtype, device=s.device).normal_(0.0, std, generator=generator))
+        return scratch
+    if scratch is None or scratch.numel() != total or scratch.dtype != sums[0].dtype or scratch.device.type != "cpu":
+        scratch = torch.empty(total, dtype=sums[0].dtype)
     seeds = torch.randint(_SEED_HIGH, (threads,), generator=generator, dtype=torch.int64).tolist()
-    flat = torch.empty(total, dtype=sums[0].dtype)
-    chunks = flat.tensor_split(threads)
+    chunks = scratch.tensor_split(threads)
     futures = [_executor().submit(_fill, chunk, std, seed) for chunk, seed in zip(chunks[1:], seeds[1:], strict=True)]
     _fill(chunks[0], std, seeds[0])  # the calling thread draws the first chunk
     for future in futures:
         future.result()
-    out, start = [], 0
+    start = 0
     for s in sums:
-        out.append(flat[start:start + s.numel()].view(s.shape).add_(s))
+        s.add_(scratch[start:start + s.numel()].view(s.shape))
         start += s.numel()
-    return out
+    return scratch

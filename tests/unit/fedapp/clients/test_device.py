@@ -184,9 +184,9 @@ HOST_SIDE = {
         "the base-seed draw a DataLoader iterator takes from the host generator, kept so CPU runs match Opacus' loader",
     ("fedapp/clients/graphed_dpsgd.py", "padded_poisson_epochs", "torch.empty((), dtype=torch.int64)"):
         "the same base-seed draw, so the padded batches are _poisson_batches' draw for draw",
-    ("fedapp/clients/noise.py", "noised_sums", "torch.empty(total, dtype=sums[0].dtype)"):
-        "the parallel noise buffer, taken only when every clipped sum is on the CPU",
-    ("fedapp/clients/noise.py", "noised_sums", "torch.randint(_SEED_HIGH, (threads,), generator=generator, dtype=torch.int64)"):
+    ("fedapp/clients/noise.py", "add_noise_", "torch.empty(total, dtype=sums[0].dtype)"):
+        "the parallel noise buffer (kept by the optimizer), made only when every clipped sum is on the CPU",
+    ("fedapp/clients/noise.py", "add_noise_", "torch.randint(_SEED_HIGH, (threads,), generator=generator, dtype=torch.int64)"):
         "the per-thread seeds of the parallel noise, drawn from the CPU generator of CPU-only clipped sums",
 }
 
