@@ -131,6 +131,24 @@ def _clipped_gradient(new_model: Callable[[], nn.Module], mode: str, x: torch.Te
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]) - before
 
 
+def interleaved(variants: dict[str, Callable[[], None]], rounds: int, steps: int) -> dict[str, list[float]]:
+    """Per variant, the median step of each round: two warm-up calls each (kernels, Opacus' hooks), then ``rounds``
+    rounds in which every variant takes ``steps`` timed steps in turn, so drift hits them alike."""
+    times: dict[str, list[float]] = {label: [] for label in variants}
+    for step in variants.values():
+        for _ in range(2):
+            step()
+    for _ in range(rounds):
+        for label, step in variants.items():
+            per_step = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                step()
+                per_step.append(time.perf_counter() - t0)
+            times[label].append(statistics.median(per_step))
+    return times
+
+
 def bench_model(name: str, rounds: int, steps: int, batch: int = BATCH) -> list[str]:
     from fedapp.models.zoo import build_model
 
@@ -164,18 +182,7 @@ def bench_model(name: str, rounds: int, steps: int, batch: int = BATCH) -> list[
     noise_label, bk_noise_label = "Opacus' noise alone (not a step)", "`bk`'s noise added to the sums (not a step)"
     variants[noise_label] = _noise(new_model())
     variants[bk_noise_label] = _bk_noise(new_model())
-    times: dict[str, list[float]] = {label: [] for label in variants}
-    for step in variants.values():  # warm-up: kernels, Opacus' hooks
-        for _ in range(2):
-            step()
-    for _ in range(rounds):
-        for label, step in variants.items():
-            per_step = []
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                step()
-                per_step.append(time.perf_counter() - t0)
-            times[label].append(statistics.median(per_step))
+    times = interleaved(variants, rounds, steps)
     median = {label: statistics.median(ts) for label, ts in times.items()}
     fastest_plain = min(t for label, t in median.items() if label.startswith("non-private"))
     checks[noise_label] = (f"every DP mode's floor: (fastest non-private + noise) ÷ fastest non-private = "

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 import warnings
+from collections.abc import Callable
 
 import torch
 
-from benchmarks.dp_step import _private, _shape
+from benchmarks.dp_step import _private, _shape, interleaved
 from fedapp.clients import noise
 
 
@@ -39,23 +39,17 @@ def ab(model: str, rounds: int, steps: int, batch: int, threshold: int | None = 
         return build_model(model, shape, classes)
 
     kept = noise.PARALLEL_NOISE_ELEMENTS
-    arms = {"parallel chunks": (_private("bk", new_model(), x, y, 1.0), threshold or kept),
-            "Opacus' draws": (_private("bk", new_model(), x, y, 1.0), 1 << 62)}
-    times: dict[str, list[float]] = {label: [] for label in arms}
-    try:
-        for step, limit in arms.values():  # warm-up
+
+    def at(limit: int, step: Callable[[], None]) -> Callable[[], None]:
+        def limited() -> None:
             noise.PARALLEL_NOISE_ELEMENTS = limit
             step()
-            step()
-        for _ in range(rounds):
-            for label, (step, limit) in arms.items():
-                noise.PARALLEL_NOISE_ELEMENTS = limit
-                per_step = []
-                for _ in range(steps):
-                    t0 = time.perf_counter()
-                    step()
-                    per_step.append(time.perf_counter() - t0)
-                times[label].append(statistics.median(per_step))
+        return limited
+
+    arms = {"parallel chunks": at(threshold or kept, _private("bk", new_model(), x, y, 1.0)),
+            "Opacus' draws": at(1 << 62, _private("bk", new_model(), x, y, 1.0))}
+    try:
+        times = interleaved(arms, rounds, steps)
     finally:
         noise.PARALLEL_NOISE_ELEMENTS = kept
     ratios = [p / o for p, o in zip(times["parallel chunks"], times["Opacus' draws"], strict=True)]
