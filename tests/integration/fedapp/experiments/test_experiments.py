@@ -174,7 +174,7 @@ def test_every_paper_file_has_a_mid_scale_and_a_paper_scale(tmp_path: Path):
     import tomllib
 
     files = sorted((REPO / "configs" / "papers").glob("*.toml"))
-    assert len(files) == 4
+    assert len(files) == 5
     for path in files:
         text = path.read_text()
         assert {"quick", "mid", "paper"} <= set(tomllib.loads(text).get("scales", {})), path.name
