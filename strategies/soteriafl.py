@@ -287,10 +287,30 @@ class GradientOracle:
         return clipped
 
     def clipped_sum(self, flat: np.ndarray, idx: np.ndarray, clip: float) -> np.ndarray:
-        out = np.zeros(self.dim)
+        """Σ_{j ∈ idx} clip_G(∇f_j(x)), the terms as :meth:`clipped`'s (non-finite rows count as 0), without
+        materialising a clipped row: per chunk, each layer's per-sample gradients times the clip factors (one
+        matrix-vector product in the gradients' float32), accumulated in float64 across chunks."""
+        params = self._params(flat)
+        _, reg_g = self.reg_value_grad(flat)
+        reg = torch.as_tensor(reg_g, dtype=torch.float32, device=self.device) if self.lam else None
+        out = torch.zeros(self.dim, dtype=torch.float64, device=self.device)
         for start in range(0, len(idx), self.chunk):
-            out += self.clipped(flat, idx[start:start + self.chunk], clip).sum(0)
-        return out
+            sel = torch.as_tensor(idx[start:start + self.chunk], device=self.device)
+            with torch.no_grad():
+                g = self._per_sample(params, self.x[sel], self.y[sel])
+                layers = [g[n].reshape(len(sel), -1) for n in self.names]
+                if reg is not None:  # the regularizer's gradient is part of every f_j, hence of its norm
+                    layers = [torch.cat(layers, 1) + reg]
+                sq = sum(torch.linalg.vector_norm(w, dim=1, dtype=torch.float64) ** 2 for w in layers)
+                norms = torch.sqrt(sq)
+                bad = ~torch.isfinite(norms)
+                if bool(bad.any()):
+                    layers = [torch.where(bad[:, None], 0.0, w) for w in layers]
+                    norms = torch.where(bad, 0.0, norms)
+                factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0).float()
+                out += torch.cat([factor @ w for w in layers]).double()
+        total: np.ndarray = out.cpu().numpy()
+        return total
 
     def loss_and_grad(self, flat: np.ndarray) -> tuple[float, np.ndarray]:
         """f(x) = (1/m) Σ_j f_j(x) and the exact (unclipped) ∇f(x) — the utility metric's gradient."""
