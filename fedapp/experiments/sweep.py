@@ -445,16 +445,21 @@ def _choices(doc: Mapping[str, Any]) -> dict[tuple, dict[str, Any]]:
 
 def _extensions(sweep: Sweep, doc: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Tuning cells one grid step beyond every setting whose choice sits on its grid's edge, while that setting has
-    run fewer than ``tune-extend`` values beyond the scale's own (a resumed sweep counts what it ran before)."""
-    from fedapp.experiments.report import _offered, extension
+    run fewer than ``tune-extend`` values beyond the scale's own for that setting (a variant's grid, not another
+    variant's; a resumed sweep counts what it ran before)."""
+    from fedapp.experiments.report import _offered, extension, grid_cells
 
     limit = int(sweep.meta.get("tune-extend", 0))
-    own = {t: {float(v) for v in sweep.grid.get(t, []) + [var[t] for var in sweep.variants if t in var]
-               if isinstance(v, (int, float)) and not isinstance(v, bool)} for t in sweep.tune}
+    declared = grid_cells(sweep.grid, sweep.variants)
+
+    def own(setting: tuple, key: str) -> set[float]:
+        return {float(c[key]) for c in declared if all(c.get(k) == v for k, v in setting)
+                and isinstance(c.get(key), (int, float)) and not isinstance(c.get(key), bool)}
+
     out = []
     for setting, choice in _choices(doc).items():
         beyond = extension(choice)
-        ran_beyond = {k: sum(v not in own.get(k, set()) for v in values) for k, values in _offered(choice).items()}
+        ran_beyond = {k: sum(v not in own(setting, k) for v in values) for k, values in _offered(choice).items()}
         if beyond and all(ran_beyond.get(k, 0) < limit for k in beyond):
             chosen = {t: choice[t] for t in sweep.tune if t in choice}
             out += [{**dict(setting), **chosen, **beyond, "seed": s} for s in sweep.tune_seeds]

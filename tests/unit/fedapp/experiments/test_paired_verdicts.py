@@ -252,6 +252,24 @@ def test_a_resumed_sweep_extends_an_edge_no_further_than_tune_extend(monkeypatch
     choice = {"lr": 0.005, "candidates": 3, "scores": {"lr=0.005": 0.9, "lr=0.05": 0.8, "lr=0.5": 0.7}}
     monkeypatch.setattr(sweep_module, "_choices", lambda doc: {(("strategy", "a"),): choice})
     for limit, expected in ((1, []), (2, [{"strategy": "a", "lr": 0.0005, "seed": 9}])):
-        fake = SimpleNamespace(meta={"tune-extend": limit}, grid={"lr": [0.05, 0.5]}, variants=[], tune=["lr"],
-                               tune_seeds=[9])
+        fake = SimpleNamespace(meta={"tune-extend": limit}, grid={"strategy": ["a"], "lr": [0.05, 0.5]}, variants=[],
+                               tune=["lr"], tune_seeds=[9])
+        assert sweep_module._extensions(fake, {}) == expected
+
+
+def test_an_extension_counts_against_its_own_settings_grid_not_another_variants(monkeypatch) -> None:
+    """Variants with their own lr grids (robust-hdp 0.01-0.05, dpsgd-fedavg 0.002-0.01): robust-hdp at its bottom
+    edge extends to 0.005, which only dpsgd-fedavg's grid offers. That value is beyond robust-hdp's own grid, so with
+    tune-extend = 1 nothing more runs; counted against every variant's values it was not, and a third value ran."""
+    from types import SimpleNamespace
+
+    from fedapp.experiments import sweep as sweep_module
+
+    choice = {"lr": 0.005, "candidates": 4,
+              "scores": {"lr=0.005": 0.9, "lr=0.01": 0.8, "lr=0.02": 0.7, "lr=0.05": 0.6}}
+    monkeypatch.setattr(sweep_module, "_choices", lambda doc: {(("strategy", "robust-hdp"),): choice})
+    variants = [{"strategy": "robust-hdp", "lr": lr} for lr in (0.01, 0.02, 0.05)]
+    variants += [{"strategy": "dpsgd-fedavg", "lr": lr} for lr in (0.002, 0.005, 0.01)]
+    for limit, expected in ((1, []), (2, [{"strategy": "robust-hdp", "lr": 0.0025, "seed": 9}])):
+        fake = SimpleNamespace(meta={"tune-extend": limit}, grid={}, variants=variants, tune=["lr"], tune_seeds=[9])
         assert sweep_module._extensions(fake, {}) == expected
